@@ -1,0 +1,39 @@
+# The two commands a person needs: `make demo` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint install system-deps k8s-binaries
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian packages the tests start for real (Prometheus); skipped when already present.
+system-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "installing Debian package: prometheus"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+# Go-built Kubernetes control plane (etcd, apiserver, controller-manager, scheduler, kwok, helm).
+k8s-binaries:
+	bash tests/cluster/build.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: $(STAMP) system-deps k8s-binaries lint
+	$(BIN)/pytest -ra --ignore=tests/benchmarks
+
+demo: $(STAMP)
+	$(BIN)/tideshift demo --out demo-out

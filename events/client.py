@@ -1,0 +1,103 @@
+"""A small subscription API for users' own reactions to Tideshift events.
+
+    async with await EventClient.connect("nats://127.0.0.1:4222") as client:
+        async for event in client.subscribe(SCALE_COMMAND.filter(namespace="shop")):
+            print(event.data.target, event.data.desired, event.data.reason)
+
+Messages that are not valid events are skipped (and reported to `on_reject`), never raised
+into the user's loop. Services use `services.common.bus`, which adds JetStream, acks and
+dead-lettering; this module is for scripts that only need to listen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+import nats
+import nats.errors
+from nats.aio.client import Client
+
+from events.codec import DEFAULT_MAX_BYTES, Envelope, EventRejected, decode
+from events.models import EventData
+from events.subjects import ROOT, BoundSubject
+
+T = TypeVar("T", bound=EventData)
+RejectHandler = Callable[[str, bytes, EventRejected], None]
+
+
+class EventClient:
+    def __init__(self, connection: Client) -> None:
+        self._connection = connection
+
+    @classmethod
+    async def connect(cls, url: str, *, name: str = "tideshift-events-client") -> EventClient:
+        try:
+            connection = await nats.connect(
+                url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=1
+            )
+        except nats.errors.NoServersError as error:
+            raise ConnectionError(f"no NATS server answered at {url}") from error
+        return cls(connection)
+
+    async def close(self) -> None:
+        await self._connection.drain()
+
+    async def __aenter__(self) -> EventClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @overload
+    def subscribe(
+        self,
+        target: BoundSubject[T],
+        *,
+        on_reject: RejectHandler | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> AsyncIterator[Envelope[T]]: ...
+
+    @overload
+    def subscribe(
+        self,
+        target: str = ...,
+        *,
+        on_reject: RejectHandler | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> AsyncIterator[Envelope[EventData]]: ...
+
+    async def subscribe(
+        self,
+        target: BoundSubject[Any] | str = f"{ROOT}.>",
+        *,
+        on_reject: RejectHandler | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> AsyncIterator[Envelope[Any]]:
+        """Yield every valid event on a subject (wildcards allowed) until cancelled."""
+        subject, expected = (
+            (target.value, target.model) if isinstance(target, BoundSubject) else (target, None)
+        )
+        queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=1024)
+
+        async def deliver(msg: Any) -> None:
+            await queue.put((msg.subject, msg.data))
+
+        subscription = await self._connection.subscribe(subject, cb=deliver)
+        try:
+            while True:
+                received_subject, raw = await queue.get()
+                try:
+                    yield decode(raw, expected, max_bytes=max_bytes)
+                except EventRejected as rejection:
+                    if on_reject is not None:
+                        on_reject(received_subject, raw, rejection)
+        finally:
+            await subscription.unsubscribe()

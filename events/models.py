@@ -1,0 +1,233 @@
+"""Payload models of every Tideshift event.
+
+Each model is frozen and rejects unknown fields. Its CloudEvents `type` carries its schema
+version (`io.tideshift.scale.command.v1`): a breaking change adds a new version rather than
+altering an old one. Quantities use base units: cpu in cores, memory in bytes, time in UTC.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+# A Kubernetes object name or namespace: non-empty, at most 253 characters.
+KubeName = Annotated[str, Field(min_length=1, max_length=253)]
+
+Change = Literal["added", "modified", "deleted"]
+Role = Literal["serving", "training", "other"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EventData(_Frozen):
+    """Base of every event payload; subclasses set `event_name` and `schema_version`."""
+
+    event_name: ClassVar[str] = ""
+    schema_version: ClassVar[int] = 1
+
+    @classmethod
+    def event_type(cls) -> str:
+        return f"io.tideshift.{cls.event_name}.v{cls.schema_version}"
+
+
+class Resources(_Frozen):
+    """An amount of the resources the planner packs: cores, bytes and whole GPUs."""
+
+    cpu: float = Field(default=0.0, ge=0, description="CPU cores")
+    memory: float = Field(default=0.0, ge=0, description="memory in bytes")
+    gpu: int = Field(default=0, ge=0, description="nvidia.com/gpu devices")
+
+
+class WorkloadRef(_Frozen):
+    """A workload (scale target) by API kind, namespace and name."""
+
+    kind: str = Field(min_length=1, max_length=63, description="e.g. Deployment, Job, PyTorchJob")
+    namespace: KubeName
+    name: KubeName
+    api_version: str = Field(
+        default="", max_length=253, description="e.g. apps/v1; empty = default for kind"
+    )
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+
+class NodeChanged(EventData):
+    event_name: ClassVar[str] = "cluster.node.changed"
+
+    change: Change
+    name: KubeName
+    allocatable: Resources
+    labels: dict[str, str] = Field(default_factory=dict)
+    ready: bool = True
+    unschedulable: bool = False
+    resource_version: str = ""
+    observed_at: AwareDatetime
+
+
+class PodChanged(EventData):
+    event_name: ClassVar[str] = "cluster.pod.changed"
+
+    change: Change
+    namespace: KubeName
+    name: KubeName
+    uid: str = ""
+    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+    node: str | None = None
+    priority: int = 0
+    priority_class: str | None = None
+    owner: WorkloadRef | None = Field(default=None, description="the scale target owning the pod")
+    role: Role = "other"
+    requests: Resources = Resources()
+    deleting: bool = Field(default=False, description="deletionTimestamp is set")
+    resource_version: str = ""
+    observed_at: AwareDatetime
+
+
+class ForecastPoint(_Frozen):
+    """Forecast demand (requests per second) for the step starting at `at`."""
+
+    at: AwareDatetime
+    point: float = Field(ge=0)
+    q50: float = Field(ge=0)
+    q90: float = Field(ge=0)
+    q95: float = Field(ge=0)
+    q99: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _quantiles_ordered(self) -> ForecastPoint:
+        if not self.q50 <= self.q90 <= self.q95 <= self.q99:
+            raise ValueError("quantiles must satisfy q50 <= q90 <= q95 <= q99")
+        return self
+
+
+class ForecastIssued(EventData):
+    event_name: ClassVar[str] = "forecast.issued"
+
+    workload: WorkloadRef
+    metric: str = Field(default="requests_per_second", min_length=1)
+    issued_at: AwareDatetime
+    step_seconds: float = Field(gt=0)
+    model: str = Field(min_length=1)
+    points: tuple[ForecastPoint, ...] = Field(min_length=1)
+    stale: bool = Field(default=False, description="re-issued from the last good fit")
+    stale_reason: str = ""
+
+
+class ScaleCommand(EventData):
+    event_name: ClassVar[str] = "scale.command"
+
+    target: WorkloadRef
+    desired: int = Field(ge=0)
+    reason: str = Field(min_length=1, max_length=2000)
+    plan_id: str = Field(min_length=1, max_length=128)
+    issued_at: AwareDatetime
+    idempotency_key: str = Field(min_length=1, max_length=256)
+    issuer: str = Field(default="planner", description="planner, operator, ...")
+
+
+class ScaleResult(EventData):
+    event_name: ClassVar[str] = "scale.result"
+
+    target: WorkloadRef
+    idempotency_key: str = Field(min_length=1, max_length=256)
+    outcome: Literal["applied", "noop", "rejected", "failed"]
+    previous: int | None = None
+    current: int | None = None
+    desired: int = Field(ge=0)
+    message: str = ""
+    dry_run: bool = False
+    executed_at: AwareDatetime
+    executor: str = ""
+
+
+class TargetDecision(_Frozen):
+    """One target's part of a plan: where it is, where it should go, and why."""
+
+    target: WorkloadRef
+    current: int = Field(ge=0)
+    desired: int = Field(ge=0)
+    reason: str
+
+
+class PlanDecided(EventData):
+    event_name: ClassVar[str] = "plan.decided"
+
+    plan_id: str = Field(min_length=1)
+    policy: str
+    decided_at: AwareDatetime
+    targets: tuple[TargetDecision, ...] = ()
+    infeasible: tuple[str, ...] = ()
+
+
+class PlannerStatus(EventData):
+    event_name: ClassVar[str] = "planner.status"
+
+    planner: str
+    leader: bool
+    mode: Literal["normal", "degraded", "passive"]
+    reasons: tuple[str, ...] = ()
+    at: AwareDatetime
+
+
+class ShardTask(EventData):
+    """One unit of training work: shard `shard` of epoch `epoch` of a job's dataset."""
+
+    event_name: ClassVar[str] = "training.task"
+
+    job: KubeName
+    epoch: int = Field(ge=0)
+    shard: int = Field(ge=0)
+    shards: int = Field(gt=0, description="shards per epoch")
+    issued_at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _shard_in_range(self) -> ShardTask:
+        if self.shard >= self.shards:
+            raise ValueError(f"shard {self.shard} out of range for {self.shards} shards")
+        return self
+
+
+class JobProgress(EventData):
+    event_name: ClassVar[str] = "training.progress"
+
+    job: KubeName
+    state: Literal["running", "finished"]
+    epoch: int = Field(ge=0)
+    epochs: int | None = Field(default=None, gt=0)
+    shards: int = Field(gt=0)
+    applied_in_epoch: int = Field(ge=0)
+    applied_total: int = Field(ge=0)
+    in_flight: int = Field(ge=0)
+    redelivered: int = Field(ge=0)
+    trainers: int = Field(ge=0)
+    logloss: float | None = None
+    at: AwareDatetime
+
+
+class TrainerMembership(EventData):
+    event_name: ClassVar[str] = "training.member"
+
+    job: KubeName
+    trainer: str = Field(min_length=1, max_length=253)
+    change: Literal["joined", "left", "crashed"]
+    reason: str = ""
+    at: AwareDatetime
+
+
+class DeadLetter(EventData):
+    """A message a subscriber refused, with why, so nothing is silently lost."""
+
+    event_name: ClassVar[str] = "deadletter"
+
+    consumer: str
+    original_subject: str
+    reason: str
+    payload: str = Field(
+        description="the raw payload, decoded as UTF-8 with replacement, truncated"
+    )
+    payload_bytes: int = Field(ge=0)
+    received_at: AwareDatetime

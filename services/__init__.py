@@ -1,0 +1,1 @@
+"""Tideshift's services: wiring, adapters and pure decisions. Must not be imported by `events`."""

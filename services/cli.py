@@ -1,0 +1,67 @@
+"""The `tideshift` command: one entry point, one subcommand per capability.
+
+Subcommands are listed here explicitly and imported lazily, so `tideshift --help` stays fast
+and a missing optional dependency of one subcommand cannot break the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# name -> ("module:function", one-line help). Each function takes the remaining argv and
+# returns a process exit code.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "nats": (
+        "services.common.embedded_nats:main",
+        "run the bundled nats-server (JetStream + MQTT)",
+    ),
+    "events": ("services.common.events_cli:main", "tail events or print the AsyncAPI schema"),
+    "run": ("services.runner:main", "run one service: watcher, predictor, planner, executor, ..."),
+    "scale": ("services.executor.scale_cli:main", "manual scale override through the bus"),
+    "backtest": ("services.predictor.backtest:main", "rolling-origin backtest of forecasters"),
+    "simulate": ("services.planner.simulate:main", "run policies side by side on the sim cluster"),
+    "loadgen": ("loadgen.cli:main", "open-loop HTTP load generator"),
+    "serve-sample": ("loadgen.sample_app:main", "sample serving app with fixed capacity"),
+    "demo": ("services.demo.cli:main", "a whole day and night in minutes"),
+    "dev": (
+        "services.devcluster.cli:main",
+        "local Kubernetes control plane: dev cluster up|down|env",
+    ),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines = ["usage: tideshift <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
+    lines += ["", "Run `tideshift <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def _resolve(target: str) -> Callable[[Sequence[str]], int]:
+    module_name, function_name = target.split(":")
+    function: Callable[[Sequence[str]], int] = getattr(
+        importlib.import_module(module_name), function_name
+    )
+    return function
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"tideshift: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    try:
+        return _resolve(SUBCOMMANDS[name][0])(rest)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

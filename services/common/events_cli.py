@@ -1,0 +1,98 @@
+"""`tideshift events tail|schema`: watch the bus, or print the contract as AsyncAPI."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from urllib.parse import urlparse
+
+from events import Envelope, EventData, EventRejected, decode, mqtt_topic_filter
+from events.asyncapi import asyncapi_document
+from events.client import EventClient
+from events.subjects import ROOT
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_MQTT_URL = "mqtt://127.0.0.1:1883"
+
+
+def _report_rejection(subject: str, raw: bytes, error: EventRejected) -> None:
+    print(f"# skipped a message on {subject}: {error.reason}", file=sys.stderr, flush=True)
+
+
+async def _tail_nats(url: str, pattern: str, limit: int | None) -> None:
+    seen = 0
+    async with await EventClient.connect(url, name="tideshift-events-tail") as client:
+        async for event in client.subscribe(pattern, on_reject=_report_rejection):
+            print(event.to_json(), flush=True)
+            seen += 1
+            if limit is not None and seen >= limit:
+                return
+
+
+async def _tail_mqtt(url: str, pattern: str, limit: int | None) -> None:
+    import aiomqtt
+
+    parsed = urlparse(url)
+    topic = mqtt_topic_filter(pattern)
+    seen = 0
+    async with aiomqtt.Client(
+        parsed.hostname or "127.0.0.1", port=parsed.port or 1883, identifier=f"tail-{os.getpid()}"
+    ) as client:
+        await client.subscribe(topic, qos=0)
+        async for message in client.messages:
+            payload = message.payload if isinstance(message.payload, bytes) else b""
+            try:
+                event: Envelope[EventData] = decode(payload)
+            except EventRejected as error:
+                _report_rejection(str(message.topic), payload, error)
+                continue
+            print(event.to_json(), flush=True)
+            seen += 1
+            if limit is not None and seen >= limit:
+                return
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tideshift events", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    tail = commands.add_parser("tail", help="print one CloudEvent JSON per line")
+    tail.add_argument(
+        "pattern",
+        nargs="?",
+        default=f"{ROOT}.>",
+        help=f"NATS subject pattern (default {ROOT}.>), e.g. {ROOT}.scale.>",
+    )
+    tail.add_argument("--mqtt", action="store_true", help="receive through the MQTT listener")
+    tail.add_argument("--nats-url", default=os.environ.get("TIDESHIFT_NATS_URL", DEFAULT_NATS_URL))
+    tail.add_argument("--mqtt-url", default=os.environ.get("TIDESHIFT_MQTT_URL", DEFAULT_MQTT_URL))
+    tail.add_argument("--count", type=int, default=None, help="exit after this many events")
+    commands.add_parser("schema", help="print the AsyncAPI 3.0 document of every event")
+    args = parser.parse_args(argv)
+
+    if args.command == "schema":
+        print(json.dumps(asyncapi_document(), indent=2))
+        return 0
+    if args.count is not None and args.count <= 0:
+        parser.error("--count must be a positive number of events")
+    if not args.pattern.startswith(ROOT.split(".")[0]):
+        parser.error(f"pattern must be a Tideshift subject such as {ROOT}.>, got {args.pattern!r}")
+    try:
+        if args.mqtt:
+            asyncio.run(_tail_mqtt(args.mqtt_url, args.pattern, args.count))
+        else:
+            asyncio.run(_tail_nats(args.nats_url, args.pattern, args.count))
+    except KeyboardInterrupt:
+        return 0
+    except OSError as error:
+        url = args.mqtt_url if args.mqtt else args.nats_url
+        print(
+            f"tideshift events tail: cannot reach {url}: {error}. Start a server with "
+            "`tideshift nats` or pass --nats-url/--mqtt-url.",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

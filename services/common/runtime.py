@@ -1,0 +1,171 @@
+"""How every service runs: logging, signals, the bus, health and metrics endpoints.
+
+`run_service` starts the embedded nats-server when no URL is configured, connects the bus,
+declares the streams, serves `/healthz`, `/readyz` and `/metrics`, runs the service body
+until SIGTERM or SIGINT, then drains and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.common.bus import Bus
+from services.common.embedded_nats import EmbeddedNats, NatsServerError
+from services.common.settings import ServiceSettings
+
+log = logging.getLogger("tideshift.runtime")
+SHUTDOWN_GRACE_SECONDS = 20.0
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: easy for people to grep and for log pipelines to parse."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("nats").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+@dataclass
+class ServiceContext:
+    """What a service body gets: its settings, the bus, and the stop signal."""
+
+    name: str
+    settings: ServiceSettings
+    bus: Bus
+    instance: str
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    health_port: int | None = None
+
+
+async def _start_health_server(context: ServiceContext) -> web.AppRunner | None:
+    settings = context.settings
+    if settings.health_port < 0:
+        return None
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if context.ready.is_set() and context.bus.connected:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready\n")
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.add_routes(
+        [web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", metrics)]
+    )
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.health_host, settings.health_port)
+    await site.start()
+    sockets = getattr(site._server, "sockets", None)
+    if sockets:
+        context.health_port = int(sockets[0].getsockname()[1])
+    log.info(
+        "%s health and metrics on %s:%s", context.name, settings.health_host, context.health_port
+    )
+    return runner
+
+
+async def _serve(
+    name: str,
+    settings: ServiceSettings,
+    body: Callable[[ServiceContext], Coroutine[Any, Any, None]],
+) -> int:
+    embedded: EmbeddedNats | None = None
+    url = settings.nats_url
+    if url is None:
+        embedded = EmbeddedNats()
+        await asyncio.to_thread(embedded.start)
+        url = embedded.url
+        log.info("no NATS URL configured: started the bundled nats-server at %s", url)
+    instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
+    bus = await Bus.connect(
+        url,
+        name=f"{name}-{instance}",
+        credentials=settings.nats_credentials,
+        max_message_bytes=settings.max_message_bytes,
+    )
+    context = ServiceContext(name=name, settings=settings, bus=bus, instance=instance)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, context.stopping.set)
+    runner = await _start_health_server(context)
+    code = 0
+    try:
+        await bus.ensure_streams()
+        task = asyncio.create_task(body(context), name=name)
+        stop_wait = asyncio.create_task(context.stopping.wait())
+        done, _ = await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            log.info("%s stopping: draining (up to %.0fs)", name, SHUTDOWN_GRACE_SECONDS)
+            try:
+                await asyncio.wait_for(asyncio.shield(task), SHUTDOWN_GRACE_SECONDS)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        stop_wait.cancel()
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", name, exc_info=task.exception())
+            code = 1
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await bus.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+    return code
+
+
+def run_service(
+    name: str,
+    settings: ServiceSettings,
+    body: Callable[[ServiceContext], Coroutine[Any, Any, None]],
+) -> int:
+    """Run a service body to completion; the process exit code."""
+    configure_logging(settings.log_level)
+    try:
+        return asyncio.run(_serve(name, settings, body))
+    except NatsServerError as error:
+        print(f"tideshift {name}: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(
+            f"tideshift {name}: {error} (is the port taken, or NATS unreachable?)", file=sys.stderr
+        )
+        return 1
