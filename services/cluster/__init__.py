@@ -1,0 +1,1 @@
+"""Cluster access behind one port (`ClusterPort`); decides nothing; never imports planner/bus."""

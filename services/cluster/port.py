@@ -1,0 +1,131 @@
+"""The narrow port through which the watcher, the executor and the simulator see a cluster.
+
+Value types are frozen dataclasses so snapshots can be shared between tasks without copies.
+Resource quantities use plain units: cpu in cores, memory in bytes, GPUs as a count of
+`nvidia.com/gpu`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Role = Literal["serving", "training", "other"]
+PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+ChangeType = Literal["added", "modified", "deleted"]
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """An amount of schedulable resources (requests or allocatable)."""
+
+    cpu: float = 0.0  # cores
+    memory: float = 0.0  # bytes
+    gpu: int = 0  # nvidia.com/gpu
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(self.cpu + other.cpu, self.memory + other.memory, self.gpu + other.gpu)
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(self.cpu - other.cpu, self.memory - other.memory, self.gpu - other.gpu)
+
+    def times(self, count: int) -> Resources:
+        return Resources(self.cpu * count, self.memory * count, self.gpu * count)
+
+    def fits_in(self, available: Resources) -> bool:
+        # A small epsilon absorbs float sums of fractional cpu requests (0.1 + 0.2 ...).
+        return (
+            self.cpu <= available.cpu + 1e-9
+            and self.memory <= available.memory + 1e-6
+            and self.gpu <= available.gpu
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TargetRef:
+    """A scalable workload: Deployment, StatefulSet, Job, Volcano Job, PyTorchJob, ..."""
+
+    namespace: str
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    allocatable: Resources
+    ready: bool = True
+    unschedulable: bool = False
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def schedulable(self) -> bool:
+        return self.ready and not self.unschedulable
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    namespace: str
+    name: str
+    requests: Resources
+    priority: int = 0
+    owner: TargetRef | None = None  # the scalable workload, resolved through ReplicaSets etc.
+    role: Role = "other"
+    phase: PodPhase = "Pending"
+    node: str | None = None  # bound node; None while unscheduled
+    created_at: float = 0.0  # seconds (cluster clock)
+    ready: bool = False  # Running and passed readiness (the sim: start-up delay elapsed)
+    labels: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleState:
+    """A target's current scale and the bounds it accepts (elastic jobs carry their own)."""
+
+    target: TargetRef
+    replicas: int  # desired replicas currently in the spec
+    ready_replicas: int = 0
+    min_replicas: int = 0
+    max_replicas: int | None = None  # None: unbounded by the target itself
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterChange:
+    """One observed change; `obj` is the object after the change (before, for deletions)."""
+
+    type: ChangeType
+    obj: Node | Pod
+
+
+class ClusterPort(Protocol):
+    """List+watch nodes and pods, read and set a target's scale."""
+
+    async def list_nodes(self) -> list[Node]: ...
+
+    async def list_pods(self) -> list[Pod]: ...
+
+    def watch(self) -> AsyncIterator[ClusterChange]:
+        """Changes after the last list, in order, until the iterator is closed."""
+        ...
+
+    async def get_scale(self, target: TargetRef) -> ScaleState:
+        """Raises KeyError when the target does not exist."""
+        ...
+
+    async def set_scale(self, target: TargetRef, replicas: int) -> ScaleState:
+        """Sets the target's desired replicas (clamped to its own bounds); returns the result."""
+        ...
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds; only differences are meaningful."""
+        ...
