@@ -1,0 +1,187 @@
+"""`tideshift backtest`: rolling-origin comparison of forecasters on a request trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from services.predictor.evaluation import (
+    BacktestPlan,
+    Score,
+    Trace,
+    TraceFormatError,
+    parse_duration,
+    parse_trace,
+    plan_backtest,
+    run_backtest,
+)
+from services.predictor.models import DEFAULT_MODEL, MODELS, build_model
+
+EXIT_USAGE = 2
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _model_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in MODELS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown model(s) {', '.join(unknown) or '(none)'}; expected a comma-separated "
+            f"subset of {', '.join(MODELS)}"
+        )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tideshift backtest",
+        description=(
+            "Rolling-origin backtest: at each origin every model sees only the past (refitted "
+            "at the refit cadence, updated with new observations in between) and forecasts the "
+            "horizon. Prints MAPE, sMAPE, pinball loss at q0.95, the share of intervals whose "
+            "demand exceeded the q0.95 forecast (under-provisioning rate) and fit+predict time. "
+            "In --json output rates are fractions (0.05 = 5 %%)."
+        ),
+    )
+    parser.add_argument(
+        "--trace", required=True, type=Path, help="CSV with header timestamp_s,requests"
+    )
+    parser.add_argument("--horizon", type=_duration, default=900.0, help="forecast horizon (15m)")
+    parser.add_argument("--step", type=_duration, default=300.0, help="origin spacing (5m)")
+    parser.add_argument("--refit", type=_duration, default=86400.0, help="refit cadence (1d)")
+    parser.add_argument(
+        "--warmup",
+        type=_duration,
+        default=None,
+        help="history before the first origin (default: 7d, or a quarter of a shorter trace)",
+    )
+    parser.add_argument(
+        "--duration", type=_duration, default=None, help="use only the trace's first DURATION"
+    )
+    parser.add_argument(
+        "--models",
+        type=_model_list,
+        default=list(MODELS),
+        help=f"comma-separated models (default: all of {', '.join(MODELS)})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    try:
+        with args.trace.open(encoding="utf-8") as handle:
+            trace = parse_trace(handle, source=str(args.trace))
+    except OSError as error:
+        print(f"tideshift backtest: --trace: cannot read {args.trace}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except (TraceFormatError, UnicodeDecodeError) as error:
+        print(f"tideshift backtest: --trace: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.duration is not None:
+        trace = trace.head(args.duration)
+    try:
+        plan = plan_backtest(
+            trace,
+            horizon_s=args.horizon,
+            step_s=args.step,
+            refit_s=args.refit,
+            warmup_s=args.warmup,
+        )
+    except ValueError as error:
+        print(f"tideshift backtest: --warmup/--horizon: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+    scores: dict[str, Score] = {}
+    for name in args.models:
+        reporter = None if args.quiet else _ProgressReporter(name)
+        scores[name] = run_backtest(
+            trace, build_model(name), plan, clock=time.perf_counter, progress=reporter
+        )
+        if reporter is not None:
+            reporter.finish(scores[name])
+
+    if args.json:
+        document = {
+            "models": {
+                name: {
+                    "mape": score.mape,
+                    "smape": score.smape,
+                    "pinball_q95": score.pinball_q95,
+                    "under_rate_q95": score.under_rate_q95,
+                    "seconds": round(score.seconds, 3),
+                }
+                for name, score in scores.items()
+            },
+            "default": DEFAULT_MODEL,
+            "trace": str(args.trace),
+            "horizon_s": args.horizon,
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(format_table(trace, plan, scores, horizon_s=args.horizon))
+    return 0
+
+
+def format_table(
+    trace: Trace, plan: BacktestPlan, scores: dict[str, Score], *, horizon_s: float
+) -> str:
+    interval = trace.interval_s
+    origins = next(iter(scores.values())).origins if scores else 0
+    lines = [
+        f"trace {trace.source}: {trace.values.shape[0]} rows every {interval:g} s; horizon "
+        f"{horizon_s:g} s ({plan.horizon_steps} steps), origin every "
+        f"{plan.origin_every_steps * interval:g} s, refit every "
+        f"{plan.refit_every_steps * interval:g} s, {origins} origins",
+        f"{'model':<24}{'MAPE %':>9}{'sMAPE %':>9}{'pinball q95':>14}{'under q95 %':>13}"
+        f"{'seconds':>9}",
+    ]
+    for name, score in scores.items():
+        marker = " *" if name == DEFAULT_MODEL else ""
+        lines.append(
+            f"{name + marker:<24}{100 * score.mape:>9.2f}{100 * score.smape:>9.2f}"
+            f"{score.pinball_q95:>14.4g}{100 * score.under_rate_q95:>13.2f}{score.seconds:>9.2f}"
+        )
+    lines.append("* default model")
+    return "\n".join(lines)
+
+
+class _ProgressReporter:
+    """Progress on stderr, at most every few seconds, so long runs show they are alive."""
+
+    def __init__(self, name: str, every_s: float = 5.0) -> None:
+        self.name = name
+        self.every_s = every_s
+        self.started = time.monotonic()
+        self.last = self.started
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            print(
+                f"  {self.name}: {done}/{total} origins ({100 * done / total:.0f} %)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def finish(self, score: Score) -> None:
+        print(
+            f"  {self.name}: done, {score.origins} origins in "
+            f"{time.monotonic() - self.started:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -1,0 +1,406 @@
+"""Tidal: Tideshift's default forecaster.
+
+Design, in the order the data flows:
+
+1. Log space. Traffic swings multiplicatively (a 4:1 day/night ratio scales the noise with
+   it), so the model works on z = log(y + c), with c a small fraction of the median so that
+   zero intervals stay finite and low counts do not dominate the error.
+2. Periods are detected, never assumed: calendar candidates (day, week) and the strongest
+   FFT periods are each kept only if the autocorrelation confirms them and at least two
+   cycles of history exist. No confirmed period means no seasonal component.
+3. Robust multi-seasonal decomposition, shortest period first: each cycle is centred on its
+   own median (so a day-to-day level change is not mistaken for shape), the profile is the
+   median across the last few cycles (so one surge day or holiday does not imprint on the
+   profile), smoothed circularly across the phase. The weekly profile is taken from what the
+   daily one leaves, so it only learns how weekdays differ.
+4. Two-speed level on what is left: a fast exponentially weighted level that follows a surge
+   within minutes, and a slow one (about a day) the forecast reverts to as the horizon grows
+   (z_hat = S + M + phi^h (L - M)). The fast rate and the reversion phi are chosen on the
+   history by the absolute error over the horizons the planner uses.
+5. Quantiles are conformal by horizon step: the empirical quantiles of the model's own
+   out-of-sample errors (in log space) at each step ahead over a recent window, refreshed as
+   observations arrive. They widen when the model has recently been wrong and narrow when it
+   has been right, without any distributional assumption.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from numpy.typing import ArrayLike
+from pydantic import BaseModel, ConfigDict, Field
+from scipy.signal import lfilter
+
+from services.predictor.models.base import (
+    QUANTILE_LEVELS,
+    SECONDS_PER_DAY,
+    SECONDS_PER_WEEK,
+    FloatArray,
+    Forecast,
+    detect_periods,
+    dominant_fft_periods,
+    fill_gaps,
+    make_forecast,
+    regularize,
+)
+
+
+class TidalConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Periods proposed from the calendar; each still has to be confirmed by the data.
+    calendar_periods_s: tuple[float, ...] = (SECONDS_PER_DAY, SECONDS_PER_WEEK)
+    # Extra periods proposed by the spectrum (0 disables).
+    fft_periods: int = Field(default=1, ge=0)
+    min_acf: float = Field(default=0.3, gt=0, lt=1)
+    # Cycles whose median forms the profile, for periods up to a day and for longer ones.
+    short_period_cycles: int = Field(default=7, ge=1)
+    long_period_cycles: int = Field(default=4, ge=1)
+    # Circular smoothing of each profile, as a fraction of its period (1/96 of a day = 15 min).
+    profile_smoothing: float = Field(default=1 / 96, ge=0, lt=0.5)
+    # Offset c in log(y + c), as a fraction of the median of the positive values.
+    log_offset_fraction: float = Field(default=0.1, gt=0)
+    # Candidate fast-level rates and per-step reversion factors tried at each fit.
+    level_rates: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.35, 0.6, 1.0)
+    reversions: tuple[float, ...] = (0.9, 0.97, 0.99, 0.997, 0.999, 1.0)
+    # Half-life of the slow level, in seconds.
+    slow_half_life_s: float = Field(default=SECONDS_PER_DAY, gt=0)
+    # Longest horizon the quantiles are calibrated for; beyond it the last step's spread holds.
+    max_horizon_s: float = Field(default=2 * 3600.0, gt=0)
+    # Recent out-of-sample errors that calibrate the quantiles.
+    calibration_window_s: float = Field(default=3 * SECONDS_PER_DAY, gt=0)
+    # Quantiles are recomputed from the errors after this many new observations.
+    recalibrate_every_s: float = Field(default=3600.0, gt=0)
+    max_history_s: float = Field(default=35 * SECONDS_PER_DAY, gt=0)
+    default_interval_s: float = Field(default=60.0, gt=0)
+
+
+class Tidal:
+    def __init__(self, config: TidalConfig | None = None, *, name: str = "tidal") -> None:
+        self.config = config or TidalConfig()
+        self.name = name
+        self.periods: list[int] = []
+        self._fitted = False
+        self._interval = self.config.default_interval_s
+        self._last_timestamp = 0.0
+        self._last_index = 0
+        self._offset = 1.0
+        # Each profile is (period, anchor index, shape); S(i) = shape[(i - anchor) % period].
+        self._profiles: list[tuple[int, int, FloatArray]] = []
+        self._rate = 0.1
+        self._slow_rate = 0.01
+        self._reversion = 1.0
+        self._max_steps = 1
+        self._fast_history: FloatArray = np.zeros(1)
+        self._slow_history: FloatArray = np.zeros(1)
+        self._errors: FloatArray = np.zeros((0, 1))
+        self._spreads: FloatArray = np.zeros((len(QUANTILE_LEVELS), 1))
+        self._pending_rows = 0
+
+    # ---- fitting -------------------------------------------------------------------------
+
+    def fit(self, timestamps: ArrayLike, values: ArrayLike) -> None:
+        config = self.config
+        series = regularize(
+            timestamps,
+            values,
+            default_interval_s=config.default_interval_s,
+            max_points=None,
+        )
+        interval = series.interval_s
+        limit = max(2, round(config.max_history_s / interval))
+        raw = series.values[-limit:]
+        observed_mask = np.isfinite(raw)
+        filled = fill_gaps(raw)
+        positive = filled[filled > 0]
+        scale = float(np.median(positive)) if positive.shape[0] else 1.0
+        self._offset = max(config.log_offset_fraction * scale, 1e-9)
+        z = np.log(filled + self._offset)
+        count = z.shape[0]
+
+        self._interval = interval
+        self._last_timestamp = series.last_timestamp
+        self._last_index = count - 1
+        self._max_steps = max(1, math.ceil(config.max_horizon_s / interval))
+        self._slow_rate = 1.0 - 0.5 ** (interval / config.slow_half_life_s)
+
+        self.periods = self._detect(z, interval)
+        self._profiles = []
+        remainder = z.copy()
+        remainder[~observed_mask] = np.nan
+        for period in self.periods:
+            cycles = (
+                config.short_period_cycles
+                if period * interval <= SECONDS_PER_DAY
+                else config.long_period_cycles
+            )
+            anchor, shape = _robust_profile(
+                remainder, period, cycles=cycles, smoothing=config.profile_smoothing
+            )
+            self._profiles.append((period, anchor, shape))
+            remainder = remainder - shape[(np.arange(count) - anchor) % period]
+        seasonal = self._seasonal(np.arange(count))
+        deseasonalised = fill_gaps(z - seasonal)
+        self._choose_level(z, seasonal, deseasonalised, observed_mask)
+
+    def _detect(self, z: FloatArray, interval: float) -> list[int]:
+        found = detect_periods(
+            z, interval, candidates_s=self.config.calendar_periods_s, min_acf=self.config.min_acf
+        )
+        if self.config.fft_periods:
+            for period in dominant_fft_periods(
+                z, max_periods=self.config.fft_periods, min_acf=self.config.min_acf
+            ):
+                if all(abs(period - known) > max(1, known // 10) for known in found):
+                    found.append(period)
+        return sorted(found)
+
+    def _seasonal(self, indices: FloatArray | NDIntArray) -> FloatArray:
+        total = np.zeros(np.shape(indices), dtype=np.float64)
+        for period, anchor, shape in self._profiles:
+            total += shape[(np.asarray(indices, dtype=np.int64) - anchor) % period]
+        return total
+
+    def _choose_level(
+        self,
+        z: FloatArray,
+        seasonal: FloatArray,
+        deseasonalised: FloatArray,
+        observed_mask: NDBoolArray,
+    ) -> None:
+        config = self.config
+        count = z.shape[0]
+        slow = _ewma(deseasonalised, self._slow_rate)
+        window = min(count - 1, round(config.calibration_window_s / self._interval))
+        steps = _probe_steps(self._max_steps)
+        origins = np.arange(count - window - 1, count - 1) if window > 0 else np.zeros(0, int)
+        best: tuple[float, float, float] | None = None
+        best_fast = slow
+        for rate in config.level_rates:
+            fast = _ewma(deseasonalised, rate)
+            for reversion in config.reversions:
+                loss = _level_loss(
+                    z, seasonal, fast, slow, observed_mask, origins, steps, reversion
+                )
+                if best is None or loss < best[0]:
+                    best = (loss, rate, reversion)
+                    best_fast = fast
+        _, self._rate, self._reversion = best if best is not None else (0.0, 1.0, 1.0)
+        keep = self._max_steps + 1
+        self._fast_history = _left_pad(best_fast[-keep:], keep)
+        self._slow_history = _left_pad(slow[-keep:], keep)
+        self._errors = _calibration_errors(
+            z=z,
+            seasonal=seasonal,
+            fast=best_fast,
+            slow=slow,
+            observed_mask=observed_mask,
+            reversion=self._reversion,
+            max_steps=self._max_steps,
+            window=round(config.calibration_window_s / self._interval),
+        )
+        self._recalibrate()
+        self._fitted = True
+
+    # ---- updating ------------------------------------------------------------------------
+
+    def update(self, timestamps: ArrayLike, values: ArrayLike) -> None:
+        if not self._fitted:
+            self.fit(timestamps, values)
+            return
+        times = np.asarray(timestamps, dtype=np.float64).ravel()
+        observed = np.asarray(values, dtype=np.float64).ravel()
+        offsets = np.rint((times - self._last_timestamp) / self._interval).astype(np.int64)
+        newer = offsets > 0
+        if not newer.any():
+            return
+        added = int(offsets[newer].max())
+        fresh = np.full(added, np.nan)
+        fresh[offsets[newer] - 1] = observed[newer]
+        new_rows: list[FloatArray] = []
+        steps = np.arange(1, self._max_steps + 1)
+        for value in fresh:
+            self._last_index += 1
+            index = self._last_index
+            seasonal_now = float(self._seasonal(np.array([index]))[0])
+            fast, slow = self._fast_history[-1], self._slow_history[-1]
+            if math.isfinite(value) and value >= 0:
+                z_now = math.log(value + self._offset)
+                # Forecasts made h steps ago for this interval, from the stored level history.
+                past_fast = self._fast_history[-steps]
+                past_slow = self._slow_history[-steps]
+                predicted = (
+                    seasonal_now + past_slow + self._reversion**steps * (past_fast - past_slow)
+                )
+                new_rows.append(z_now - predicted)
+                residual = z_now - seasonal_now
+                fast += self._rate * (residual - fast)
+                slow += self._slow_rate * (residual - slow)
+            self._fast_history = np.append(self._fast_history[1:], fast)
+            self._slow_history = np.append(self._slow_history[1:], slow)
+        self._last_timestamp += added * self._interval
+        if new_rows:
+            window = max(1, round(self.config.calibration_window_s / self._interval))
+            self._errors = np.vstack([self._errors, np.asarray(new_rows)])[-window:]
+            self._pending_rows += len(new_rows)
+            if self._pending_rows * self._interval >= self.config.recalibrate_every_s:
+                self._recalibrate()
+
+    def _recalibrate(self) -> None:
+        self._pending_rows = 0
+        self._spreads = _spread_by_step(self._errors, self._max_steps)
+
+    # ---- predicting ----------------------------------------------------------------------
+
+    def predict(self, horizon_steps: int) -> Forecast:
+        if not self._fitted:
+            raise RuntimeError("predict() before fit()")
+        steps = np.arange(1, horizon_steps + 1)
+        fast, slow = self._fast_history[-1], self._slow_history[-1]
+        z_hat = (
+            self._seasonal(self._last_index + steps)
+            + slow
+            + self._reversion ** steps.astype(np.float64) * (fast - slow)
+        )
+        columns = np.minimum(steps, self._max_steps) - 1
+        spreads = self._spreads[:, columns]
+        quantiles = {
+            level: np.exp(z_hat + spreads[index]) - self._offset
+            for index, level in enumerate(QUANTILE_LEVELS)
+        }
+        return make_forecast(
+            last_timestamp=self._last_timestamp,
+            interval_s=self._interval,
+            point=quantiles[0.5],
+            quantiles=quantiles,
+        )
+
+
+NDIntArray = np.ndarray[tuple[int], np.dtype[np.int64]]
+NDBoolArray = np.ndarray[tuple[int], np.dtype[np.bool_]]
+
+
+def _robust_profile(
+    values: FloatArray, period: int, *, cycles: int, smoothing: float
+) -> tuple[int, FloatArray]:
+    """Median seasonal shape over the last cycles; returns (anchor index, zero-mean shape)."""
+    count = values.shape[0]
+    used = max(1, min(cycles, count // period))
+    anchor = count - used * period
+    block = values[anchor:].reshape(used, period)
+    with np.errstate(all="ignore"):
+        centred = block - _nan_median(block, axis=1)[:, None]
+        shape = _nan_median(centred, axis=0)
+    shape = fill_gaps(shape)
+    width = round(smoothing * period)
+    if width >= 2:
+        kernel = np.ones(width) / width
+        padded = np.concatenate([shape[-width:], shape, shape[:width]])
+        shape = np.convolve(padded, kernel, mode="same")[width:-width]
+    shape = shape - float(np.mean(shape))
+    return anchor, shape
+
+
+def _nan_median(block: FloatArray, *, axis: int) -> FloatArray:
+    """Median ignoring missing values; all-missing slices give NaN (filled by the caller)."""
+    if np.isfinite(block).all():
+        result: FloatArray = np.median(block, axis=axis)
+        return result
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        median: FloatArray = np.nanmedian(block, axis=axis)
+    return median
+
+
+def _ewma(values: FloatArray, rate: float) -> FloatArray:
+    """Exponentially weighted level, started at the first value."""
+    if rate >= 1.0:
+        return values.copy()
+    filtered, _ = lfilter([rate], [1.0, rate - 1.0], values, zi=[values[0] * (1.0 - rate)])
+    result: FloatArray = np.asarray(filtered, dtype=np.float64)
+    return result
+
+
+def _probe_steps(max_steps: int) -> NDIntArray:
+    """A handful of steps ahead, log-spaced, that stand in for the whole horizon."""
+    probes = np.unique(np.round(np.geomspace(1, max_steps, num=min(max_steps, 8))).astype(np.int64))
+    return probes
+
+
+def _level_loss(
+    z: FloatArray,
+    seasonal: FloatArray,
+    fast: FloatArray,
+    slow: FloatArray,
+    observed_mask: NDBoolArray,
+    origins: NDIntArray,
+    steps: NDIntArray,
+    reversion: float,
+) -> float:
+    total, count = 0.0, 0
+    for step in steps:
+        valid = origins[origins + step < z.shape[0]]
+        if valid.shape[0] == 0:
+            continue
+        targets = valid + step
+        predicted = (
+            seasonal[targets] + slow[valid] + reversion ** float(step) * (fast[valid] - slow[valid])
+        )
+        errors = np.abs(z[targets] - predicted)[observed_mask[targets]]
+        total += float(errors.sum())
+        count += errors.shape[0]
+    return total / count if count else 0.0
+
+
+def _calibration_errors(
+    *,
+    z: FloatArray,
+    seasonal: FloatArray,
+    fast: FloatArray,
+    slow: FloatArray,
+    observed_mask: NDBoolArray,
+    reversion: float,
+    max_steps: int,
+    window: int,
+) -> FloatArray:
+    """Errors of step-h forecasts for each recent target time: rows = targets, cols = h."""
+    count = z.shape[0]
+    targets = np.arange(max(1, count - window), count)
+    targets = targets[observed_mask[targets]]
+    steps = np.arange(1, max_steps + 1)
+    origins = targets[:, None] - steps[None, :]
+    valid = origins >= 0
+    origins = np.maximum(origins, 0)
+    predicted = (
+        seasonal[targets][:, None]
+        + slow[origins]
+        + reversion ** steps[None, :].astype(np.float64) * (fast[origins] - slow[origins])
+    )
+    errors: FloatArray = np.where(valid, z[targets][:, None] - predicted, np.nan)
+    return errors
+
+
+def _spread_by_step(errors: FloatArray, max_steps: int) -> FloatArray:
+    """Error quantiles per step ahead, computed at log-spaced steps and interpolated between."""
+    spreads = np.zeros((len(QUANTILE_LEVELS), max_steps))
+    if errors.shape[0] == 0:
+        return spreads
+    probes = np.unique(np.round(np.geomspace(1, max_steps, num=min(max_steps, 16))).astype(int))
+    at_probes = np.zeros((len(QUANTILE_LEVELS), probes.shape[0]))
+    for column, step in enumerate(probes):
+        sample = errors[:, step - 1]
+        sample = sample[np.isfinite(sample)]
+        if sample.shape[0]:
+            at_probes[:, column] = np.quantile(sample, QUANTILE_LEVELS)
+    every_step = np.arange(1, max_steps + 1)
+    for row in range(len(QUANTILE_LEVELS)):
+        spreads[row] = np.interp(every_step, probes, at_probes[row])
+    return spreads
+
+
+def _left_pad(values: FloatArray, length: int) -> FloatArray:
+    if values.shape[0] >= length:
+        return values[-length:].copy()
+    return np.concatenate([np.full(length - values.shape[0], values[0]), values])
