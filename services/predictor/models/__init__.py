@@ -1,4 +1,4 @@
-"""Forecasting models: decide expected demand and its quantiles; must not import I/O, clocks or asyncio."""
+"""Forecasting models: decide expected demand and its quantiles. No I/O, clocks or asyncio."""
 
 from services.predictor.models.base import QUANTILE_LEVELS, Forecast, Forecaster
 from services.predictor.models.registry import DEFAULT_MODEL, MODELS, build_model, model_names

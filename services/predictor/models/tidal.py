@@ -182,7 +182,14 @@ class Tidal:
             fast = _ewma(deseasonalised, rate)
             for reversion in config.reversions:
                 loss = _level_loss(
-                    z, seasonal, fast, slow, observed_mask, origins, steps, reversion
+                    z=z,
+                    seasonal=seasonal,
+                    fast=fast,
+                    slow=slow,
+                    observed_mask=observed_mask,
+                    origins=origins,
+                    steps=steps,
+                    reversion=reversion,
                 )
                 if best is None or loss < best[0]:
                     best = (loss, rate, reversion)
@@ -330,6 +337,7 @@ def _probe_steps(max_steps: int) -> NDIntArray:
 
 
 def _level_loss(
+    *,
     z: FloatArray,
     seasonal: FloatArray,
     fast: FloatArray,
