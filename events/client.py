@@ -33,13 +33,19 @@ class EventClient:
         self._connection = connection
 
     @classmethod
-    async def connect(cls, url: str, *, name: str = "tideshift-events-client") -> EventClient:
+    async def connect(
+        cls, url: str, *, name: str = "tideshift-events-client", timeout: float = 10.0
+    ) -> EventClient:
+        """Connect, reconnecting for ever once connected; ConnectionError if never reached."""
         try:
-            connection = await nats.connect(
-                url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=1
+            connection = await asyncio.wait_for(
+                nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=1),
+                timeout,
             )
-        except nats.errors.NoServersError as error:
-            raise ConnectionError(f"no NATS server answered at {url}") from error
+        except (TimeoutError, nats.errors.NoServersError, OSError) as error:
+            raise ConnectionError(
+                f"no NATS server answered at {url} within {timeout:.0f}s"
+            ) from error
         return cls(connection)
 
     async def close(self) -> None:

@@ -52,7 +52,7 @@ RECEIVED = Counter("tideshift_bus_received_total", "Valid events received", ["co
 REJECTED = Counter(
     "tideshift_bus_rejected_total", "Messages rejected and dead-lettered", ["consumer", "kind"]
 )
-DEAD_LETTER_PAYLOAD_CHARS = 4096
+DEAD_LETTER_PAYLOAD_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -243,8 +243,10 @@ class Bus:
         name: str,
         credentials: str | None = None,
         max_message_bytes: int = 1024 * 1024,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = 30.0,
     ) -> Bus:
+        """Connect (ConnectionError after `connect_timeout`); once up, reconnect for ever."""
+
         async def on_disconnect() -> None:
             log.warning("disconnected from NATS %s; reconnecting", url)
 
@@ -254,18 +256,25 @@ class Bus:
         async def on_error(error: Exception) -> None:
             log.warning("NATS error: %s", error)
 
-        connection = await nats.connect(
-            url,
-            name=name,
-            user_credentials=credentials,
-            connect_timeout=connect_timeout,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            allow_reconnect=True,
-            disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect,
-            error_cb=on_error,
-        )
+        try:
+            connection = await asyncio.wait_for(
+                nats.connect(
+                    url,
+                    name=name,
+                    user_credentials=credentials,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    allow_reconnect=True,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                    error_cb=on_error,
+                ),
+                connect_timeout,
+            )
+        except (TimeoutError, nats.errors.NoServersError, OSError) as error:
+            raise ConnectionError(
+                f"no NATS server answered at {url} within {connect_timeout:.0f}s"
+            ) from error
         source = f"tideshift/{name}/{socket.gethostname()}/{os.getpid()}"
         return cls(connection, source=source, max_message_bytes=max_message_bytes)
 

@@ -1,0 +1,251 @@
+"""The bus against a real nats-server: typed pub/sub, JetStream, leases, dead letters, MQTT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import TypeVar
+
+import aiomqtt
+import pytest
+from prometheus_client import REGISTRY
+
+import events
+from services.common.bus import DEAD_LETTER_STREAM, SCALE_STREAM, Bus
+from services.common.embedded_nats import EmbeddedNats
+
+T = TypeVar("T")
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+WAIT = 10.0
+
+
+def command(namespace: str, desired: int = 3, key: str = "k1") -> events.ScaleCommand:
+    return events.ScaleCommand(
+        target=events.WorkloadRef(kind="Deployment", namespace=namespace, name="web.v1"),
+        desired=desired,
+        reason="test",
+        plan_id="p1",
+        issued_at=NOW,
+        idempotency_key=key,
+    )
+
+
+def pod(namespace: str, name: str = "web-1") -> events.PodChanged:
+    return events.PodChanged(
+        change="added", namespace=namespace, name=name, phase="Running", observed_at=NOW
+    )
+
+
+async def first(iterator: AsyncIterator[T], timeout: float = WAIT) -> T:
+    return await asyncio.wait_for(anext(iterator), timeout)
+
+
+@contextlib.asynccontextmanager
+async def started(iterator: AsyncIterator[T]) -> AsyncIterator[asyncio.Queue[T]]:
+    """Run an async iterator in the background, collecting into a queue."""
+    queue: asyncio.Queue[T] = asyncio.Queue()
+
+    async def pump() -> None:
+        async for item in iterator:
+            await queue.put(item)
+
+    task = asyncio.create_task(pump())
+    try:
+        yield queue
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def subscribed(bus: Bus) -> None:
+    """A flush round trip guarantees the server has registered earlier subscriptions."""
+    await bus.connection.flush()
+
+
+async def test_typed_publish_and_subscribe(bus: Bus, unique: str) -> None:
+    subscription = bus.subscribe(events.POD_CHANGED.filter(namespace=unique), consumer="t")
+    async with started(subscription) as received:
+        await asyncio.sleep(0)
+        await subscribed(bus)
+        sent = pod(unique, name="api.v2")
+        await bus.publish(events.POD_CHANGED.at(namespace=unique, name="api.v2"), sent)
+        envelope = await asyncio.wait_for(received.get(), WAIT)
+    assert envelope.data == sent
+    assert envelope.subject == f"tideshift.v1.cluster.pod.{unique}.api_2Ev2"
+    assert envelope.source.startswith("tideshift/")
+
+
+async def test_publish_rejects_the_wrong_model_and_wildcards(bus: Bus, unique: str) -> None:
+    with pytest.raises(TypeError, match="carries PodChanged"):
+        await bus.publish(
+            events.POD_CHANGED.at(namespace=unique, name="a"),
+            command(unique),  # type: ignore[arg-type]
+        )
+    with pytest.raises(ValueError, match="wildcard"):
+        await bus.publish(events.POD_CHANGED.filter(namespace=unique), pod(unique))
+
+
+async def test_jetstream_redelivers_what_was_not_acked(bus: Bus, unique: str) -> None:
+    subject = events.SCALE_COMMAND.at(namespace=unique, kind="Deployment", name="web.v1")
+    await bus.publish_durable(subject, command(unique), msg_id=f"{unique}-1")
+    deliveries = bus.consume(
+        events.SCALE_COMMAND.filter(namespace=unique),
+        stream=SCALE_STREAM,
+        durable=f"redeliver-{unique}",
+        ack_wait_seconds=1.0,
+    )
+    first_delivery = await first(deliveries)
+    assert first_delivery.num_delivered == 1
+    # Not acked: after the ack wait the same message comes again.
+    second_delivery = await first(deliveries)
+    assert second_delivery.event.data == first_delivery.event.data
+    assert second_delivery.num_delivered == 2
+    await second_delivery.ack()
+    await deliveries.aclose()
+
+
+async def test_durable_publish_deduplicates_by_message_id(bus: Bus, unique: str) -> None:
+    subject = events.SCALE_COMMAND.at(namespace=unique, kind="Deployment", name="web")
+    first_seq = await bus.publish_durable(subject, command(unique), msg_id=f"{unique}-dup")
+    again_seq = await bus.publish_durable(subject, command(unique), msg_id=f"{unique}-dup")
+    assert first_seq == again_seq
+
+
+async def test_two_durable_consumers_share_work(bus: Bus, unique: str) -> None:
+    subject = events.SCALE_COMMAND.at(namespace=unique, kind="Deployment", name="web")
+    for i in range(6):
+        await bus.publish_durable(subject, command(unique, desired=i, key=str(i)))
+    spec = events.SCALE_COMMAND.filter(namespace=unique)
+    one = bus.consume(spec, stream=SCALE_STREAM, durable=f"shared-{unique}")
+    two = bus.consume(spec, stream=SCALE_STREAM, durable=f"shared-{unique}")
+    seen: list[int] = []
+    for iterator in (one, two, one, two, one, two):
+        delivery = await first(iterator)
+        seen.append(delivery.event.data.desired)
+        await delivery.ack()
+    assert sorted(seen) == list(range(6))
+    await one.aclose()
+    await two.aclose()
+
+
+async def test_lease_is_exclusive_and_taken_over_after_ttl(bus: Bus, unique: str) -> None:
+    alice = await bus.lease(f"planner-{unique}", holder="alice", ttl_seconds=10)
+    bob = await bus.lease(f"planner-{unique}", holder="bob", ttl_seconds=10)
+    results = await asyncio.gather(alice.try_acquire(NOW), bob.try_acquire(NOW))
+    assert sorted(results) == [False, True], "exactly one contender wins a race"
+    leader, other = (alice, bob) if results[0] else (bob, alice)
+    assert await leader.try_acquire(NOW + timedelta(seconds=5)), "the holder renews"
+    assert not await other.try_acquire(NOW + timedelta(seconds=9)), "not before expiry"
+    # The leader stops renewing (it died): after its TTL the other takes over.
+    assert await other.try_acquire(NOW + timedelta(seconds=16))
+    assert not await leader.try_acquire(NOW + timedelta(seconds=17))
+    await other.release()
+    assert await leader.try_acquire(NOW + timedelta(seconds=18)), "a released lease is free"
+
+
+BAD_INPUTS = {
+    "not_json": b"definitely not json",
+    "not_cloudevent": b'{"hello": "world"}',
+    "unknown_type": events.encode(command("x"), source="t").replace(
+        b"io.tideshift.scale.command.v1", b"io.tideshift.scale.command.v7"
+    ),
+    "unexpected_type": events.encode(command("x"), source="t"),
+    "invalid": events.encode(pod("x"), source="t").replace(b'"Running"', b'"Sleeping"'),
+    "too_large": b"{" + b" " * 4096 + b"}",
+}
+
+
+async def test_bad_messages_are_dead_lettered_and_the_subscriber_keeps_going(
+    nats_server: EmbeddedNats, unique: str
+) -> None:
+    small = await Bus.connect(nats_server.url, name="dl-test", max_message_bytes=2048)
+    consumer = f"deadletter-test-{unique}"
+    try:
+        await small.ensure_streams()
+        target = events.POD_CHANGED.filter(namespace=unique)
+        async with started(small.subscribe(target, consumer=consumer)) as received:
+            await asyncio.sleep(0)
+            await subscribed(small)
+            for raw in BAD_INPUTS.values():
+                await small.connection.publish(f"tideshift.v1.cluster.pod.{unique}.bad", raw)
+            good = pod(unique)
+            await small.publish(events.POD_CHANGED.at(namespace=unique, name="good"), good)
+            envelope = await asyncio.wait_for(received.get(), WAIT)
+            assert envelope.data == good, "the valid message after the bad ones arrives"
+            assert received.empty()
+        letters = small.consume(
+            events.DEAD_LETTER.at(consumer=consumer),
+            stream=DEAD_LETTER_STREAM,
+            durable=f"read-{unique}",
+        )
+        reasons = {}
+        for _ in BAD_INPUTS:
+            delivery = await first(letters)
+            reasons[delivery.event.data.payload[:30]] = delivery.event.data.reason
+            assert delivery.event.data.original_subject.endswith(".bad")
+            await delivery.ack()
+        await letters.aclose()
+        assert len(reasons) == len(BAD_INPUTS)
+        joined = " | ".join(reasons.values())
+        for fragment in (
+            "not JSON",
+            "missing",
+            "schema version v7",
+            "was expected",
+            "validation",
+            "exceeds",
+        ):
+            assert fragment in joined
+        for kind in BAD_INPUTS:
+            count = REGISTRY.get_sample_value(
+                "tideshift_bus_rejected_total", {"consumer": consumer, "kind": kind}
+            )
+            assert count == 1, kind
+    finally:
+        await small.close()
+
+
+async def test_mqtt_client_receives_events_through_the_listener(
+    bus: Bus, nats_server: EmbeddedNats, unique: str
+) -> None:
+    subject = events.SCALE_COMMAND.at(namespace=unique, kind="Deployment", name="web.v1")
+    async with aiomqtt.Client("127.0.0.1", port=nats_server.mqtt_port, identifier=unique) as client:
+        await client.subscribe(events.SCALE_COMMAND.filter(namespace=unique).mqtt_topic, qos=1)
+        sent = command(unique)
+        await bus.publish_durable(subject, sent)
+        message = await asyncio.wait_for(anext(aiomqtt_messages(client)), WAIT)
+    assert str(message.topic) == subject.mqtt_topic
+    assert isinstance(message.payload, bytes)
+    assert events.decode(message.payload, events.ScaleCommand).data == sent
+
+
+async def aiomqtt_messages(client: aiomqtt.Client) -> AsyncIterator[aiomqtt.Message]:
+    async for message in client.messages:
+        yield message
+
+
+async def test_kv_helper_round_trips_models(bus: Bus, unique: str) -> None:
+    kv = await bus.kv(f"test_{unique}")
+    await kv.put("a", pod(unique))
+    assert await kv.get("a", events.PodChanged) == pod(unique)
+    assert await kv.get("missing", events.PodChanged) is None
+    await kv.raw.put("broken", b"{not json")
+    items = [key async for key, _ in kv.items(events.PodChanged)]
+    assert items == ["a"], "an unreadable value is skipped, not raised"
+
+
+async def test_request_reply_and_handler_errors(bus: Bus, unique: str) -> None:
+    async def handler(payload: bytes) -> bytes:
+        if payload == b"boom":
+            raise ValueError("bad request")
+        return payload.upper()
+
+    stop = await bus.serve(f"test.{unique}.echo", handler)
+    try:
+        assert await bus.request(f"test.{unique}.echo", b"hi") == b"HI"
+        assert await bus.request(f"test.{unique}.echo", b"boom") == b"error: bad request"
+    finally:
+        await stop()
