@@ -65,7 +65,7 @@ class TrainerSettings(ServiceSettings):
     min_task_seconds: float = Field(
         default=0.0,
         ge=0,
-        description="hold each task at least this long, to emulate a heavier model in tests and demos",
+        description="hold each task at least this long (emulates a heavier model in tests, demos)",
     )
 
 
