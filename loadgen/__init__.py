@@ -1,0 +1,1 @@
+"""Traffic for demos and tests: pure rate(t) profiles, an open-loop HTTP driver, a sample app. Must not import services."""
