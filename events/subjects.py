@@ -34,13 +34,11 @@ _PARAM = re.compile(r"^\{([a-z_]+)\}$")
 
 
 @dataclass(frozen=True)
-class Subject(Generic[T]):
-    """A subject pattern such as `tideshift.v1.cluster.pod.{namespace}.{name}` and its model."""
+class SubjectPattern:
+    """A subject pattern such as `tideshift.v1.cluster.pod.{namespace}.{name}`."""
 
     pattern: str
-    model: type[T]
     description: str
-    durable: bool = False  # carried by JetStream with acks, not fire-and-forget core NATS
 
     @property
     def tokens(self) -> tuple[str, ...]:
@@ -49,23 +47,6 @@ class Subject(Generic[T]):
     @property
     def params(self) -> tuple[str, ...]:
         return tuple(m.group(1) for t in self.tokens if (m := _PARAM.match(t)))
-
-    def at(self, **values: str) -> BoundSubject[T]:
-        """The concrete subject for these parameter values (all required)."""
-        missing = set(self.params) - set(values)
-        unknown = set(values) - set(self.params)
-        if missing or unknown:
-            raise ValueError(
-                f"{self.pattern}: missing {sorted(missing)}, unknown {sorted(unknown)}"
-            )
-        return BoundSubject(self, self._fill(values, default=None))
-
-    def filter(self, **values: str) -> BoundSubject[T]:
-        """A wildcard subject: parameters not given match any single token."""
-        unknown = set(values) - set(self.params)
-        if unknown:
-            raise ValueError(f"{self.pattern}: unknown parameters {sorted(unknown)}")
-        return BoundSubject(self, self._fill(values, default="*"))
 
     def parse(self, subject: str) -> dict[str, str]:
         """Decode a concrete subject of this pattern back into its parameter values."""
@@ -87,6 +68,21 @@ class Subject(Generic[T]):
             return False
         return True
 
+    def _concrete(self, values: dict[str, str]) -> str:
+        missing = set(self.params) - set(values)
+        unknown = set(values) - set(self.params)
+        if missing or unknown:
+            raise ValueError(
+                f"{self.pattern}: missing {sorted(missing)}, unknown {sorted(unknown)}"
+            )
+        return self._fill(values, default=None)
+
+    def _wildcard(self, values: dict[str, str]) -> str:
+        unknown = set(values) - set(self.params)
+        if unknown:
+            raise ValueError(f"{self.pattern}: unknown parameters {sorted(unknown)}")
+        return self._fill(values, default="*")
+
     def _fill(self, values: dict[str, str], *, default: str | None) -> str:
         out: list[str] = []
         for token in self.tokens:
@@ -96,6 +92,33 @@ class Subject(Generic[T]):
             else:
                 out.append(token)
         return ".".join(out)
+
+
+@dataclass(frozen=True)
+class RawSubject(SubjectPattern):
+    """A subject of binary request/reply traffic that is not an event (no CloudEvent body)."""
+
+    def at(self, **values: str) -> str:
+        return self._concrete(values)
+
+    def filter(self, **values: str) -> str:
+        return self._wildcard(values)
+
+
+@dataclass(frozen=True)
+class Subject(SubjectPattern, Generic[T]):
+    """An event subject pattern bound to the one model its messages carry."""
+
+    model: type[T]
+    durable: bool = False  # carried by JetStream with acks, not fire-and-forget core NATS
+
+    def at(self, **values: str) -> BoundSubject[T]:
+        """The concrete subject for these parameter values (all required)."""
+        return BoundSubject(self, self._concrete(values))
+
+    def filter(self, **values: str) -> BoundSubject[T]:
+        """A wildcard subject: parameters not given match any single token."""
+        return BoundSubject(self, self._wildcard(values))
 
 
 @dataclass(frozen=True)
@@ -128,57 +151,67 @@ def mqtt_topic_filter(nats_subject: str) -> str:
 
 
 NODE_CHANGED = Subject(
-    f"{ROOT}.cluster.node.{{name}}", NodeChanged, "a node was added, changed or removed"
+    f"{ROOT}.cluster.node.{{name}}",
+    description="a node was added, changed or removed",
+    model=NodeChanged,
 )
 POD_CHANGED = Subject(
-    f"{ROOT}.cluster.pod.{{namespace}}.{{name}}", PodChanged, "a pod changed phase, node or owner"
+    f"{ROOT}.cluster.pod.{{namespace}}.{{name}}",
+    description="a pod changed phase, node or owner",
+    model=PodChanged,
 )
 FORECAST = Subject(
     f"{ROOT}.forecast.{{namespace}}.{{workload}}",
-    ForecastIssued,
-    "demand forecast for a serving workload",
+    description="demand forecast for a serving workload",
+    model=ForecastIssued,
 )
 PLAN_DECIDED = Subject(
     f"{ROOT}.plan.decided.{{policy}}",
-    PlanDecided,
-    "the planner's decision with a reason per target",
+    description="the planner's decision with a reason per target",
+    model=PlanDecided,
 )
 PLANNER_STATUS = Subject(
     f"{ROOT}.planner.status.{{planner}}",
-    PlannerStatus,
-    "leadership and degraded-mode changes of a planner",
+    description="leadership and degraded-mode changes of a planner",
+    model=PlannerStatus,
 )
 SCALE_COMMAND = Subject(
     f"{ROOT}.scale.command.{{namespace}}.{{kind}}.{{name}}",
-    ScaleCommand,
-    "desired scale of one target (JetStream, acked by an executor)",
+    description="desired scale of one target (JetStream, acked by an executor)",
+    model=ScaleCommand,
     durable=True,
 )
 SCALE_RESULT = Subject(
     f"{ROOT}.scale.result.{{namespace}}.{{kind}}.{{name}}",
-    ScaleResult,
-    "what an executor did with a scale command",
+    description="what an executor did with a scale command",
+    model=ScaleResult,
     durable=True,
 )
 SHARD_TASK = Subject(
     f"{ROOT}.training.task.{{job}}",
-    ShardTask,
-    "one shard of one epoch for a job's trainers (JetStream work queue)",
+    description="one shard of one epoch for a job's trainers (JetStream work queue)",
+    model=ShardTask,
     durable=True,
 )
 JOB_PROGRESS = Subject(
-    f"{ROOT}.training.progress.{{job}}", JobProgress, "epoch and shard progress of a training job"
+    f"{ROOT}.training.progress.{{job}}",
+    description="epoch and shard progress of a training job",
+    model=JobProgress,
 )
 TRAINER_MEMBERSHIP = Subject(
     f"{ROOT}.training.member.{{job}}.{{trainer}}",
-    TrainerMembership,
-    "a trainer joined, left or crashed",
+    description="a trainer joined, left or crashed",
+    model=TrainerMembership,
 )
 DEAD_LETTER = Subject(
     f"{ROOT}.deadletter.{{consumer}}",
-    DeadLetter,
-    "a message a subscriber rejected, with the reason",
+    description="a message a subscriber rejected, with the reason",
+    model=DeadLetter,
     durable=True,
+)
+PSERVER_RPC = RawSubject(
+    f"{ROOT}.training.pserver.{{job}}.{{index}}.{{op}}",
+    description="binary parameter pulls and gradient pushes to parameter server `index`",
 )
 
 # Any: each element binds a different model; `Subject` is invariant to keep publish() typed.

@@ -123,8 +123,8 @@ class Delivery(Generic[T]):
         await self._msg.term()
 
 
-class LeaseLost(RuntimeError):
-    pass
+class RequestFailed(RuntimeError):
+    """A request got no usable answer: timeout, no responder, or a lost connection."""
 
 
 @dataclass
@@ -456,10 +456,36 @@ class Bus:
         except nats.js.errors.BucketNotFoundError:
             return await self.js.create_object_store(bucket=bucket)
 
+    async def put_object(self, bucket: str, name: str, data: bytes) -> None:
+        store = await self.object_store(bucket)
+        await store.put(name, data)
+
+    async def get_object(self, bucket: str, name: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        store = await self.object_store(bucket)
+        try:
+            result = await store.get(name)
+        except (nats.js.errors.ObjectNotFoundError, nats.js.errors.ObjectDeletedError):
+            return None
+        return bytes(result.data) if result.data is not None else None
+
+    async def queued(self, subject: BoundSubject[T], *, stream: StreamSpec) -> int:
+        """Messages stored in `stream` on exactly `subject` (on a work queue: not yet acked)."""
+        info = await self.js.stream_info(stream.name, subjects_filter=subject.value)
+        return int((info.state.subjects or {}).get(subject.value, 0))
+
+    async def delete_consumer(self, stream: StreamSpec, durable: str) -> None:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.js.delete_consumer(stream.name, durable)
+
     # -- raw request/reply (binary payloads between trainers and parameter servers) ----
 
     async def request(self, subject: str, payload: bytes, *, timeout: float = 5.0) -> bytes:
-        reply = await self.connection.request(subject, payload, timeout=timeout)
+        """Send a request and return the reply; RequestFailed when none comes."""
+        try:
+            reply = await self.connection.request(subject, payload, timeout=timeout)
+        except (nats.errors.Error, TimeoutError) as error:
+            raise RequestFailed(f"{subject}: {type(error).__name__}: {error}") from error
         data: bytes = reply.data
         return data
 

@@ -13,7 +13,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 import events
-from services.common.bus import DEAD_LETTER_STREAM, SCALE_STREAM, Bus
+from services.common.bus import (
+    DEAD_LETTER_STREAM,
+    SCALE_STREAM,
+    TRAINING_TASK_STREAM,
+    Bus,
+    RequestFailed,
+)
 from services.common.embedded_nats import EmbeddedNats
 
 T = TypeVar("T")
@@ -249,3 +255,24 @@ async def test_request_reply_and_handler_errors(bus: Bus, unique: str) -> None:
         assert await bus.request(f"test.{unique}.echo", b"boom") == b"error: bad request"
     finally:
         await stop()
+
+
+async def test_objects_queue_depth_and_failed_requests(bus: Bus, unique: str) -> None:
+    assert await bus.get_object(f"obj_{unique}", "missing") is None
+    await bus.put_object(f"obj_{unique}", "checkpoint", b"\x00\x01" * 1000)
+    assert await bus.get_object(f"obj_{unique}", "checkpoint") == b"\x00\x01" * 1000
+
+    task_subject = events.SHARD_TASK.at(job=unique)
+    for shard in range(3):
+        task = events.ShardTask(job=unique, epoch=0, shard=shard, shards=3, issued_at=NOW)
+        await bus.publish_durable(task_subject, task)
+    assert await bus.queued(task_subject, stream=TRAINING_TASK_STREAM) == 3
+    deliveries = bus.consume(task_subject, stream=TRAINING_TASK_STREAM, durable=f"w-{unique}")
+    delivery = await first(deliveries)
+    await delivery.ack()
+    await deliveries.aclose()
+    assert await bus.queued(task_subject, stream=TRAINING_TASK_STREAM) == 2
+    await bus.delete_consumer(TRAINING_TASK_STREAM, f"w-{unique}")
+
+    with pytest.raises(RequestFailed, match="NoResponders"):
+        await bus.request(f"test.{unique}.nobody", b"?", timeout=2)
