@@ -55,6 +55,10 @@ class _SimPod:
     bound_at: float | None = None
     ready: bool = False
 
+    @property
+    def counter_key(self) -> str:
+        return "companion" if self.companion else self.role
+
     def snapshot(self) -> Pod:
         phase: PodPhase = "Running" if self.node is not None else "Pending"
         return Pod(
@@ -89,6 +93,19 @@ class SimWorkload:
     companion_count: int = 0  # elastic jobs: parameter servers
     companion_requests: Resources = field(default_factory=Resources)
     pods: list[_SimPod] = field(default_factory=list)
+    # Maintained by the cluster so per-step metrics need no scan of the pods.
+    bound_workers: int = 0
+    ready_workers: int = 0
+    bound_companions: int = 0
+    ready_companions: int = 0
+
+    def _count(self, pod: _SimPod, *, bound: int = 0, ready: int = 0) -> None:
+        if pod.companion:
+            self.bound_companions += bound
+            self.ready_companions += ready
+        else:
+            self.bound_workers += bound
+            self.ready_workers += ready
 
     def clamp(self, replicas: int) -> int:
         replicas = max(replicas, self.min_replicas, 0)
@@ -108,8 +125,9 @@ class _SimNode:
 class SimCounters:
     """Totals since the cluster was created, for the simulator's reports."""
 
-    pods_bound: dict[str, int] = field(default_factory=dict)  # per role
-    pods_stopped: dict[str, int] = field(default_factory=dict)  # bound pods deleted, per role
+    # per role ("serving", "training" for trainers, "other"), "companion" for parameter servers
+    pods_bound: dict[str, int] = field(default_factory=dict)
+    pods_stopped: dict[str, int] = field(default_factory=dict)  # bound pods deleted
     preemptions: int = 0
 
 
@@ -215,20 +233,16 @@ class SimCluster:
 
     def ready_count(self, ref: TargetRef) -> int:
         """Ready pods that do the workload's work (trainers for jobs, replicas otherwise)."""
-        return sum(1 for pod in self._workloads[ref].pods if pod.ready and not pod.companion)
+        return self._workloads[ref].ready_workers
 
     def bound_count(self, ref: TargetRef) -> int:
-        return sum(
-            1 for pod in self._workloads[ref].pods if pod.node is not None and not pod.companion
-        )
+        return self._workloads[ref].bound_workers
 
     def job_running(self, ref: TargetRef) -> bool:
         """An elastic job runs when its companions and at least `gang_min` trainers are ready."""
         workload = self._workloads[ref]
-        companions_ready = sum(1 for pod in workload.pods if pod.companion and pod.ready)
-        trainers_ready = sum(1 for pod in workload.pods if pod.ready and not pod.companion)
-        return companions_ready >= workload.companion_count and trainers_ready >= max(
-            workload.gang_min, 1
+        return workload.ready_companions >= workload.companion_count and (
+            workload.ready_workers >= max(workload.gang_min, 1)
         )
 
     # ---- pods ------------------------------------------------------------------------------
@@ -268,6 +282,9 @@ class SimCluster:
         workload = self._workloads.get(pod.owner)
         if workload is not None:
             workload.pods.remove(pod)
+            workload._count(
+                pod, bound=-1 if pod.node is not None else 0, ready=-1 if pod.ready else 0
+            )
             if evicted:
                 self._dirty_workloads.add(pod.owner)
         if pod.node is not None:
@@ -277,7 +294,7 @@ class SimCluster:
                 self._release(sim_node, pod.requests)
             if count_stop:
                 stops = self.counters.pods_stopped
-                stops[pod.role] = stops.get(pod.role, 0) + 1
+                stops[pod.counter_key] = stops.get(pod.counter_key, 0) + 1
         self._schedule_needed = True
         self._emit("deleted", pod)
 
@@ -295,9 +312,10 @@ class SimCluster:
         self._bound_total[2] += request.gpu
         self._pending.discard(key)
         workload = self._workloads[pod.owner]
+        workload._count(pod, bound=1)
         heapq.heappush(self._starting, (self.now + workload.startup_delay_s, pod.seq, key))
         bound = self.counters.pods_bound
-        bound[pod.role] = bound.get(pod.role, 0) + 1
+        bound[pod.counter_key] = bound.get(pod.counter_key, 0) + 1
         self._emit("modified", pod)
 
     def _release(self, sim_node: _SimNode, request: Resources) -> None:
@@ -323,6 +341,7 @@ class SimCluster:
             pod = self._pods.get(key)
             if pod is not None and pod.node is not None and not pod.ready:
                 pod.ready = True
+                self._workloads[pod.owner]._count(pod, ready=1)
                 self._emit("modified", pod)
 
     def advance(self, seconds: float) -> None:
@@ -389,16 +408,11 @@ class SimCluster:
                 failed.add((pod.requests, pod.priority))
 
     def _needs_gang(self, workload: SimWorkload) -> bool:
-        bound_trainers = sum(
-            1 for pod in workload.pods if pod.node is not None and not pod.companion
-        )
-        return bound_trainers < workload.gang_min
+        return workload.bound_workers < workload.gang_min
 
     def _schedule_gang(self, workload: SimWorkload) -> None:
         """Bind unbound companions plus enough trainers to reach the gang minimum, or none."""
-        bound_trainers = sum(
-            1 for pod in workload.pods if pod.node is not None and not pod.companion
-        )
+        bound_trainers = workload.bound_workers
         unbound_companions = [pod for pod in workload.pods if pod.companion and pod.node is None]
         unbound_trainers = [pod for pod in workload.pods if not pod.companion and pod.node is None]
         needed = workload.gang_min - bound_trainers

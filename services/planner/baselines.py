@@ -49,6 +49,11 @@ class Policy(Protocol, Generic[StateT]):
         them all-or-nothing at that size)."""
         ...
 
+    @property
+    def cadence_s(self) -> float | None:
+        """How often the policy wants to plan; None: the caller's interval."""
+        ...
+
     def initial_state(self) -> StateT: ...
 
     def plan(self, inputs: PlanInputs, state: StateT, now: float) -> tuple[Decision, StateT]: ...
@@ -57,6 +62,7 @@ class Policy(Protocol, Generic[StateT]):
 class TideshiftPolicy:
     name = "tideshift"
     elastic_training = True
+    cadence_s = None
 
     def initial_state(self) -> PlanState:
         return PlanState()
@@ -90,6 +96,7 @@ class StaticPolicy:
     serving_replicas: Mapping[Target, int] = field(default_factory=dict)
     name: str = "static"
     elastic_training: bool = False
+    cadence_s: float | None = 30.0
 
     def initial_state(self) -> None:
         return None
@@ -184,6 +191,7 @@ class HpaPolicy:
     sync_s: float = 15.0
     name: str = "hpa"
     elastic_training: bool = False
+    cadence_s: float | None = 15.0
 
     def initial_state(self) -> HpaState:
         return HpaState()
@@ -209,6 +217,7 @@ class EdlPolicy:
     tick_s: float = 5.0
     name: str = "edl"
     elastic_training: bool = True
+    cadence_s: float | None = 5.0
 
     def initial_state(self) -> EdlState:
         return EdlState()

@@ -460,37 +460,68 @@ class _TierSolver:
             counts[i] = self.jobs[i].lo
         return counts, excluded
 
-    def counts_at(self, level: float, admitted: Sequence[int], base: Sequence[int]) -> list[int]:
-        counts = list(base)
-        for i in admitted:
-            item = self.jobs[i]
-            fair = math.floor(level * item.job.weight / item.dominant + 1e-9)
-            counts[i] = min(max(fair, item.lo), item.hi)
-        return counts
-
     def fill(self, admitted: Sequence[int], base: Sequence[int]) -> list[int]:
-        """Highest level L whose fair counts still pack, then single-trainer top-ups."""
+        """Highest level L whose fair counts still pack, then single-trainer top-ups.
+
+        Counts only change at breakpoints L = n * dominant / weight, so the search runs over
+        those: first against the tier's aggregate room (cheap), then per node (binary search
+        below the aggregate bound; usually the bound itself packs).
+        """
         if not admitted:
             return list(base)
-        high = max(
-            self.jobs[i].hi * self.jobs[i].dominant / self.jobs[i].job.weight for i in admitted
+        rows = np.asarray(admitted, dtype=np.int64)
+        lo = np.array([self.jobs[i].lo for i in admitted], dtype=np.float64)
+        hi = np.array([self.jobs[i].hi for i in admitted], dtype=np.float64)
+        slope = np.array(
+            [self.jobs[i].job.weight / self.jobs[i].dominant for i in admitted], dtype=np.float64
         )
-        low = 0.0
-        best = self.counts_at(low, admitted, base)
-        top = self.counts_at(high, admitted, base)
-        if self.feasible(top):
-            return top
-        for _ in range(40):
-            middle = (low + high) / 2
-            trial = self.counts_at(middle, admitted, base)
-            if trial == best:
+        requests = np.array([self.jobs[i].request for i in admitted], dtype=np.float64)
+        breakpoints = [np.zeros(1)]
+        for k in range(len(admitted)):
+            if hi[k] > lo[k]:
+                breakpoints.append(np.arange(lo[k] + 1, hi[k] + 1) / slope[k])
+        levels = np.unique(np.concatenate(breakpoints))
+        base_array = np.asarray(base, dtype=np.int64)
+
+        def counts_at(level: float) -> list[int]:
+            counts = base_array.copy()
+            counts[rows] = np.clip(np.floor(level * slope + 1e-9), lo, hi).astype(np.int64)
+            return [int(c) for c in counts]
+
+        room = self.base_free.sum(axis=0) + sum(
+            item.kept_total * item.request for item in self.jobs
+        )
+        others = np.ones(len(self.jobs), dtype=np.bool_)
+        others[rows] = False
+        fixed_use = sum(
+            (base_array[i] * self.jobs[i].request for i in np.flatnonzero(others)),
+            np.zeros(3),
+        )
+
+        def fits_aggregate(level: float) -> bool:
+            counts = np.clip(np.floor(level * slope + 1e-9), lo, hi)
+            need = counts @ requests + fixed_use
+            return bool(np.all(need <= room + 1e-6))
+
+        low, high = 0, len(levels) - 1
+        while low < high:  # largest breakpoint within the aggregate room
+            middle = (low + high + 1) // 2
+            if fits_aggregate(float(levels[middle])):
                 low = middle
-            elif self.feasible(trial):
-                low, best = middle, trial
             else:
-                high = middle
-            if self.counts_at(high, admitted, base) == best or high - low < 1e-12:
-                break
+                high = middle - 1
+        best = counts_at(float(levels[0]))
+        if low > 0 and self.feasible(candidate := counts_at(float(levels[low]))):
+            best = candidate
+        elif low > 0:
+            bottom, top = 0, low - 1
+            while bottom < top:
+                middle = (bottom + top + 1) // 2
+                if self.feasible(counts_at(float(levels[middle]))):
+                    bottom = middle
+                else:
+                    top = middle - 1
+            best = counts_at(float(levels[bottom]))
         # Integer rounding leaves room for single trainers: add them to the jobs with the lowest
         # weighted share first, each checked against its own shape's free slots.
         _, free, _ = self.place(best)

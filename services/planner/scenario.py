@@ -1,0 +1,352 @@
+"""The `tideshift simulate` scenario format: pydantic models, YAML loading, trace CSVs.
+
+A scenario (YAML), all times in simulated seconds, memory in GiB:
+
+```yaml
+name: day-night                # free text
+duration_s: 86400              # simulated time
+step_s: 5                      # cluster step; metrics integrate over it
+plan_interval_s: 10            # how often `tideshift` plans (baselines keep their own cadence)
+forecaster: {kind: model, model: tidal, interval_s: 60, history_s: 604800}  # or {kind: oracle}
+nodes:                         # groups of identical nodes
+  - {count: 32, cpu: 16, memory_gib: 64, gpu: 0, name_prefix: cpu}
+serving:
+  - name: web
+    namespace: default
+    replica: {cpu: 1, memory_gib: 2}
+    capacity_rps: 50           # one replica at 100 % (shortfall is measured against this)
+    target_utilization: 0.8    # the planner sizes for capacity_rps * target_utilization
+    min_replicas: 2
+    max_replicas: 400
+    startup_delay_s: 30        # bind -> ready
+    lead_time_s: 45            # planner look-ahead beyond now (defaults to startup_delay_s)
+    margin_s: 60
+    stabilization_s: 300
+    quantile: 0.95
+    priority: 1000
+    traffic:                   # one of: constant, points, diurnal, trace
+      kind: trace
+      path: ../../../shared/traces/nasa_http_jul95_1min.csv   # relative to this file
+      start_s: 518400          # offset into the trace (trace seconds)
+      time_scale: 1            # trace seconds per simulated second
+      amplitude: 0.5           # multiplies the rate
+training:
+  restart_cost_s: 10           # a job makes no progress this long after its trainer set changes
+  speedup_exponent: 0.8        # progress/s = ready_trainers ** exponent (sublinear)
+  jobs:                        # groups of identical jobs arriving every interval_s
+    - name_prefix: job
+      count: 6
+      arrival_s: 0
+      interval_s: 10
+      trainer: {cpu: 1, memory_gib: 2, gpu: 0}
+      min_trainers: 2
+      max_trainers: 60
+      nominal_trainers: 15     # what non-elastic baselines request (default max_trainers)
+      gang_min: null           # default min_trainers
+      pservers: 10
+      pserver: {cpu: 1, memory_gib: 2}
+      work: null               # progress units until done; null runs until the end
+      priority: 0
+      weight: 1
+      startup_delay_s: 10
+```
+
+Errors name the field (pydantic's location, e.g. `serving.0.traffic.path`) or the trace line.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from services.planner.traffic import (
+    ConstantProfile,
+    DiurnalProfile,
+    PointsProfile,
+    TraceProfile,
+)
+
+GIB = 2**30
+TRACE_DIR_ENV = "TIDESHIFT_TRACE_DIR"
+
+
+class ScenarioError(ValueError):
+    """A scenario or trace that cannot be used; the message names the field or line."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ResourceSpec(_Model):
+    cpu: float = Field(0.0, ge=0)
+    memory_gib: float = Field(0.0, ge=0)
+    gpu: int = Field(0, ge=0)
+
+    def vector(self) -> tuple[float, float, float]:
+        return (self.cpu, self.memory_gib * GIB, float(self.gpu))
+
+
+class NodeGroup(_Model):
+    count: int = Field(ge=1)
+    cpu: float = Field(gt=0)
+    memory_gib: float = Field(gt=0)
+    gpu: int = Field(0, ge=0)
+    name_prefix: str = "node"
+
+
+class ConstantTraffic(_Model):
+    kind: Literal["constant"]
+    rps: float = Field(ge=0)
+
+    def profile(self, base_dir: Path, trace_dir: Path | None) -> ConstantProfile:
+        return ConstantProfile(self.rps)
+
+
+class PointsTraffic(_Model):
+    kind: Literal["points"]
+    points: list[tuple[float, float]] = Field(min_length=1)  # (time_s, rps)
+    interpolate: Literal["step", "linear"] = "step"
+    repeat_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PointsTraffic:
+        times = [t for t, _ in self.points]
+        if any(b <= a for a, b in itertools.pairwise(times)):
+            raise ValueError("points: times must increase strictly")
+        if any(rate < 0 for _, rate in self.points):
+            raise ValueError("points: rates must be >= 0")
+        return self
+
+    def profile(self, base_dir: Path, trace_dir: Path | None) -> PointsProfile:
+        return PointsProfile(
+            tuple(t for t, _ in self.points),
+            tuple(r for _, r in self.points),
+            linear=self.interpolate == "linear",
+            repeat_s=self.repeat_s,
+        )
+
+
+class DiurnalTraffic(_Model):
+    kind: Literal["diurnal"]
+    base_rps: float = Field(ge=0)
+    peak_rps: float = Field(ge=0)
+    period_s: float = Field(86_400.0, gt=0)
+    peak_at_s: float = 14 * 3600.0
+    noise: float = Field(0.0, ge=0, le=1)
+    noise_step_s: float = Field(60.0, gt=0)
+    seed: int = 0
+
+    def profile(self, base_dir: Path, trace_dir: Path | None) -> DiurnalProfile:
+        return DiurnalProfile(
+            self.base_rps,
+            self.peak_rps,
+            period_s=self.period_s,
+            peak_at_s=self.peak_at_s,
+            noise=self.noise,
+            noise_step_s=self.noise_step_s,
+            seed=self.seed,
+        )
+
+
+class TraceTraffic(_Model):
+    kind: Literal["trace"]
+    path: str  # relative to the scenario file, or to --trace-dir / $TIDESHIFT_TRACE_DIR
+    start_s: float = Field(0.0, ge=0)
+    time_scale: float = Field(1.0, gt=0)
+    amplitude: float = Field(1.0, gt=0)
+
+    def resolve(self, base_dir: Path, trace_dir: Path | None) -> Path:
+        path = Path(self.path)
+        if trace_dir is not None:
+            return trace_dir / path.name
+        return path if path.is_absolute() else (base_dir / path)
+
+    def profile(self, base_dir: Path, trace_dir: Path | None) -> TraceProfile:
+        timestamps, counts, interval = load_trace(self.resolve(base_dir, trace_dir))
+        return TraceProfile(
+            timestamps,
+            counts,
+            interval,
+            start_s=self.start_s,
+            time_scale=self.time_scale,
+            amplitude=self.amplitude,
+        )
+
+
+Traffic = Annotated[
+    ConstantTraffic | PointsTraffic | DiurnalTraffic | TraceTraffic,
+    Field(discriminator="kind"),
+]
+
+
+class ServingSpec(_Model):
+    name: str = Field(min_length=1)
+    namespace: str = "default"
+    replica: ResourceSpec
+    capacity_rps: float = Field(gt=0)
+    target_utilization: float = Field(0.8, gt=0, le=1)
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1000, ge=1)
+    startup_delay_s: float = Field(30.0, ge=0)
+    lead_time_s: float | None = Field(None, ge=0)
+    margin_s: float = Field(60.0, ge=0)
+    stabilization_s: float = Field(300.0, ge=0)
+    quantile: float = Field(0.9, gt=0, lt=1)
+    priority: int = 1000
+    traffic: Traffic
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ServingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must be <= max_replicas")
+        return self
+
+
+class JobGroup(_Model):
+    name_prefix: str = Field("job", min_length=1)
+    namespace: str = "default"
+    count: int = Field(1, ge=1)
+    arrival_s: float = Field(0.0, ge=0)
+    interval_s: float = Field(0.0, ge=0)
+    trainer: ResourceSpec
+    min_trainers: int = Field(1, ge=1)
+    max_trainers: int = Field(ge=1)
+    nominal_trainers: int | None = Field(None, ge=1)
+    gang_min: int | None = Field(None, ge=1)
+    pservers: int = Field(0, ge=0)
+    pserver: ResourceSpec = ResourceSpec()
+    work: float | None = Field(None, gt=0)
+    priority: int = 0
+    weight: float = Field(1.0, gt=0)
+    startup_delay_s: float = Field(10.0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> JobGroup:
+        if self.min_trainers > self.max_trainers:
+            raise ValueError("min_trainers must be <= max_trainers")
+        if self.gang_min is not None and self.gang_min > self.max_trainers:
+            raise ValueError("gang_min must be <= max_trainers")
+        if self.nominal_trainers is not None and self.nominal_trainers > self.max_trainers:
+            raise ValueError("nominal_trainers must be <= max_trainers")
+        return self
+
+
+class TrainingSpec(_Model):
+    restart_cost_s: float = Field(10.0, ge=0)
+    speedup_exponent: float = Field(0.8, gt=0, le=1)
+    jobs: list[JobGroup] = Field(default_factory=list)
+
+
+class ForecasterSpec(_Model):
+    kind: Literal["oracle", "model"] = "model"
+    model: str | None = None  # predictor registry name; default: the registry's default
+    interval_s: float = Field(60.0, gt=0)  # observation/forecast grid
+    history_s: float = Field(7 * 86_400.0, ge=0)  # history before t = 0 to fit on
+    horizon_s: float = Field(1800.0, gt=0)
+
+
+class Scenario(_Model):
+    name: str = "scenario"
+    description: str = ""
+    duration_s: float = Field(gt=0)
+    step_s: float = Field(5.0, gt=0)
+    plan_interval_s: float = Field(10.0, gt=0)
+    forecaster: ForecasterSpec = ForecasterSpec()
+    nodes: list[NodeGroup] = Field(min_length=1)
+    serving: list[ServingSpec] = Field(default_factory=list)
+    training: TrainingSpec = TrainingSpec()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Scenario:
+        names = [s.name for s in self.serving] + [j.name_prefix for j in self.training.jobs]
+        if len(set(names)) != len(names):
+            raise ValueError("serving names and job name_prefixes must be unique")
+        return self
+
+
+def _format_validation(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid scenario"]
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {location}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: expected a mapping at the top level")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(_format_validation(exc, source)) from exc
+
+
+def load_scenario(path: Path) -> Scenario:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from exc
+    return parse_scenario(text, str(path))
+
+
+def trace_dir_override(flag: str | None) -> Path | None:
+    value = flag or os.environ.get(TRACE_DIR_ENV)
+    return Path(value) if value else None
+
+
+def load_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """Read `timestamp_s,requests` rows: (timestamps, counts, interval_s). Validates each line."""
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise ScenarioError(
+            f"trace {path}: cannot open ({exc.strerror}); set --trace-dir or ${TRACE_DIR_ENV}"
+        ) from exc
+    timestamps: list[float] = []
+    counts: list[float] = []
+    with handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header] != ["timestamp_s", "requests"]:
+            raise ScenarioError(f"trace {path} line 1: expected header 'timestamp_s,requests'")
+        for line_number, row in enumerate(reader, start=2):
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) != 2:
+                raise ScenarioError(
+                    f"trace {path} line {line_number}: expected 2 fields, got {len(row)}"
+                )
+            try:
+                timestamp, count = float(row[0]), float(row[1])
+            except ValueError:
+                raise ScenarioError(
+                    f"trace {path} line {line_number}: expected numbers, got {row!r}"
+                ) from None
+            if not math.isfinite(count) or count < 0:
+                raise ScenarioError(
+                    f"trace {path} line {line_number}: requests must be >= 0, got {row[1]!r}"
+                )
+            if timestamps and timestamp <= timestamps[-1]:
+                raise ScenarioError(
+                    f"trace {path} line {line_number}: timestamp_s must increase "
+                    f"({timestamp:g} after {timestamps[-1]:g})"
+                )
+            timestamps.append(timestamp)
+            counts.append(count)
+    if len(timestamps) < 2:
+        raise ScenarioError(f"trace {path}: needs at least 2 rows")
+    steps = sorted(b - a for a, b in itertools.pairwise(timestamps))
+    interval = steps[len(steps) // 2]
+    return tuple(timestamps), tuple(counts), interval
