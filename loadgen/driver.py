@@ -1,0 +1,241 @@
+"""The open-loop HTTP driver: Poisson arrivals at rate(t), whatever the server does.
+
+Arrival times are drawn in advance of the responses, so a slow server cannot slow the load
+(a closed loop would wait for answers and under-report exactly the overload we want to see).
+At most `max_in_flight` requests are outstanding; an arrival beyond that is counted as dropped
+and never queued, because a queue inside the load generator would turn it back into a closed
+loop. The connection pool is as large as the in-flight bound for the same reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import math
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from loadgen.profiles import RateProfile
+
+# When the rate is zero, look again this often (profile time moves on meanwhile).
+IDLE_POLL_S = 0.05
+
+
+class TargetRefused(ValueError):
+    """The target is not loopback and was not explicitly allowed."""
+
+
+def in_cluster_names(service: str) -> set[str]:
+    """The DNS names a Kubernetes Service `name` or `name.namespace` answers to in-cluster."""
+    parts = service.split(".")
+    names = {service}
+    if len(parts) >= 2:
+        name, namespace = parts[0], parts[1]
+        names |= {
+            f"{name}.{namespace}",
+            f"{name}.{namespace}.svc",
+            f"{name}.{namespace}.svc.cluster.local",
+        }
+    return names
+
+
+def check_target(url: str, *, allowed_hosts: Iterable[str] = ()) -> str:
+    """The URL's host if load may go there: loopback, or a host named in `allowed_hosts`."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise TargetRefused(f"--target {url!r}: expected an http:// or https:// URL")
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise TargetRefused(f"--target {url!r}: the URL has no host")
+    allowed = {name.lower() for name in allowed_hosts}
+    if host in allowed:
+        return host
+    if host == "localhost" or host.endswith(".localhost"):
+        return host
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return host
+    except ValueError:
+        pass
+    raise TargetRefused(
+        f"refusing to send load to {host!r}: not a loopback address. Load tests can hurt real "
+        f"services; if {host!r} is yours, pass --allow-target {host} "
+        "(or --in-cluster-service NAME.NAMESPACE for a Kubernetes Service)"
+    )
+
+
+@dataclass
+class LoadStats:
+    """Counts and latencies so far. `offered` = arrivals = sent + dropped."""
+
+    sent: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    dropped: int = 0
+    in_flight: int = 0
+    expected: float = 0.0  # the integral of the target rate so far
+    latencies_s: list[float] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)  # "503", "timeout", "connect", ...
+    elapsed_s: float = 0.0
+
+    @property
+    def offered(self) -> int:
+        return self.sent + self.dropped
+
+    def percentile(self, fraction: float) -> float | None:
+        if not self.latencies_s:
+            return None
+        ordered = sorted(self.latencies_s)
+        index = min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))
+        return ordered[index]
+
+    def summary(self) -> dict[str, object]:
+        elapsed = max(self.elapsed_s, 1e-9)
+        return {
+            "elapsed_s": round(self.elapsed_s, 3),
+            "expected": round(self.expected, 1),
+            "offered": self.offered,
+            "sent": self.sent,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "dropped": self.dropped,
+            "offered_rps": round(self.offered / elapsed, 2),
+            "target_rps": round(self.expected / elapsed, 2),
+            "latency_s": {
+                name: (None if value is None else round(value, 4))
+                for name, value in (
+                    ("p50", self.percentile(0.50)),
+                    ("p90", self.percentile(0.90)),
+                    ("p99", self.percentile(0.99)),
+                    ("max", self.percentile(1.0)),
+                )
+            },
+            "failures": dict(sorted(self.failures.items())),
+        }
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    target: str
+    duration_s: float  # wall seconds
+    max_in_flight: int = 256
+    timeout_s: float = 5.0
+    speed: float = 1.0  # profile seconds per wall second
+    profile_start_s: float = 0.0
+    seed: int = 0
+    method: str = "GET"
+
+
+async def drive(
+    profile: RateProfile,
+    config: DriverConfig,
+    *,
+    on_progress: Callable[[LoadStats, float], None] | None = None,
+    progress_every_s: float = 1.0,
+    stop: asyncio.Event | None = None,
+) -> LoadStats:
+    """Send requests to `config.target` at rate(t) for `config.duration_s` wall seconds.
+
+    rate(t) is read at profile time `profile_start_s + speed * elapsed`. Inter-arrival gaps are
+    exponential with the current rate (a piecewise-constant Poisson process, exact while the
+    rate is steady over a gap). `on_progress(stats, profile_time)` is called periodically.
+    """
+    loop = asyncio.get_running_loop()
+    randomness = random.Random(config.seed)
+    stats = LoadStats()
+    tasks: set[asyncio.Task[None]] = set()
+    connector = aiohttp.TCPConnector(limit=config.max_in_flight, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=config.timeout_s)
+
+    async def one_request(session: aiohttp.ClientSession) -> None:
+        started = loop.time()
+        try:
+            async with session.request(config.method, config.target) as response:
+                await response.read()
+                if 200 <= response.status < 300:
+                    stats.succeeded += 1
+                    stats.latencies_s.append(loop.time() - started)
+                else:
+                    stats.failed += 1
+                    key = str(response.status)
+                    stats.failures[key] = stats.failures.get(key, 0) + 1
+        except TimeoutError:
+            stats.failed += 1
+            stats.failures["timeout"] = stats.failures.get("timeout", 0) + 1
+        except aiohttp.ClientError as error:
+            stats.failed += 1
+            key = type(error).__name__
+            stats.failures[key] = stats.failures.get(key, 0) + 1
+        except asyncio.CancelledError:
+            stats.failed += 1
+            stats.failures["unfinished"] = stats.failures.get("unfinished", 0) + 1
+            raise
+        finally:
+            stats.in_flight -= 1
+
+    def profile_time(elapsed: float) -> float:
+        return config.profile_start_s + config.speed * elapsed
+
+    def wall_rate(elapsed: float) -> float:
+        # rate(t) is per profile second of traffic shape but per wall second of requests: the
+        # speed compresses the day, not the request rate (amplitude does that).
+        return max(0.0, profile.rate(profile_time(elapsed)))
+
+    started = loop.time()
+    next_progress = progress_every_s
+    last_expected_at = 0.0
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        next_arrival = 0.0  # wall seconds since start
+        while True:
+            elapsed = loop.time() - started
+            if elapsed >= config.duration_s or (stop is not None and stop.is_set()):
+                break
+            # Fire every arrival that is due (catch up in a burst if the loop fell behind).
+            while next_arrival <= elapsed and next_arrival < config.duration_s:
+                if stats.in_flight >= config.max_in_flight:
+                    stats.dropped += 1
+                else:
+                    stats.sent += 1
+                    stats.in_flight += 1
+                    task = asyncio.create_task(one_request(session))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                rate = wall_rate(next_arrival)
+                if rate <= 0:
+                    next_arrival += IDLE_POLL_S
+                    while next_arrival < config.duration_s and wall_rate(next_arrival) <= 0:
+                        next_arrival += IDLE_POLL_S
+                    # A fresh exponential gap from the moment the rate turns positive.
+                    rate = wall_rate(next_arrival)
+                    if rate > 0:
+                        next_arrival += randomness.expovariate(rate)
+                else:
+                    next_arrival += randomness.expovariate(rate)
+            # Integrate the target rate as we go (midpoint of each slice).
+            midpoint = (last_expected_at + elapsed) / 2
+            stats.expected += wall_rate(midpoint) * (elapsed - last_expected_at)
+            last_expected_at = elapsed
+            stats.elapsed_s = elapsed
+            if on_progress is not None and elapsed >= next_progress:
+                next_progress += progress_every_s
+                on_progress(stats, profile_time(elapsed))
+            wake_in = min(next_arrival, config.duration_s, next_progress) - elapsed
+            await asyncio.sleep(max(0.0, wake_in))
+        end = min(loop.time() - started, config.duration_s)
+        midpoint = (last_expected_at + end) / 2
+        stats.expected += wall_rate(midpoint) * max(0.0, end - last_expected_at)
+        stats.elapsed_s = end
+        # Outstanding requests finish (or time out) so every sent request is accounted for.
+        if tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait(set(tasks), timeout=config.timeout_s + 1.0)
+        for task in list(tasks):
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return stats
