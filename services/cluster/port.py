@@ -61,6 +61,7 @@ class Node:
     ready: bool = True
     unschedulable: bool = False
     labels: tuple[tuple[str, str], ...] = ()
+    resource_version: str = ""  # the apiserver's version of this object ("" in the sim)
 
     @property
     def schedulable(self) -> bool:
@@ -80,6 +81,10 @@ class Pod:
     created_at: float = 0.0  # seconds (cluster clock)
     ready: bool = False  # Running and passed readiness (the sim: start-up delay elapsed)
     labels: tuple[tuple[str, str], ...] = field(default=())
+    uid: str = ""
+    priority_class: str | None = None
+    deleting: bool = False  # deletionTimestamp set: terminating, about to go
+    resource_version: str = ""  # the apiserver's version of this object ("" in the sim)
 
     @property
     def key(self) -> str:
@@ -105,6 +110,10 @@ class ClusterChange:
     obj: Node | Pod
 
 
+class UnsupportedTarget(ValueError):
+    """The target's kind has no scale adapter in this backend."""
+
+
 class ClusterPort(Protocol):
     """List+watch nodes and pods, read and set a target's scale."""
 
@@ -117,7 +126,7 @@ class ClusterPort(Protocol):
         ...
 
     async def get_scale(self, target: TargetRef) -> ScaleState:
-        """Raises KeyError when the target does not exist."""
+        """Raises KeyError when the target does not exist, UnsupportedTarget for its kind."""
         ...
 
     async def set_scale(self, target: TargetRef, replicas: int) -> ScaleState:

@@ -1,0 +1,192 @@
+"""Applying one scale command: screen it, decide, claim it, write it, record it.
+
+The per-target record in NATS KV (bucket `tideshift_executor`) makes commands idempotent
+across restarts and across several executors sharing one durable consumer:
+
+1. read the record (and its revision) and the target's current scale;
+2. a replay or a stale command ends here as a no-op;
+3. claim the target by writing the command's record with `applied=False`, by compare-and-set
+   on the revision read, so two executors cannot both take on commands for one target;
+4. write the new scale (the port re-reads and retries on 409 Conflict);
+5. mark the record `applied=True`.
+
+If the process dies between 4 and 5, the command is redelivered, its own unfinished claim
+does not stop it, and the port finds the target already at the wanted count: nothing is
+written twice. The caller publishes the result, then acks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+import nats.js.errors
+from nats.js.kv import KeyValue
+from pydantic import ValidationError
+
+from events import ScaleCommand, ScaleResult, encode_token
+from services.cluster.adapters.kinds import to_target
+from services.cluster.port import ClusterPort, TargetRef, UnsupportedTarget
+from services.executor.decision import AppliedRecord, decide, screen
+
+log = logging.getLogger("tideshift.executor")
+
+RECORD_BUCKET = "tideshift_executor"
+Outcome = Literal["applied", "noop", "rejected", "failed"]
+CLAIM_ATTEMPTS = 5
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def record_key(target: TargetRef) -> str:
+    return ".".join(encode_token(part) for part in (target.namespace, target.kind, target.name))
+
+
+class RecordStore:
+    """AppliedRecords in a KV bucket, written by compare-and-set on the revision read."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def get(self, target: TargetRef) -> tuple[AppliedRecord | None, int | None]:
+        try:
+            entry = await self.kv.get(record_key(target))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None, None
+        if entry.value is None:
+            return None, entry.revision
+        try:
+            return AppliedRecord.model_validate_json(entry.value), entry.revision
+        except ValidationError as error:
+            log.warning("unreadable record for %s, treating as absent: %s", target, error)
+            return None, entry.revision
+
+    async def put(
+        self, target: TargetRef, record: AppliedRecord, revision: int | None
+    ) -> int | None:
+        """The new revision, or None if someone else wrote since `revision`."""
+        value = record.model_dump_json().encode()
+        key = record_key(target)
+        try:
+            if revision is None:
+                return int(await self.kv.create(key, value))
+            return int(await self.kv.update(key, value, last=revision))
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.BadRequestError):
+            return None
+        except nats.js.errors.APIError as error:
+            if getattr(error, "err_code", None) == 10071:  # wrong last sequence
+                return None
+            raise
+
+
+class Transient(Exception):
+    """Worth retrying later (apiserver unreachable, lost the claim race repeatedly...)."""
+
+
+@dataclass
+class Executor:
+    port: ClusterPort
+    records: RecordStore
+    name: str = "executor"
+    max_step: int = 0
+    dry_run: bool = False
+    clock: Callable[[], datetime] = _now
+
+    def result_for(
+        self,
+        command: ScaleCommand,
+        outcome: Outcome,
+        *,
+        previous: int | None = None,
+        current: int | None = None,
+        message: str = "",
+        dry_run: bool = False,
+    ) -> ScaleResult:
+        return ScaleResult(
+            target=command.target,
+            idempotency_key=command.idempotency_key,
+            outcome=outcome,
+            previous=previous,
+            current=current,
+            desired=command.desired,
+            message=message[:2000],
+            dry_run=dry_run,
+            executed_at=self.clock(),
+            executor=self.name,
+        )
+
+    async def handle(self, command: ScaleCommand) -> ScaleResult:
+        """The result of one command. Raises Transient (retry later) or the port's errors."""
+        target = to_target(command.target)
+        for _ in range(CLAIM_ATTEMPTS):
+            record, revision = await self.records.get(target)
+            try:
+                state = await self.port.get_scale(target)
+            except UnsupportedTarget as error:
+                return self.result_for(command, "rejected", message=str(error))
+            except KeyError:
+                return self.result_for(command, "rejected", message=f"{target} not found")
+            why_not = screen(
+                idempotency_key=command.idempotency_key,
+                issued_at=command.issued_at,
+                record=record,
+            )
+            if why_not is not None:
+                return self.result_for(
+                    command,
+                    "noop",
+                    previous=state.replicas,
+                    current=state.replicas,
+                    message=why_not,
+                )
+            decision = decide(command.desired, state, max_step=self.max_step)
+            if self.dry_run:
+                outcome: Outcome = "applied" if decision.action == "apply" else "noop"
+                return self.result_for(
+                    command,
+                    outcome,
+                    previous=state.replicas,
+                    current=decision.replicas,
+                    message=(
+                        "dry run: would set " + str(decision.replicas) + "; " + decision.message
+                    ).rstrip("; "),
+                    dry_run=True,
+                )
+            claim = AppliedRecord(
+                idempotency_key=command.idempotency_key,
+                issued_at=command.issued_at,
+                desired=command.desired,
+                applied=decision.action == "noop",
+            )
+            claimed = await self.records.put(target, claim, revision)
+            if claimed is None:
+                continue  # another executor recorded a command meanwhile: screen again
+            if decision.action == "noop":
+                return self.result_for(
+                    command,
+                    "noop",
+                    previous=state.replicas,
+                    current=state.replicas,
+                    message=decision.message,
+                )
+            try:
+                after = await self.port.set_scale(target, decision.replicas)
+            except KeyError:
+                return self.result_for(command, "rejected", message=f"{target} not found")
+            done = claim.model_copy(update={"applied": True})
+            if await self.records.put(target, done, claimed) is None:
+                log.info("record of %s changed while applying %s", target, command.idempotency_key)
+            final: Outcome = "applied" if after.replicas != state.replicas else "noop"
+            return self.result_for(
+                command,
+                final,
+                previous=state.replicas,
+                current=after.replicas,
+                message=decision.message,
+            )
+        raise Transient(f"lost the claim on {target} {CLAIM_ATTEMPTS} times")

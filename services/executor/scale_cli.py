@@ -1,0 +1,148 @@
+"""`tideshift scale KIND/NAME -n NS --replicas N`: an operator's override, through the bus.
+
+The command takes the same path as the planner's: a ScaleCommand on JetStream, applied by an
+executor (bounds, max step and idempotency included), answered by a ScaleResult, which is
+printed. Exit codes: 0 applied or no-op, 1 rejected or failed, 2 bad arguments, 3 no result
+within --timeout (the command stays queued and will still be applied).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, ScaleResult, WorkloadRef
+from services.cluster.adapters.kinds import ALIASES, normalise_kind, split_kind
+from services.common.bus import Bus
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tideshift scale",
+        description="Publish a scale command through the bus, wait for its result, print it.",
+        epilog=f"KIND is one of: {', '.join(sorted(set(ALIASES)))}",
+    )
+    parser.add_argument("target", metavar="KIND/NAME", help="e.g. deployment/web, vcjob/train")
+    parser.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
+    parser.add_argument("--replicas", type=int, required=True, help="desired replicas (>= 0)")
+    parser.add_argument("--reason", default="manual override", help="recorded with the command")
+    parser.add_argument(
+        "--nats-url",
+        default=os.environ.get("TIDESHIFT_NATS_URL") or DEFAULT_NATS_URL,
+        help=f"NATS server (default: $TIDESHIFT_NATS_URL or {DEFAULT_NATS_URL})",
+    )
+    parser.add_argument(
+        "--nats-credentials",
+        default=os.environ.get("TIDESHIFT_NATS_CREDENTIALS"),
+        help="NATS .creds file (default: $TIDESHIFT_NATS_CREDENTIALS)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the result (default 30)"
+    )
+    return parser
+
+
+def parse_target(parser: argparse.ArgumentParser, text: str, namespace: str) -> WorkloadRef:
+    import re
+
+    kind_text, slash, name = text.partition("/")
+    if not slash or not name:
+        parser.error(f"KIND/NAME: expected e.g. deployment/web, got {text!r}")
+    kind = normalise_kind(kind_text)
+    if kind is None:
+        parser.error(f"KIND/NAME: unknown kind {kind_text!r}; one of {', '.join(sorted(ALIASES))}")
+    if not re.fullmatch(NAME_PATTERN, name) or len(name) > 253:
+        parser.error(f"KIND/NAME: {name!r} is not a valid Kubernetes name")
+    if not re.fullmatch(NAME_PATTERN, namespace) or len(namespace) > 63:
+        parser.error(f"--namespace: {namespace!r} is not a valid namespace")
+    plain_kind, api_version = split_kind(kind)
+    return WorkloadRef(kind=plain_kind, namespace=namespace, name=name, api_version=api_version)
+
+
+def render(result: ScaleResult) -> str:
+    change = f"{result.previous} -> {result.current}" if result.previous is not None else "-"
+    dry = " (dry run)" if result.dry_run else ""
+    message = f": {result.message}" if result.message else ""
+    return f"{result.target}: {result.outcome}{dry} {change} (desired {result.desired}){message}"
+
+
+async def scale(
+    bus: Bus, target: WorkloadRef, replicas: int, *, reason: str, timeout: float
+) -> ScaleResult | None:
+    """Publish the command and wait for the result with its idempotency key."""
+    key = f"manual-{uuid.uuid4().hex}"
+    command = ScaleCommand(
+        target=target,
+        desired=replicas,
+        reason=reason,
+        plan_id=key,
+        issued_at=datetime.now(UTC),
+        idempotency_key=key,
+        issuer="operator",
+    )
+    subject_values = {"namespace": target.namespace, "kind": target.kind, "name": target.name}
+    results = bus.subscribe(SCALE_RESULT.at(**subject_values), consumer="tideshift-scale-cli")
+    waiting = asyncio.ensure_future(_first_with_key(results, key))
+    for _ in range(3):  # let the subscription register before the command can be answered
+        await asyncio.sleep(0)
+    await bus.connection.flush()
+    await bus.publish_durable(SCALE_COMMAND.at(**subject_values), command, msg_id=key)
+    try:
+        return await asyncio.wait_for(waiting, timeout)
+    except TimeoutError:
+        return None
+
+
+async def _first_with_key(results: object, key: str) -> ScaleResult:
+    async for envelope in results:  # type: ignore[attr-defined]
+        if envelope.data.idempotency_key == key:
+            result: ScaleResult = envelope.data
+            await results.aclose()  # type: ignore[attr-defined]
+            return result
+    raise RuntimeError("result subscription ended")
+
+
+async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
+    try:
+        bus = await Bus.connect(
+            args.nats_url,
+            name="tideshift-scale",
+            credentials=args.nats_credentials,
+            connect_timeout=10.0,
+        )
+    except ConnectionError as error:
+        print(f"tideshift scale: {error}", file=sys.stderr)
+        return 1
+    try:
+        await bus.ensure_streams()
+        result = await scale(bus, target, args.replicas, reason=args.reason, timeout=args.timeout)
+    finally:
+        await bus.close()
+    if result is None:
+        print(
+            f"tideshift scale: no result within {args.timeout:.0f}s (is an executor running?); "
+            "the command stays queued",
+            file=sys.stderr,
+        )
+        return 3
+    print(render(result))
+    return 0 if result.outcome in {"applied", "noop"} else 1
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    if args.replicas < 0:
+        parser.error("--replicas: expected a count >= 0")
+    if args.timeout <= 0:
+        parser.error("--timeout: expected seconds > 0")
+    target = parse_target(parser, args.target, args.namespace)
+    return asyncio.run(_run(args, target))

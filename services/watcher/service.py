@@ -1,0 +1,78 @@
+"""`tideshift run watcher`: Kubernetes nodes and pods -> cluster events and the KV snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from services.cluster.kubernetes import KubernetesClusterPort, WatchTuning
+from services.common.runtime import ServiceContext, run_service
+from services.common.settings import ServiceSettings, parse_settings
+from services.watcher.snapshot import SNAPSHOT_BUCKET
+from services.watcher.watcher import Watcher
+
+log = logging.getLogger("tideshift.watcher")
+
+
+class WatcherSettings(ServiceSettings):
+    """Watch Kubernetes nodes and pods; publish cluster events; keep the snapshot in NATS KV."""
+
+    kubeconfig: str | None = Field(
+        default=None,
+        description="kubeconfig path; unset = $KUBECONFIG or ~/.kube/config, or in-cluster",
+    )
+    kube_context: str | None = Field(default=None, description="kubeconfig context to use")
+    namespace: str | None = Field(
+        default=None, description="watch pods of this namespace only; unset = all namespaces"
+    )
+    label_selector: str | None = Field(
+        default=None, description="watch only pods matching this label selector"
+    )
+    resync_seconds: float = Field(
+        default=300.0, gt=0, description="full relist period, seconds (publishes differences)"
+    )
+    snapshot_bucket: str = Field(
+        default=SNAPSHOT_BUCKET,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="NATS KV bucket holding the current cluster snapshot",
+    )
+
+
+async def serve(context: ServiceContext) -> None:
+    settings = context.settings
+    assert isinstance(settings, WatcherSettings)
+    port = await asyncio.to_thread(
+        KubernetesClusterPort.from_kubeconfig,
+        settings.kubeconfig,
+        context=settings.kube_context,
+        namespace=settings.namespace,
+        label_selector=settings.label_selector,
+        tuning=WatchTuning(resync_seconds=settings.resync_seconds),
+    )
+    watcher = Watcher(port, context.bus, bucket=settings.snapshot_bucket)
+    while not context.stopping.is_set():
+        # The first list may fail while the apiserver is still coming up: retry, do not exit.
+        task = asyncio.create_task(watcher.run(context.ready))
+        stop = asyncio.create_task(context.stopping.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            stop.cancel()
+            break
+        stop.cancel()
+        error = task.exception()
+        log.warning("watcher start failed (%s); retrying in 2s", error)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(context.stopping.wait(), 2.0)
+    await port.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    settings = parse_settings(WatcherSettings, argv, prog="tideshift run watcher")
+    return run_service("watcher", settings, serve)

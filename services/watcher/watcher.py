@@ -1,0 +1,238 @@
+"""The watcher loop: list, reconcile the KV snapshot, then follow the port's changes.
+
+Every change is published first (core NATS, lowest latency) and then folded into the KV
+snapshot by a writer task that coalesces bursts per key, so a burst of pod updates costs one
+KV write per pod rather than one per update. At start the listed objects are compared with
+what the snapshot already holds: only real differences are published, and objects deleted
+while no watcher ran are published as deleted and removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import nats.errors
+import nats.js.errors
+from prometheus_client import Counter, Gauge
+from pydantic import ValidationError
+
+from events import NODE_CHANGED, POD_CHANGED, NodeChanged, PodChanged
+from services.cluster.port import ChangeType, ClusterChange, ClusterPort, Node, Pod
+from services.common.bus import Bus, TypedKV
+from services.watcher.snapshot import (
+    SNAPSHOT_BUCKET,
+    node_event,
+    node_key,
+    pod_event,
+    pod_key,
+    same_state,
+)
+
+log = logging.getLogger("tideshift.watcher")
+
+CHANGES = Counter("tideshift_watcher_changes_total", "Changes published", ["resource", "change"])
+FAILURES = Counter(
+    "tideshift_watcher_failures_total", "Changes that could not be published or stored", ["stage"]
+)
+SNAPSHOT_OBJECTS = Gauge("tideshift_watcher_snapshot_objects", "Objects in the snapshot")
+
+ClusterEvent = NodeChanged | PodChanged
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Watcher:
+    """Publishes a port's changes and keeps the snapshot bucket in step."""
+
+    def __init__(
+        self,
+        port: ClusterPort,
+        bus: Bus,
+        *,
+        bucket: str = SNAPSHOT_BUCKET,
+        clock: Callable[[], datetime] = _now,
+        kv_concurrency: int = 32,
+    ) -> None:
+        self.port = port
+        self.bus = bus
+        self.bucket = bucket
+        self.clock = clock
+        self.kv_concurrency = kv_concurrency
+        self.snapshot: TypedKV | None = None
+        self.published = 0
+        self._pending: dict[str, ClusterEvent | None] = {}  # key -> latest value (None: delete)
+        self._pending_ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- conversion and publishing -------------------------------------------------------
+
+    def _event(self, change: ChangeType, obj: Node | Pod) -> tuple[str, ClusterEvent]:
+        now = self.clock()
+        if isinstance(obj, Node):
+            return node_key(obj.name), node_event(change, obj, observed_at=now)
+        return pod_key(obj.namespace, obj.name), pod_event(change, obj, observed_at=now)
+
+    async def _publish(self, event: ClusterEvent) -> None:
+        if isinstance(event, NodeChanged):
+            await self.bus.publish(NODE_CHANGED.at(name=event.name), event)
+            resource = "nodes"
+        else:
+            await self.bus.publish(
+                POD_CHANGED.at(namespace=event.namespace, name=event.name), event
+            )
+            resource = "pods"
+        self.published += 1
+        CHANGES.labels(resource, event.change).inc()
+
+    def _store_later(self, key: str, event: ClusterEvent | None) -> None:
+        self._pending[key] = event
+        self._idle.clear()
+        self._pending_ready.set()
+
+    async def handle(self, change: ClusterChange) -> None:
+        """Publish one change and queue its snapshot update; never raises on bad input."""
+        try:
+            key, event = self._event(change.type, change.obj)
+        except (ValidationError, ValueError, TypeError) as error:
+            FAILURES.labels("convert").inc()
+            log.warning("cannot convert %s change: %s", change.type, error)
+            return
+        try:
+            await self._publish(event)
+        except (nats.errors.Error, OSError, TimeoutError) as error:
+            FAILURES.labels("publish").inc()
+            log.warning("cannot publish %s: %s", key, error)
+        self._store_later(key, None if change.type == "deleted" else event)
+
+    # -- the snapshot ----------------------------------------------------------------------
+
+    async def _write_one(self, key: str, event: ClusterEvent | None) -> None:
+        assert self.snapshot is not None
+        try:
+            if event is None:
+                await self.snapshot.delete(key)
+            else:
+                await self.snapshot.put(key, event)
+        except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as error:
+            FAILURES.labels("snapshot").inc()
+            log.warning("cannot update snapshot key %s: %s", key, error)
+
+    async def _snapshot_writer(self) -> None:
+        while True:
+            await self._pending_ready.wait()
+            self._pending_ready.clear()
+            batch, self._pending = self._pending, {}
+            items = list(batch.items())
+            for start in range(0, len(items), self.kv_concurrency):
+                chunk = items[start : start + self.kv_concurrency]
+                await asyncio.gather(*(self._write_one(key, event) for key, event in chunk))
+            if not self._pending:
+                self._idle.set()
+
+    async def flushed(self) -> None:
+        """Wait until every queued snapshot update has been written."""
+        await self._idle.wait()
+
+    async def _read_snapshot(self) -> dict[str, ClusterEvent]:
+        assert self.snapshot is not None
+        current: dict[str, ClusterEvent] = {}
+        keys = await self.snapshot.keys()
+
+        async def read(key: str) -> None:
+            assert self.snapshot is not None
+            model: type[ClusterEvent] = NodeChanged if key.startswith("node.") else PodChanged
+            try:
+                value = await self.snapshot.get(key, model)
+            except ValueError as error:  # written by an older version, or damaged
+                log.warning("snapshot key %s unreadable, replacing it: %s", key, error)
+                return
+            if value is not None:
+                current[key] = value
+
+        for start in range(0, len(keys), self.kv_concurrency):
+            await asyncio.gather(*(read(key) for key in keys[start : start + self.kv_concurrency]))
+        return current
+
+    async def reconcile(self) -> int:
+        """List the cluster, publish what differs from the snapshot, fix the snapshot.
+
+        Returns how many differences were found.
+        """
+        self.snapshot = await self.bus.kv(self.bucket)
+        nodes = await self.port.list_nodes()
+        pods = await self.port.list_pods()
+        stored = await self._read_snapshot()
+        listed: dict[str, ClusterEvent] = {}
+        objects: list[Node | Pod] = [*nodes, *pods]
+        for obj in objects:
+            try:
+                key, event = self._event("added", obj)
+            except (ValidationError, ValueError, TypeError) as error:
+                FAILURES.labels("convert").inc()
+                log.warning("cannot convert a listed object: %s", error)
+                continue
+            listed[key] = event
+        differences = 0
+        for key, listed_event in listed.items():
+            old = stored.get(key)
+            if old is not None and same_state(old, listed_event):
+                continue
+            event = listed_event
+            if old is not None:
+                event = listed_event.model_copy(update={"change": "modified"})
+            differences += 1
+            await self._publish_quietly(event)
+            self._store_later(key, event)
+        for key, old in stored.items():
+            if key in listed:
+                continue
+            differences += 1
+            await self._publish_quietly(
+                old.model_copy(update={"change": "deleted", "observed_at": self.clock()})
+            )
+            self._store_later(key, None)
+        SNAPSHOT_OBJECTS.set(len(listed))
+        log.info(
+            "snapshot reconciled: %d nodes, %d pods, %d differences",
+            len(nodes),
+            len(pods),
+            differences,
+        )
+        return differences
+
+    async def _publish_quietly(self, event: ClusterEvent) -> None:
+        try:
+            await self._publish(event)
+        except (nats.errors.Error, OSError, TimeoutError) as error:
+            FAILURES.labels("publish").inc()
+            log.warning("cannot publish a reconciled change: %s", error)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Reconcile, then publish changes until cancelled."""
+        writer = asyncio.create_task(self._snapshot_writer(), name="snapshot-writer")
+        try:
+            await self.reconcile()
+            watch = self.port.watch()
+            try:
+                if ready is not None:
+                    ready.set()
+                async for change in watch:
+                    await self.handle(change)
+            finally:
+                with contextlib.suppress(Exception):
+                    await watch.aclose()  # type: ignore[attr-defined]
+        finally:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.flushed(), 5.0)
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
