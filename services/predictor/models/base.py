@@ -105,6 +105,12 @@ class RegularSeries:
     def last_timestamp(self) -> float:
         return self.start_s + self.interval_s * (len(self.values) - 1)
 
+    def tail(self, points: int) -> RegularSeries:
+        """The last `points` intervals (at least one), with the start moved accordingly."""
+        kept = self.values[-max(1, points) :]
+        start = self.last_timestamp - self.interval_s * (kept.shape[0] - 1)
+        return RegularSeries(start_s=start, interval_s=self.interval_s, values=kept)
+
 
 def infer_interval(timestamps: FloatArray, default_interval_s: float) -> float:
     if timestamps.shape[0] < 2:
@@ -246,6 +252,7 @@ def dominant_fft_periods(
     max_periods: int,
     min_acf: float = 0.3,
     min_cycles: float = 2.0,
+    snap_to: Sequence[int] = (),
 ) -> list[int]:
     """Periods (in steps) of the strongest spectral peaks that the ACF confirms.
 
@@ -274,7 +281,19 @@ def dominant_fft_periods(
         period = round(1.0 / float(frequencies[index]))
         if period > longest:
             continue
-        if any(abs(period - known) <= max(1, known // 10) for known in accepted):
+        # Spectral bins are coarse at long periods (a 1440-step day shows up as 1260 or
+        # 1680 in a week of data): move to the autocorrelation's peak nearby.
+        low, high = max(2, int(period * 0.8)), min(longest, int(period * 1.2) + 1)
+        if high <= low:
+            continue
+        period = low + int(np.argmax(acf[low : high + 1]))
+        multiples = [known * round(period / known) for known in accepted if period > known]
+        for preferred in [*snap_to, *multiples]:
+            # Noise moves a broad ACF peak by a few percent; a calendar period that close
+            # is the better explanation.
+            if abs(period - preferred) <= 0.03 * preferred:
+                period = preferred
+        if any(abs(period - known) <= max(1, known // 5) for known in accepted):
             continue
         if confirm_period(acf, period, min_acf=min_acf) is not None:
             accepted.append(period)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.predictor.models.base import (
     QUANTILE_LEVELS,
     SECONDS_PER_DAY,
+    SECONDS_PER_WEEK,
     FloatArray,
     Forecast,
     RegularSeries,
@@ -26,6 +27,8 @@ from services.predictor.models.base import (
     make_forecast,
     regularize,
 )
+
+_CALENDAR_S = (SECONDS_PER_DAY, SECONDS_PER_WEEK)
 
 
 class FftConfig(BaseModel):
@@ -58,10 +61,13 @@ class FftForecaster:
         series = regularize(timestamps, values, default_interval_s=self.config.default_interval_s)
         limit = max(2, round(self.config.max_history_s / series.interval_s))
         observed = fill_gaps(series.values[-limit:])
-        self._series = RegularSeries(series.start_s, series.interval_s, series.values[-1:])
+        self._series = series.tail(1)
         self._steps_since_fit = 0
         self.periods = dominant_fft_periods(
-            observed, max_periods=self.config.max_periods, min_acf=self.config.min_acf
+            observed,
+            max_periods=self.config.max_periods,
+            min_acf=self.config.min_acf,
+            snap_to=[round(period / series.interval_s) for period in _CALENDAR_S],
         )
         if self.periods:
             longest = max(self.periods)

@@ -64,12 +64,8 @@ class HoltWinters:
     def fit(self, timestamps: ArrayLike, values: ArrayLike) -> None:
         series = regularize(timestamps, values, default_interval_s=self.config.default_interval_s)
         daily_steps = max(1, round(SECONDS_PER_DAY / series.interval_s))
-        history = series.values[-self.config.fit_cycles * daily_steps :]
-        series = RegularSeries(
-            series.last_timestamp - series.interval_s * (len(history) - 1),
-            series.interval_s,
-            history,
-        )
+        series = series.tail(self.config.fit_cycles * daily_steps)
+        history = series.values
         self._series = series
         observed = fill_gaps(history)
         periods = detect_periods(

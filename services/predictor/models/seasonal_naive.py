@@ -53,11 +53,7 @@ class SeasonalNaive:
 
     def fit(self, timestamps: ArrayLike, values: ArrayLike) -> None:
         series = regularize(timestamps, values, default_interval_s=self.config.default_interval_s)
-        self._series = RegularSeries(
-            series.start_s,
-            series.interval_s,
-            series.values[-self._max_points(series.interval_s) :],
-        )
+        self._series = series.tail(self._max_points(series.interval_s))
 
     def update(self, timestamps: ArrayLike, values: ArrayLike) -> None:
         if self._series is None:

@@ -71,8 +71,12 @@ class TidalConfig(BaseModel):
     max_horizon_s: float = Field(default=2 * 3600.0, gt=0)
     # Recent out-of-sample errors that calibrate the quantiles.
     calibration_window_s: float = Field(default=3 * SECONDS_PER_DAY, gt=0)
+    # ... but never fewer errors than this, so coarse (hourly) series still get a tail.
+    min_calibration_errors: int = Field(default=600, ge=1)
     # Quantiles are recomputed from the errors after this many new observations.
     recalibrate_every_s: float = Field(default=3600.0, gt=0)
+    # Errors are pooled separately for this many forecast-level bins (1 = one pool).
+    level_bins: int = Field(default=4, ge=1)
     max_history_s: float = Field(default=35 * SECONDS_PER_DAY, gt=0)
     default_interval_s: float = Field(default=60.0, gt=0)
 
@@ -95,8 +99,12 @@ class Tidal:
         self._max_steps = 1
         self._fast_history: FloatArray = np.zeros(1)
         self._slow_history: FloatArray = np.zeros(1)
+        # Out-of-sample log errors and the log forecasts they belong to: rows = target
+        # intervals, columns = steps ahead.
         self._errors: FloatArray = np.zeros((0, 1))
-        self._spreads: FloatArray = np.zeros((len(QUANTILE_LEVELS), 1))
+        self._predicted: FloatArray = np.zeros((0, 1))
+        self._bin_edges: FloatArray = np.zeros(0)
+        self._spreads: FloatArray = np.zeros((1, len(QUANTILE_LEVELS), 1))
         self._pending_rows = 0
 
     # ---- fitting -------------------------------------------------------------------------
@@ -173,7 +181,7 @@ class Tidal:
         config = self.config
         count = z.shape[0]
         slow = _ewma(deseasonalised, self._slow_rate)
-        window = min(count - 1, round(config.calibration_window_s / self._interval))
+        window = min(count - 1, self._calibration_rows())
         steps = _probe_steps(self._max_steps)
         origins = np.arange(count - window - 1, count - 1) if window > 0 else np.zeros(0, int)
         best: tuple[float, float, float] | None = None
@@ -198,7 +206,7 @@ class Tidal:
         keep = self._max_steps + 1
         self._fast_history = _left_pad(best_fast[-keep:], keep)
         self._slow_history = _left_pad(slow[-keep:], keep)
-        self._errors = _calibration_errors(
+        self._errors, self._predicted = _calibration_errors(
             z=z,
             seasonal=seasonal,
             fast=best_fast,
@@ -206,7 +214,7 @@ class Tidal:
             observed_mask=observed_mask,
             reversion=self._reversion,
             max_steps=self._max_steps,
-            window=round(config.calibration_window_s / self._interval),
+            window=self._calibration_rows(),
         )
         self._recalibrate()
         self._fitted = True
@@ -227,6 +235,7 @@ class Tidal:
         fresh = np.full(added, np.nan)
         fresh[offsets[newer] - 1] = observed[newer]
         new_rows: list[FloatArray] = []
+        new_predictions: list[FloatArray] = []
         steps = np.arange(1, self._max_steps + 1)
         for value in fresh:
             self._last_index += 1
@@ -242,6 +251,7 @@ class Tidal:
                     seasonal_now + past_slow + self._reversion**steps * (past_fast - past_slow)
                 )
                 new_rows.append(z_now - predicted)
+                new_predictions.append(predicted)
                 residual = z_now - seasonal_now
                 fast += self._rate * (residual - fast)
                 slow += self._slow_rate * (residual - slow)
@@ -249,15 +259,24 @@ class Tidal:
             self._slow_history = np.append(self._slow_history[1:], slow)
         self._last_timestamp += added * self._interval
         if new_rows:
-            window = max(1, round(self.config.calibration_window_s / self._interval))
+            window = self._calibration_rows()
             self._errors = np.vstack([self._errors, np.asarray(new_rows)])[-window:]
+            self._predicted = np.vstack([self._predicted, np.asarray(new_predictions)])[-window:]
             self._pending_rows += len(new_rows)
             if self._pending_rows * self._interval >= self.config.recalibrate_every_s:
                 self._recalibrate()
 
+    def _calibration_rows(self) -> int:
+        return max(
+            self.config.min_calibration_errors,
+            round(self.config.calibration_window_s / self._interval),
+        )
+
     def _recalibrate(self) -> None:
         self._pending_rows = 0
-        self._spreads = _spread_by_step(self._errors, self._max_steps)
+        self._bin_edges, self._spreads = _spread_by_step(
+            self._errors, self._predicted, self._max_steps, bins=self.config.level_bins
+        )
 
     # ---- predicting ----------------------------------------------------------------------
 
@@ -272,9 +291,10 @@ class Tidal:
             + self._reversion ** steps.astype(np.float64) * (fast - slow)
         )
         columns = np.minimum(steps, self._max_steps) - 1
-        spreads = self._spreads[:, columns]
+        bins = np.searchsorted(self._bin_edges, z_hat)
+        spreads = self._spreads[bins, :, columns]
         quantiles = {
-            level: np.exp(z_hat + spreads[index]) - self._offset
+            level: np.exp(z_hat + spreads[:, index]) - self._offset
             for index, level in enumerate(QUANTILE_LEVELS)
         }
         return make_forecast(
@@ -372,8 +392,11 @@ def _calibration_errors(
     reversion: float,
     max_steps: int,
     window: int,
-) -> FloatArray:
-    """Errors of step-h forecasts for each recent target time: rows = targets, cols = h."""
+) -> tuple[FloatArray, FloatArray]:
+    """Errors of step-h forecasts for each recent target, and the forecasts themselves.
+
+    Rows are target intervals, columns steps ahead (1..max_steps).
+    """
     count = z.shape[0]
     targets = np.arange(max(1, count - window), count)
     targets = targets[observed_mask[targets]]
@@ -387,25 +410,56 @@ def _calibration_errors(
         + reversion ** steps[None, :].astype(np.float64) * (fast[origins] - slow[origins])
     )
     errors: FloatArray = np.where(valid, z[targets][:, None] - predicted, np.nan)
-    return errors
+    return errors, predicted
 
 
-def _spread_by_step(errors: FloatArray, max_steps: int) -> FloatArray:
-    """Error quantiles per step ahead, computed at log-spaced steps and interpolated between."""
-    spreads = np.zeros((len(QUANTILE_LEVELS), max_steps))
+def _spread_by_step(
+    errors: FloatArray, predicted: FloatArray, max_steps: int, *, bins: int
+) -> tuple[FloatArray, FloatArray]:
+    """Error quantiles per forecast-level bin and step ahead (Mondrian conformal).
+
+    Noise is rarely the same at every level (counts in a quiet night are relatively noisier
+    than at the daily peak), so errors are pooled by the level that was forecast: `bins`
+    equally populated bins over the forecasts in the window. Quantiles are computed at
+    log-spaced steps and interpolated between. Returns (inner bin edges, spreads[bin, level,
+    step]); a bin with too few errors borrows the pooled quantiles.
+    """
+    levels = len(QUANTILE_LEVELS)
     if errors.shape[0] == 0:
-        return spreads
+        return np.zeros(0), np.zeros((1, levels, max_steps))
+    finite_predictions = predicted[np.isfinite(errors)]
+    edges = (
+        np.quantile(finite_predictions, np.linspace(0, 1, bins + 1)[1:-1])
+        if bins > 1 and finite_predictions.shape[0]
+        else np.zeros(0)
+    )
     probes = np.unique(np.round(np.geomspace(1, max_steps, num=min(max_steps, 16))).astype(int))
-    at_probes = np.zeros((len(QUANTILE_LEVELS), probes.shape[0]))
+    at_probes = np.zeros((edges.shape[0] + 1, levels, probes.shape[0]))
     for column, step in enumerate(probes):
         sample = errors[:, step - 1]
-        sample = sample[np.isfinite(sample)]
-        if sample.shape[0]:
-            at_probes[:, column] = np.quantile(sample, QUANTILE_LEVELS)
+        finite = np.isfinite(sample)
+        sample, forecast = sample[finite], predicted[finite, step - 1]
+        if not sample.shape[0]:
+            continue
+        pooled = np.quantile(sample, QUANTILE_LEVELS)
+        membership = np.searchsorted(edges, forecast)
+        for bin_index in range(edges.shape[0] + 1):
+            in_bin = sample[membership == bin_index]
+            at_probes[bin_index, :, column] = (
+                np.quantile(in_bin, QUANTILE_LEVELS)
+                if in_bin.shape[0] >= _MIN_BIN_ERRORS
+                else pooled
+            )
     every_step = np.arange(1, max_steps + 1)
-    for row in range(len(QUANTILE_LEVELS)):
-        spreads[row] = np.interp(every_step, probes, at_probes[row])
-    return spreads
+    spreads = np.zeros((edges.shape[0] + 1, levels, max_steps))
+    for bin_index in range(edges.shape[0] + 1):
+        for row in range(levels):
+            spreads[bin_index, row] = np.interp(every_step, probes, at_probes[bin_index, row])
+    return edges, spreads
+
+
+# Fewer errors than this cannot place a q0.99 (1 in 100) with any confidence.
+_MIN_BIN_ERRORS = 100
 
 
 def _left_pad(values: FloatArray, length: int) -> FloatArray:
