@@ -1,0 +1,45 @@
+"""Simulated time for the demo: a clock that runs `speed` times faster than the wall clock.
+
+`now()` is in Unix seconds (so event timestamps look like real dates) and starts at `start`,
+a midnight, so hours since the start are hours of the simulated day.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+# Monday 5 January 2026, 00:00 UTC: a midnight at the start of a week.
+DEFAULT_START = datetime(2026, 1, 5, tzinfo=UTC).timestamp()
+
+
+class SimClock:
+    """Implements the services' `Clock` port (`now() -> float`)."""
+
+    def __init__(
+        self,
+        speed: float,
+        *,
+        start: float = DEFAULT_START,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if speed <= 0:
+            raise ValueError("speed must be > 0")
+        self.speed = speed
+        self.start = start
+        self._monotonic = monotonic
+        self._wall_start = monotonic()
+
+    def now(self) -> float:
+        return self.start + (self._monotonic() - self._wall_start) * self.speed
+
+    def elapsed(self) -> float:
+        """Simulated seconds since the start."""
+        return self.now() - self.start
+
+    def datetime(self) -> datetime:
+        return datetime.fromtimestamp(self.now(), tz=UTC)
+
+    def wall_seconds(self, simulated_seconds: float) -> float:
+        return simulated_seconds / self.speed

@@ -1,0 +1,162 @@
+"""Starts the production services in-process with the demo's ports (sim cluster, sim clock).
+
+Each service gets its own bus connection and its own `ServiceContext`, and runs the same
+component its `tideshift run <service>` runs; only the adapters differ. A service module that
+is missing (not installed or not written yet) stops the demo with one line naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadgen.profiles import RateProfile
+from services.cluster.port import ClusterPort
+from services.common.bus import Bus
+from services.common.runtime import ServiceContext
+from services.common.settings import ServiceSettings
+from services.demo.clock import SimClock
+from services.demo.world import WorldShape
+
+log = logging.getLogger("tideshift.demo.pipeline")
+
+
+class ServiceMissing(RuntimeError):
+    """A service the demo wires is not available in this installation."""
+
+
+def _import(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        raise ServiceMissing(
+            f"{module} is not available ({error}); reinstall Tideshift with `pip install -e .`"
+        ) from None
+
+
+@dataclass
+class Stages:
+    contexts: list[ServiceContext] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def wait_ready(self, *, timeout: float) -> None:
+        async def one(context: ServiceContext) -> None:
+            await context.ready.wait()
+
+        waits = [asyncio.ensure_future(one(context)) for context in self.contexts]
+        _, pending = await asyncio.wait(waits, timeout=timeout)
+        for future in pending:
+            future.cancel()
+        for task in self.tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise RuntimeError(f"service {task.get_name()} failed: {task.exception()!r}")
+        if pending:
+            late = [c.name for c in self.contexts if not c.ready.is_set()]
+            raise RuntimeError(f"services not ready after {timeout:.0f}s: {', '.join(late)}")
+
+
+async def start_services(
+    *,
+    connect: Callable[[str], Awaitable[Bus]],
+    port: ClusterPort,
+    clock: SimClock,
+    profile: RateProfile,
+    world: WorldShape,
+    stopping: asyncio.Event,
+    plan_interval_wall_s: float,
+    forecast_interval_wall_s: float,
+) -> Stages:
+    stages = Stages()
+
+    def context(name: str, bus: Bus) -> ServiceContext:
+        ctx = ServiceContext(
+            name=name,
+            settings=ServiceSettings(health_port=-1),
+            bus=bus,
+            instance=f"demo-{name}",
+            stopping=stopping,
+        )
+        stages.contexts.append(ctx)
+        return ctx
+
+    # -- watcher: sim cluster -> cluster events and the snapshot
+    watcher_module = _import("services.watcher.watcher")
+    watcher_bus = await connect("watcher")
+    watcher = watcher_module.Watcher(port, watcher_bus, clock=clock.datetime)
+    watcher_context = context("watcher", watcher_bus)
+    stages.tasks.append(asyncio.create_task(watcher.run(watcher_context.ready), name="watcher"))
+
+    # -- executor: scale commands -> the sim cluster -> scale results
+    executor_service = _import("services.executor.service")
+    executor_bus = await connect("executor")
+    executor = await executor_service.build_executor(
+        executor_bus,
+        port,
+        name="executor-demo",
+        bucket="tideshift_executor_demo",
+        dry_run=False,
+        max_step=0,
+    )
+    executor.clock = clock.datetime
+    executor_context = context("executor", executor_bus)
+    stages.tasks.append(
+        asyncio.create_task(
+            executor_service.consume(
+                executor,
+                executor_bus,
+                durable="tideshift-executor-demo",
+                stopping=stopping,
+                ready=executor_context.ready,
+            ),
+            name="executor",
+        )
+    )
+
+    # -- predictor and planner (see /work/notes/demo-requests.md for the hooks they expose)
+    await _start_predictor(
+        stages,
+        connect=connect,
+        context=context,
+        clock=clock,
+        profile=profile,
+        world=world,
+        interval_wall_s=forecast_interval_wall_s,
+    )
+    await _start_planner(
+        stages,
+        connect=connect,
+        context=context,
+        clock=clock,
+        world=world,
+        interval_wall_s=plan_interval_wall_s,
+    )
+    return stages
+
+
+async def _start_predictor(
+    stages: Stages,
+    *,
+    connect: Callable[[str], Awaitable[Bus]],
+    context: Callable[[str, Bus], ServiceContext],
+    clock: SimClock,
+    profile: RateProfile,
+    world: WorldShape,
+    interval_wall_s: float,
+) -> None:
+    raise ServiceMissing("the predictor service (services/predictor/service.py) is not there yet")
+
+
+async def _start_planner(
+    stages: Stages,
+    *,
+    connect: Callable[[str], Awaitable[Bus]],
+    context: Callable[[str, Bus], ServiceContext],
+    clock: SimClock,
+    world: WorldShape,
+    interval_wall_s: float,
+) -> None:
+    raise ServiceMissing("the planner service (services/planner/service.py) is not there yet")

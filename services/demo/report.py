@@ -1,0 +1,189 @@
+"""The demo's outputs: the summary (the same figures as `tideshift simulate`), the PNG, JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.demo.world import Meter
+
+NIGHT_HOURS = (0.0, 6.0)  # hours of the simulated day with the least serving demand
+DAY_HOURS = (10.0, 18.0)  # with the most
+
+
+@dataclass
+class DemoSummary:
+    """What the run measured. The first block matches `simulate`'s table columns."""
+
+    utilization: dict[str, float]
+    shortfall_minutes: int
+    shortfall_fraction: float
+    training_work: float
+    training_share_of_spare: float
+    pending_mean_s: float
+    pending_p95_s: float
+    trainer_churn: int
+    jobs_started: int
+    jobs_total: int
+    wall_s: float
+    simulated_s: float
+    trainers_night: dict[str, float | None]
+    trainers_day: dict[str, float | None]
+    training: dict[str, dict[str, Any]] = field(default_factory=dict)  # real trainer progress
+    processes: dict[str, int] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def training_grew_at_night(self) -> bool | None:
+        """More ready trainers at night than by day; None when the run missed one of them."""
+        if any(v is None for v in (*self.trainers_night.values(), *self.trainers_day.values())):
+            return None
+        night = sum(v or 0.0 for v in self.trainers_night.values())
+        day = sum(v or 0.0 for v in self.trainers_day.values())
+        return night > day
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "utilization": {k: round(v, 4) for k, v in self.utilization.items()},
+            "shortfall_minutes": self.shortfall_minutes,
+            "shortfall_fraction": round(self.shortfall_fraction, 6),
+            "training_work": round(self.training_work, 1),
+            "training_share_of_spare": round(self.training_share_of_spare, 4),
+            "pending_mean_s": round(self.pending_mean_s, 1),
+            "pending_p95_s": round(self.pending_p95_s, 1),
+            "trainer_churn": self.trainer_churn,
+            "jobs_started": self.jobs_started,
+            "jobs_total": self.jobs_total,
+            "wall_s": round(self.wall_s, 1),
+            "simulated_s": round(self.simulated_s, 1),
+            "trainers_night_mean": _rounded(self.trainers_night),
+            "trainers_day_mean": _rounded(self.trainers_day),
+            "training_grew_at_night": self.training_grew_at_night,
+            "training": self.training,
+            "processes": self.processes,
+            "events": self.events,
+        }
+
+
+def _rounded(values: dict[str, float | None]) -> dict[str, float | None]:
+    return {k: (None if v is None else round(v, 2)) for k, v in values.items()}
+
+
+def summarize(
+    meter: Meter,
+    *,
+    end: float,
+    trainer_churn: int,
+    wall_s: float,
+) -> DemoSummary:
+    pending = meter.pending(end)
+    jobs = [job.name for job in meter.shape.jobs]
+    return DemoSummary(
+        utilization=meter.utilization(),
+        shortfall_minutes=len(meter.shortfall_minutes),
+        shortfall_fraction=(
+            meter.shortfall_requests / meter.demand_requests if meter.demand_requests else 0.0
+        ),
+        training_work=sum(job.work for job in meter.jobs.values()),
+        training_share_of_spare=(
+            meter.training_cpu_seconds / meter.spare_cpu_seconds if meter.spare_cpu_seconds else 0.0
+        ),
+        pending_mean_s=sum(pending) / len(pending) if pending else 0.0,
+        pending_p95_s=(
+            pending[min(len(pending) - 1, math.ceil(0.95 * len(pending)) - 1)] if pending else 0.0
+        ),
+        trainer_churn=trainer_churn,
+        jobs_started=sum(1 for job in meter.jobs.values() if job.started_at is not None),
+        jobs_total=len(jobs),
+        wall_s=wall_s,
+        simulated_s=meter.elapsed_s,
+        trainers_night={name: meter.trainers_between(name, *NIGHT_HOURS) for name in jobs},
+        trainers_day={name: meter.trainers_between(name, *DAY_HOURS) for name in jobs},
+    )
+
+
+def format_table(summary: DemoSummary, *, policy: str = "tideshift") -> str:
+    """One row with `tideshift simulate`'s columns, then the demo's own figures."""
+    s = summary
+    header = (
+        f"{'policy':<10} {'util cpu':>8} {'util mem':>8} {'short min':>9} {'short %':>8} "
+        f"{'train work':>11} {'spare %':>7} {'pend mean':>9} {'pend p95':>9} {'churn':>6} "
+        f"{'jobs':>6} {'wall s':>6}"
+    )
+    row = (
+        f"{policy:<10} {s.utilization.get('cpu', 0):>8.1%} {s.utilization.get('memory', 0):>8.1%} "
+        f"{s.shortfall_minutes:>9d} {s.shortfall_fraction:>8.3%} {s.training_work:>11.0f} "
+        f"{s.training_share_of_spare:>7.1%} {s.pending_mean_s:>9.1f} {s.pending_p95_s:>9.1f} "
+        f"{s.trainer_churn:>6d} {f'{s.jobs_started}/{s.jobs_total}':>6} {s.wall_s:>6.1f}"
+    )
+    lines = [header, "-" * len(header), row, ""]
+    lines.append("ready trainers per job, mean: night (00-06h) -> day (10-18h)")
+    for name in s.trainers_night:
+        night, day = s.trainers_night[name], s.trainers_day[name]
+        lines.append(
+            f"  {name:<12} {'-' if night is None else f'{night:5.2f}'} -> "
+            f"{'-' if day is None else f'{day:5.2f}'}"
+        )
+    if s.training:
+        lines.append("real training (coordinator progress):")
+        for name, progress in sorted(s.training.items()):
+            logloss = progress.get("logloss")
+            lines.append(
+                f"  {name:<12} epoch {progress.get('epoch', 0)}, "
+                f"{progress.get('applied_total', 0)} shards applied, "
+                f"{progress.get('redelivered', 0)} redelivered"
+                + ("" if logloss is None else f", holdout logloss {logloss:.4f}")
+            )
+    if s.processes:
+        lines.append(
+            "trainer processes: "
+            + ", ".join(f"{key} {value}" for key, value in sorted(s.processes.items()))
+        )
+    return "\n".join(lines)
+
+
+def plot(meter: Meter, path: Path, *, title: str) -> Path:
+    """Demand vs serving capacity, ready trainers per job (stacked), cpu utilisation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = meter.series
+    hours = [t / 3600.0 for t in series["t"]]
+    figure, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    axes[0].plot(hours, series["demand"], label="demand (req/s)", color="tab:red", lw=1.2)
+    axes[0].plot(
+        hours,
+        series["capacity"],
+        label="serving capacity: ready replicas x per-replica capacity (req/s)",
+        color="tab:blue",
+        lw=1.2,
+    )
+    axes[0].set_ylabel("requests / s")
+    axes[0].legend(loc="upper left", fontsize="small")
+    axes[0].set_title(title)
+    names = sorted(series["trainers"])
+    if names and hours:
+        stacked = [series["trainers"][name][: len(hours)] for name in names]
+        stacked = [values + [0] * (len(hours) - len(values)) for values in stacked]
+        axes[1].stackplot(hours, stacked, labels=names, step="post")
+        axes[1].legend(loc="upper left", fontsize="small", ncol=len(names))
+    axes[1].set_ylabel("ready trainers per job")
+    axes[2].plot(hours, [u * 100 for u in series["util_cpu"]], color="tab:green", lw=1.2)
+    axes[2].set_ylabel("cpu requested / allocatable (%)")
+    axes[2].set_ylim(0, 105)
+    axes[2].set_xlabel("simulated hours")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
+
+
+def write_json(summary: DemoSummary, path: Path) -> None:
+    path.write_text(json.dumps(summary.to_json(), indent=2) + "\n")

@@ -1,0 +1,253 @@
+"""The demo's simulated world: the cluster, its serving workload and elastic jobs, and the
+figures measured over the run (the same ones `tideshift simulate` reports).
+
+No I/O and no clock: `Meter.record(now, cluster, demand)` is called by the demo with the
+simulated time, so the accounting can be tested step by step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.cluster.port import Node, Resources, TargetRef
+from services.cluster.sim import SimCluster, SimWorkload
+
+GIB = float(2**30)
+SERVING_KIND = "Deployment"
+JOB_KIND = "ElasticJob"
+
+
+@dataclass(frozen=True)
+class ServingShape:
+    """The serving workload; `capacity_rps` is one replica at 100 % (the sample app's)."""
+
+    name: str = "web"
+    namespace: str = "demo"
+    cpu: float = 1.0
+    memory_gib: float = 2.0
+    capacity_rps: float = 50.0
+    target_utilization: float = 0.8
+    min_replicas: int = 4
+    max_replicas: int = 400
+    startup_delay_s: float = 60.0
+    priority: int = 1000
+
+    @property
+    def ref(self) -> TargetRef:
+        return TargetRef(self.namespace, SERVING_KIND, self.name)
+
+    def need(self, rps: float) -> int:
+        """Replicas the demand needs at the target utilisation (what `simulate` measures)."""
+        need = math.ceil(rps / (self.capacity_rps * self.target_utilization) - 1e-9)
+        return min(max(need, self.min_replicas), self.max_replicas)
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """One elastic training job: trainers (one real trainer process each) plus pservers."""
+
+    name: str
+    namespace: str = "demo"
+    trainer_cpu: float = 8.0
+    trainer_memory_gib: float = 16.0
+    min_trainers: int = 1
+    max_trainers: int = 4
+    pservers: int = 1
+    pserver_cpu: float = 1.0
+    pserver_memory_gib: float = 2.0
+    startup_delay_s: float = 120.0
+    priority: int = 0
+    weight: float = 1.0
+
+    @property
+    def ref(self) -> TargetRef:
+        return TargetRef(self.namespace, JOB_KIND, self.name)
+
+
+@dataclass(frozen=True)
+class WorldShape:
+    nodes: int = 32
+    node_cpu: float = 8.0
+    node_memory_gib: float = 32.0
+    serving: ServingShape = ServingShape()
+    jobs: tuple[JobShape, ...] = (JobShape("ctr-a"), JobShape("ctr-b"), JobShape("ctr-c"))
+    restart_cost_s: float = 10.0  # as in `simulate`: no progress while a job re-forms
+    speedup_exponent: float = 0.8
+
+
+def build_cluster(shape: WorldShape, *, now: float, initial_demand_rps: float) -> SimCluster:
+    """The cluster at `now`, serving sized for the initial demand, every job at its minimum."""
+    cluster = SimCluster(
+        [
+            Node(
+                f"node-{i:02d}",
+                Resources(shape.node_cpu, shape.node_memory_gib * GIB, 0),
+                labels=(("tideshift.io/pool", "general"),),
+            )
+            for i in range(shape.nodes)
+        ],
+        now=now,
+    )
+    serving = shape.serving
+    cluster.add_workload(
+        SimWorkload(
+            ref=serving.ref,
+            kind="Deployment",
+            role="serving",
+            pod_requests=Resources(serving.cpu, serving.memory_gib * GIB, 0),
+            replicas=serving.need(initial_demand_rps),
+            priority=serving.priority,
+            startup_delay_s=serving.startup_delay_s,
+            min_replicas=serving.min_replicas,
+            max_replicas=serving.max_replicas,
+        )
+    )
+    for job in shape.jobs:
+        cluster.add_workload(
+            SimWorkload(
+                ref=job.ref,
+                kind="ElasticJob",
+                role="training",
+                pod_requests=Resources(job.trainer_cpu, job.trainer_memory_gib * GIB, 0),
+                replicas=job.min_trainers,
+                priority=job.priority,
+                startup_delay_s=job.startup_delay_s,
+                min_replicas=0,
+                max_replicas=job.max_trainers,
+                gang_min=job.min_trainers,
+                companion_count=job.pservers,
+                companion_requests=Resources(job.pserver_cpu, job.pserver_memory_gib * GIB, 0),
+            )
+        )
+    return cluster
+
+
+@dataclass
+class _JobMeter:
+    started_at: float | None = None
+    work: float = 0.0
+    paused_until: float = -math.inf
+    last_ready: int = 0
+
+
+@dataclass
+class Meter:
+    """Integrates the run's figures over simulated time; samples series for the plot.
+
+    Definitions follow `services/planner/simulate.py` so the two tables compare:
+    utilisation = requests of bound pods / allocatable (time-averaged); shortfall = request-
+    seconds above ready replicas x capacity, and the minutes with any; training work =
+    ready_trainers ** speedup_exponent per second while the job runs, none for
+    `restart_cost_s` after its trainer set changes; spare = allocatable minus what serving
+    needs for the actual demand minus other pods.
+    """
+
+    shape: WorldShape
+    start: float  # simulated time the run starts (Unix seconds)
+    sample_every_s: float = 300.0
+    last: float | None = None
+    elapsed_s: float = 0.0
+    util_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    demand_requests: float = 0.0
+    shortfall_requests: float = 0.0
+    shortfall_minutes: set[int] = field(default_factory=set)
+    spare_cpu_seconds: float = 0.0
+    training_cpu_seconds: float = 0.0
+    jobs: dict[str, _JobMeter] = field(default_factory=dict)
+    series: dict[str, Any] = field(
+        default_factory=lambda: {
+            "t": [],
+            "demand": [],
+            "capacity": [],
+            "replicas": [],
+            "util_cpu": [],
+            "trainers": {},
+        }
+    )
+    _next_sample: float = -math.inf
+
+    def record(self, now: float, cluster: SimCluster, demand_rps: float) -> None:
+        """Account for [last, now) with the state seen now (the demo ticks often)."""
+        if self.last is None:
+            self.last = min(self.start, now)
+        dt = now - self.last
+        serving = self.shape.serving
+        ready = cluster.ready_count(serving.ref)
+        capacity = ready * serving.capacity_rps
+        allocatable = cluster.allocatable_total()
+        bound = cluster.bound_requests_total()
+        alloc = (allocatable.cpu, allocatable.memory, float(allocatable.gpu))
+        used = (bound.cpu, bound.memory, float(bound.gpu))
+        if dt > 0:
+            self.elapsed_s += dt
+            for i in range(3):
+                if alloc[i] > 0:
+                    self.util_seconds[i] += used[i] / alloc[i] * dt
+            self.demand_requests += demand_rps * dt
+            missing = max(0.0, demand_rps - capacity)
+            if missing > 1e-9:
+                self.shortfall_requests += missing * dt
+                first = math.floor((self.last - self.start) / 60)
+                last = math.floor((now - self.start - 1e-9) / 60)
+                self.shortfall_minutes.update(range(first, last + 1))
+            training_cpu = 0.0
+            for job in self.shape.jobs:
+                workload = cluster.workload(job.ref)
+                training_cpu += (
+                    workload.bound_workers * job.trainer_cpu
+                    + workload.bound_companions * job.pserver_cpu
+                )
+                meter = self.jobs.setdefault(job.name, _JobMeter())
+                trainers = cluster.ready_count(job.ref)
+                if trainers != meter.last_ready:
+                    meter.paused_until = now + self.shape.restart_cost_s
+                    meter.last_ready = trainers
+                if cluster.job_running(job.ref):
+                    if meter.started_at is None:
+                        meter.started_at = self.last
+                    if now >= meter.paused_until:
+                        meter.work += trainers**self.shape.speedup_exponent * dt
+            serving_bound_cpu = cluster.bound_count(serving.ref) * serving.cpu
+            other_cpu = bound.cpu - training_cpu - serving_bound_cpu
+            spare = max(0.0, allocatable.cpu - serving.need(demand_rps) * serving.cpu - other_cpu)
+            self.spare_cpu_seconds += spare * dt
+            self.training_cpu_seconds += min(training_cpu, spare) * dt
+        self.last = now
+        if now >= self._next_sample:
+            self._next_sample = now + self.sample_every_s
+            series = self.series
+            series["t"].append(now - self.start)
+            series["demand"].append(demand_rps)
+            series["capacity"].append(capacity)
+            series["replicas"].append(ready)
+            series["util_cpu"].append(used[0] / alloc[0] if alloc[0] else 0.0)
+            for job in self.shape.jobs:
+                series["trainers"].setdefault(job.name, []).append(cluster.ready_count(job.ref))
+
+    def utilization(self) -> dict[str, float]:
+        names = ("cpu", "memory", "gpu")
+        elapsed = max(self.elapsed_s, 1e-9)
+        # The demo's nodes have no GPUs: a 0 % column would only confuse.
+        return {name: self.util_seconds[i] / elapsed for i, name in enumerate(names[:2])}
+
+    def pending(self, end: float) -> list[float]:
+        """Seconds from the start until each job first ran (until `end` if it never did)."""
+        waits = []
+        for job in self.shape.jobs:
+            meter = self.jobs.get(job.name)
+            started = meter.started_at if meter and meter.started_at is not None else end
+            waits.append(started - self.start)
+        return sorted(waits)
+
+    def trainers_between(self, job: str, start_h: float, end_h: float) -> float | None:
+        """Mean ready trainers of a job over sampled hours-of-day in [start_h, end_h)."""
+        values = [
+            count
+            for t, count in zip(
+                self.series["t"], self.series["trainers"].get(job, []), strict=False
+            )
+            if start_h <= (t / 3600.0) % 24 < end_h
+        ]
+        return sum(values) / len(values) if values else None
