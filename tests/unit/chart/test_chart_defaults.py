@@ -1,0 +1,99 @@
+"""The defaults documented in values.yaml are the services' own defaults, and the environment
+the chart renders from them parses back into exactly those settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import TypeAdapter
+
+from services.common.settings import ServiceSettings
+from tests.unit.chart.chart_support import (
+    CHART,
+    SERVICES,
+    by_kind,
+    component,
+    container_env,
+    load_schema_builder,
+    render,
+)
+
+BUILDER = load_schema_builder()
+VALUES: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+SHARED_FIELDS = set(ServiceSettings.model_fields) - BUILDER.CHART_MANAGED_SETTINGS
+
+
+def settings_or_skip(service: str) -> type[ServiceSettings]:
+    model = BUILDER.settings_class(service)
+    if model is None:
+        pytest.skip(f"services/{service}/service.py has no settings class yet")
+    return model  # type: ignore[no-any-return]
+
+
+def default_of(model: type[ServiceSettings], name: str) -> Any:
+    return model.model_fields[name].get_default(call_default_factory=True)
+
+
+def as_setting(model: type[ServiceSettings], name: str, value: Any) -> Any:
+    """A values.yaml value as the field's type (YAML has lists where settings have tuples)."""
+    return TypeAdapter(model.model_fields[name].annotation).validate_python(value)
+
+
+def test_shared_config_lists_every_shared_setting_with_its_default() -> None:
+    assert set(VALUES["config"]) == SHARED_FIELDS
+    for name, value in VALUES["config"].items():
+        assert as_setting(ServiceSettings, name, value) == default_of(ServiceSettings, name), name
+
+
+def test_health_port_default_is_the_services_default() -> None:
+    assert VALUES["healthPort"] == default_of(ServiceSettings, "health_port")
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_service_config_lists_every_own_setting_with_its_default(service: str) -> None:
+    model = settings_or_skip(service)
+    own_fields = set(model.model_fields) - set(ServiceSettings.model_fields)
+    documented = set(VALUES[service]["config"])
+    assert documented - own_fields == set(), f"values.yaml {service}.config: unknown settings"
+    assert own_fields - documented == set(), f"values.yaml {service}.config: undocumented"
+    for name, value in VALUES[service]["config"].items():
+        assert as_setting(model, name, value) == default_of(model, name), f"{service}.{name}"
+
+
+@pytest.fixture(scope="module")
+def default_deployments(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    objects = render(tmp_path_factory.mktemp("defaults"))
+    return {component(d): d for d in by_kind(objects, "Deployment").values()}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_rendered_environment_parses_into_the_default_settings(
+    service: str,
+    default_deployments: dict[str, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    model = settings_or_skip(service)
+    env = container_env(default_deployments[service])
+    literal = {
+        name: value
+        for name, value in env.items()
+        if name.startswith("TIDESHIFT_") and isinstance(value, str)
+    }
+    for name in list(os.environ):
+        if name.startswith("TIDESHIFT_"):
+            monkeypatch.delenv(name)
+    for name, value in literal.items():
+        monkeypatch.setenv(name, value)
+    settings = model()
+    for name in model.model_fields:
+        if name in BUILDER.CHART_MANAGED_SETTINGS - {"health_port"}:
+            continue
+        assert getattr(settings, name) == default_of(model, name), f"{service}.{name}"
+    # Secrets and the pod name arrive through valueFrom, never as literal values.
+    assert isinstance(env["TIDESHIFT_NATS_URL"], dict)
+    assert isinstance(env["TIDESHIFT_INSTANCE"], dict)
