@@ -229,12 +229,12 @@ def _run_sim(args: argparse.Namespace, profile: RateProfile, profile_name: str) 
 
 
 def _run_kube(args: argparse.Namespace, profile: RateProfile, profile_name: str) -> int:
-    from services.demo.kubedemo import run_kube_demo
-
     kubeconfig = None if args.cluster == "kubeconfig" else args.cluster
     if kubeconfig is not None and not os.path.exists(kubeconfig):
         raise DemoError(
             f"--cluster {kubeconfig}: no such kubeconfig file; pass `sim`, `kubeconfig` or a path"
         )
+    from services.demo.kubedemo import run_kube_demo
+
     code: int = run_kube_demo(args, profile, profile_name, kubeconfig=kubeconfig)
     return code

@@ -199,16 +199,20 @@ class Meter:
                     workload.bound_workers * job.trainer_cpu
                     + workload.bound_companions * job.pserver_cpu
                 )
-                meter = self.jobs.setdefault(job.name, _JobMeter())
                 trainers = cluster.ready_count(job.ref)
+                meter = self.jobs.get(job.name)
+                if meter is None:  # first sight: the job's current trainer set is no restart
+                    meter = self.jobs[job.name] = _JobMeter(last_ready=trainers)
                 if trainers != meter.last_ready:
-                    meter.paused_until = now + self.shape.restart_cost_s
+                    # The change happened somewhere in [last, now): count it from the start.
+                    meter.paused_until = self.last + self.shape.restart_cost_s
                     meter.last_ready = trainers
                 if cluster.job_running(job.ref):
                     if meter.started_at is None:
                         meter.started_at = self.last
-                    if now >= meter.paused_until:
-                        meter.work += trainers**self.shape.speedup_exponent * dt
+                    productive = now - max(self.last, meter.paused_until)
+                    if productive > 0:
+                        meter.work += trainers**self.shape.speedup_exponent * productive
             serving_bound_cpu = cluster.bound_count(serving.ref) * serving.cpu
             other_cpu = bound.cpu - training_cpu - serving_bound_cpu
             spare = max(0.0, allocatable.cpu - serving.need(demand_rps) * serving.cpu - other_cpu)
