@@ -24,10 +24,7 @@ from loadgen.profiles import DiurnalProfile, RateProfile, TraceProfile, amplitud
 from loadgen.traces import TraceError, read_trace
 from services.common.embedded_nats import NatsServerError
 from services.common.ports import port_in_use
-
-
-class DemoError(RuntimeError):
-    """A problem a newcomer can fix; the message says what to do."""
+from services.demo.errors import DemoError
 
 
 def build_parser() -> argparse.ArgumentParser:

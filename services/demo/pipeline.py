@@ -160,3 +160,16 @@ async def _start_planner(
     interval_wall_s: float,
 ) -> None:
     raise ServiceMissing("the planner service (services/planner/service.py) is not there yet")
+
+
+def kube_service_args(
+    name: str,
+    *,
+    prometheus_url: str,
+    namespace: str,
+    app: str,
+    serving: Any,
+    jobs: Any,
+) -> list[str]:
+    """Flags of `tideshift run predictor|planner` for the real-cluster demo."""
+    raise ServiceMissing(f"the {name} service is not wired into the real-cluster demo yet")

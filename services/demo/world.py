@@ -8,10 +8,11 @@ simulated time, so the accounting can be tested step by step.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from services.cluster.port import Node, Resources, TargetRef
+from services.cluster.port import Node, Pod, Resources, TargetRef
 from services.cluster.sim import SimCluster, SimWorkload
 
 GIB = float(2**30)
@@ -124,6 +125,88 @@ def build_cluster(shape: WorldShape, *, now: float, initial_demand_rps: float) -
     return cluster
 
 
+class ClusterFigures(Protocol):
+    """What the meter reads from a cluster (the sim, or a listing of a real one)."""
+
+    def allocatable_total(self) -> Resources: ...
+
+    def bound_requests_total(self) -> Resources: ...
+
+    def ready_count(self, ref: TargetRef) -> int: ...
+
+    def bound_count(self, ref: TargetRef) -> int: ...
+
+    def bound_companions(self, ref: TargetRef) -> int: ...
+
+    def job_running(self, ref: TargetRef) -> bool: ...
+
+
+class SimFigures:
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+
+    def allocatable_total(self) -> Resources:
+        return self.cluster.allocatable_total()
+
+    def bound_requests_total(self) -> Resources:
+        return self.cluster.bound_requests_total()
+
+    def ready_count(self, ref: TargetRef) -> int:
+        return self.cluster.ready_count(ref)
+
+    def bound_count(self, ref: TargetRef) -> int:
+        return self.cluster.bound_count(ref)
+
+    def bound_companions(self, ref: TargetRef) -> int:
+        return self.cluster.workload(ref).bound_companions
+
+    def job_running(self, ref: TargetRef) -> bool:
+        return self.cluster.job_running(ref)
+
+
+def _is_companion(pod: Pod) -> bool:
+    return ("tideshift.io/companion", "true") in pod.labels
+
+
+class ListedFigures:
+    """Figures from a listing of nodes and pods (a real cluster through its ClusterPort)."""
+
+    def __init__(self, nodes: Iterable[Node], pods: Iterable[Pod], *, gang_min: int = 1) -> None:
+        self.nodes = [node for node in nodes if node.schedulable]
+        self.pods = [
+            pod for pod in pods if pod.phase in ("Pending", "Running") and not pod.deleting
+        ]
+        self.gang_min = gang_min
+
+    def allocatable_total(self) -> Resources:
+        total = Resources()
+        for node in self.nodes:
+            total = total + node.allocatable
+        return total
+
+    def bound_requests_total(self) -> Resources:
+        total = Resources()
+        for pod in self.pods:
+            if pod.node is not None:
+                total = total + pod.requests
+        return total
+
+    def _owned(self, ref: TargetRef) -> list[Pod]:
+        return [pod for pod in self.pods if pod.owner == ref]
+
+    def ready_count(self, ref: TargetRef) -> int:
+        return sum(1 for pod in self._owned(ref) if pod.ready and not _is_companion(pod))
+
+    def bound_count(self, ref: TargetRef) -> int:
+        return sum(1 for pod in self._owned(ref) if pod.node is not None and not _is_companion(pod))
+
+    def bound_companions(self, ref: TargetRef) -> int:
+        return sum(1 for pod in self._owned(ref) if pod.node is not None and _is_companion(pod))
+
+    def job_running(self, ref: TargetRef) -> bool:
+        return self.ready_count(ref) >= self.gang_min
+
+
 @dataclass
 class _JobMeter:
     started_at: float | None = None
@@ -168,8 +251,10 @@ class Meter:
     )
     _next_sample: float = -math.inf
 
-    def record(self, now: float, cluster: SimCluster, demand_rps: float) -> None:
+    def record(self, now: float, cluster: ClusterFigures | SimCluster, demand_rps: float) -> None:
         """Account for [last, now) with the state seen now (the demo ticks often)."""
+        if isinstance(cluster, SimCluster):
+            cluster = SimFigures(cluster)
         if self.last is None:
             self.last = min(self.start, now)
         dt = now - self.last
@@ -194,10 +279,9 @@ class Meter:
                 self.shortfall_minutes.update(range(first, last + 1))
             training_cpu = 0.0
             for job in self.shape.jobs:
-                workload = cluster.workload(job.ref)
                 training_cpu += (
-                    workload.bound_workers * job.trainer_cpu
-                    + workload.bound_companions * job.pserver_cpu
+                    cluster.bound_count(job.ref) * job.trainer_cpu
+                    + cluster.bound_companions(job.ref) * job.pserver_cpu
                 )
                 trainers = cluster.ready_count(job.ref)
                 meter = self.jobs.get(job.name)

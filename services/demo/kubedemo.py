@@ -1,0 +1,515 @@
+"""`tideshift demo --cluster kubeconfig`: the same day against a real Kubernetes API server.
+
+What runs, all on this machine:
+* the cluster: `$KUBECONFIG`, a kubeconfig path, or the local control plane of
+  `tideshift dev cluster up` (started for the run when its Go-built binaries are there);
+* a serving Deployment and elastic training Jobs created in a fresh namespace (on kwok nodes
+  the pods are bookkeeping only, so the real work runs here, as processes that follow them);
+* the sample serving app (`tideshift serve-sample`, one process, sized never to shed: the
+  serving shortfall is measured as in the sim, against ready replicas x per-replica capacity);
+* the load generator sending real HTTP to it at the profile's rate, the profile compressed
+  `--speed` times (a day in minutes), and a real Prometheus scraping the app every second;
+* every service as its own `tideshift run <service>` process over the embedded NATS: watcher
+  and executor on the API server, predictor on Prometheus, planner; coordinators, pservers and
+  one trainer process per ready trainer pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import services
+from loadgen.driver import DriverConfig, LoadStats, drive
+from loadgen.profiles import DiurnalProfile, RateProfile
+from services.common.embedded_nats import EmbeddedNats
+from services.common.ports import free_port
+from services.demo.clock import DEFAULT_START
+from services.demo.errors import DemoError
+from services.demo.fleet import TrainingFleet
+from services.demo.report import format_table, plot, summarize, write_json
+from services.demo.simdemo import EventLog
+from services.demo.world import JobShape, ListedFigures, Meter, ServingShape, WorldShape
+
+log = logging.getLogger("tideshift.demo.kube")
+
+APP = "web"
+# Real HTTP on a small machine: a day between 40 and 240 req/s, 20 req/s per replica.
+KUBE_SERVING = ServingShape(
+    name=APP,
+    namespace="",  # filled with the run's namespace
+    cpu=0.5,
+    memory_gib=0.5,
+    capacity_rps=20.0,
+    target_utilization=0.8,
+    min_replicas=2,
+    max_replicas=30,
+    startup_delay_s=0.0,
+)
+KUBE_JOBS = (
+    JobShape("ctr-a", trainer_cpu=2.0, trainer_memory_gib=2.0, max_trainers=4, pservers=0),
+    JobShape("ctr-b", trainer_cpu=2.0, trainer_memory_gib=2.0, max_trainers=4, pservers=0),
+)
+
+
+# ---- preflight -------------------------------------------------------------------------------
+
+
+@dataclass
+class ClusterAccess:
+    kubeconfig: Path
+    started: Any = None  # a LocalCluster this run started (stopped at the end)
+
+
+def resolve_cluster(kubeconfig: str | None) -> ClusterAccess:
+    """The kubeconfig to use; starts the local control plane when nothing else is there."""
+    if kubeconfig is not None:
+        return ClusterAccess(Path(kubeconfig))
+    env = os.environ.get("KUBECONFIG")
+    if env and Path(env.split(os.pathsep)[0]).exists():
+        return ClusterAccess(Path(env.split(os.pathsep)[0]))
+    from services.devcluster.cluster import (
+        ADMIN_KUBECONFIG,
+        ClusterOptions,
+        LocalCluster,
+        default_nodes,
+        load_state,
+        record_alive,
+        state_processes,
+    )
+    from services.devcluster.versions import cache_root, default_bin_dir, stale_binaries
+
+    state_dir = cache_root() / "devcluster"
+    state = load_state(state_dir)
+    if state is not None and all(record_alive(r) for r in state_processes(state)):
+        return ClusterAccess(state_dir / ADMIN_KUBECONFIG)
+    bin_dir = default_bin_dir()
+    missing = stale_binaries(bin_dir)
+    if missing:
+        raise DemoError(
+            f"no cluster: $KUBECONFIG is unset, no `tideshift dev cluster` is running, and the "
+            f"Go-built binaries to start one are missing in {bin_dir} ({', '.join(missing)}); "
+            "build them with `make k8s-binaries` (or pass --cluster PATH to a kubeconfig)"
+        )
+    cluster = LocalCluster(
+        ClusterOptions(bin_dir=bin_dir, nodes=default_nodes(4, cpu="8", memory="32Gi"))
+    )
+    cluster.start()
+    return ClusterAccess(cluster.kubeconfig_path, started=cluster)
+
+
+def require_prometheus() -> str:
+    found = shutil.which("prometheus")
+    if found is None:
+        raise DemoError(
+            "the real-cluster demo needs Prometheus: install the Debian package "
+            "(`sudo apt-get install prometheus`, or `make system-deps`)"
+        )
+    return found
+
+
+# ---- child processes -------------------------------------------------------------------------
+
+
+@dataclass
+class Children:
+    log_dir: Path
+    processes: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        handle = (self.log_dir / f"{name}.log").open("ab")
+        root = str(Path(services.__file__).resolve().parent.parent)
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        environment["PYTHONPATH"] = root + (
+            os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""
+        )
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=handle, stderr=handle, env=environment
+        )
+        self.processes.append((name, process, handle))
+
+    def failed(self) -> list[str]:
+        return [
+            f"{name} (exit {process.returncode}, log {self.log_dir / (name + '.log')})"
+            for name, process, _ in self.processes
+            if process.poll() is not None
+        ]
+
+    def stop(self, grace: float = 15.0) -> None:
+        for _, process, _ in reversed(self.processes):
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for _, process, handle in self.processes:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            handle.close()
+
+
+def tideshift(*args: str) -> list[str]:
+    return [sys.executable, "-m", "services.cli", *args]
+
+
+def wait_http(url: str, *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise DemoError(f"{what} did not answer at {url} within {timeout:.0f}s")
+
+
+def prometheus_config(app_port: int) -> str:
+    return (
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n"
+        "  - job_name: sample-app\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{app_port}']\n"
+    )
+
+
+# ---- the cluster objects ---------------------------------------------------------------------
+
+
+def create_objects(api_client: Any, namespace: str, shape: WorldShape) -> None:
+    from kubernetes import client
+
+    # Manifests as plain dicts (the client serialises them as they are): typed as Any.
+    core: Any = client.CoreV1Api(api_client)
+    apps: Any = client.AppsV1Api(api_client)
+    batch: Any = client.BatchV1Api(api_client)
+    scheduling: Any = client.SchedulingV1Api(api_client)
+    core.create_namespace({"metadata": {"name": namespace}})
+    for name, value in (("tideshift-demo-serving", 1000), ("tideshift-demo-training", 0)):
+        with contextlib.suppress(client.ApiException):
+            scheduling.create_priority_class(
+                {
+                    "metadata": {"name": name},
+                    "value": value,
+                    "preemptionPolicy": "PreemptLowerPriority",
+                }
+            )
+    serving = shape.serving
+    labels = {"app": serving.name, "tideshift.io/role": "serving"}
+    apps.create_namespaced_deployment(
+        namespace,
+        {
+            "metadata": {
+                "name": serving.name,
+                "annotations": {
+                    "tideshift.io/min-replicas": str(serving.min_replicas),
+                    "tideshift.io/max-replicas": str(serving.max_replicas),
+                },
+            },
+            "spec": {
+                "replicas": serving.min_replicas,
+                "selector": {"matchLabels": {"app": serving.name}},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": _pod_spec(
+                        "tideshift-demo-serving", serving.cpu, serving.memory_gib, "sample-app"
+                    ),
+                },
+            },
+        },
+    )
+    for job in shape.jobs:
+        batch.create_namespaced_job(
+            namespace,
+            {
+                "metadata": {
+                    "name": job.name,
+                    "annotations": {
+                        "tideshift.io/min-replicas": str(job.min_trainers),
+                        "tideshift.io/max-replicas": str(job.max_trainers),
+                    },
+                },
+                "spec": {
+                    "parallelism": job.min_trainers,
+                    "backoffLimit": 1000,
+                    "template": {
+                        "metadata": {"labels": {"job": job.name, "tideshift.io/role": "training"}},
+                        "spec": {
+                            **_pod_spec(
+                                "tideshift-demo-training",
+                                job.trainer_cpu,
+                                job.trainer_memory_gib,
+                                "trainer",
+                            ),
+                            "restartPolicy": "Never",
+                        },
+                    },
+                },
+            },
+        )
+
+
+def _pod_spec(priority_class: str, cpu: float, memory_gib: float, container: str) -> dict[str, Any]:
+    return {
+        "priorityClassName": priority_class,
+        "terminationGracePeriodSeconds": 15,
+        # kwok nodes carry this taint; real nodes do not, and the toleration is harmless there.
+        "tolerations": [
+            {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+        ],
+        "containers": [
+            {
+                "name": container,
+                "image": "tideshift:demo",
+                "resources": {
+                    "requests": {
+                        "cpu": f"{int(cpu * 1000)}m",
+                        "memory": f"{int(memory_gib * 1024)}Mi",
+                    }
+                },
+            }
+        ],
+    }
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+
+def _service_argv(
+    name: str, *, nats_url: str, kubeconfig: Path, prometheus_url: str, namespace: str
+) -> list[str]:
+    common = ["--nats-url", nats_url, "--health-port", "0", "--instance", f"demo-{name}"]
+    if name in ("watcher", "executor"):
+        extra = ["--kubeconfig", str(kubeconfig)]
+        if name == "watcher":
+            extra += ["--namespace", namespace, "--resync-seconds", "30"]
+        return tideshift("run", name, *common, *extra)
+    from services.demo import pipeline
+
+    return tideshift(
+        "run",
+        name,
+        *common,
+        *pipeline.kube_service_args(
+            name,
+            prometheus_url=prometheus_url,
+            namespace=namespace,
+            app=APP,
+            serving=KUBE_SERVING,
+            jobs=KUBE_JOBS,
+        ),
+    )
+
+
+def run_kube_demo(
+    args: argparse.Namespace, profile: RateProfile, profile_name: str, *, kubeconfig: str | None
+) -> int:
+    speed = args.speed or 144.0
+    if isinstance(profile, DiurnalProfile) and args.trace is None:
+        # The sim's thousands of req/s would be a load test of this machine: scale to real HTTP.
+        profile = DiurnalProfile(
+            peak_rps=min(args.peak_rps, 240.0),
+            trough_rps=min(args.trough_rps, 40.0),
+            noise=args.noise,
+            seed=args.seed,
+        )
+        profile_name = f"synthetic day {profile.trough_rps:g}-{profile.peak_rps:g} req/s"
+    prometheus = require_prometheus()
+    access = resolve_cluster(kubeconfig)
+    out: Path = args.out
+    children = Children(out / "logs")
+    nats = EmbeddedNats(port=args.nats_port)
+    try:
+        nats.start()
+        summary_text = asyncio.run(
+            _run(args, access, nats, children, prometheus, profile, profile_name, speed)
+        )
+    finally:
+        children.stop()
+        nats.stop()
+        if access.started is not None:
+            access.started.stop()
+    print(summary_text)
+    return 0
+
+
+async def _run(  # noqa: PLR0917 - one call site, every value distinct
+    args: argparse.Namespace,
+    access: ClusterAccess,
+    nats: EmbeddedNats,
+    children: Children,
+    prometheus: str,
+    profile: RateProfile,
+    profile_name: str,
+    speed: float,
+) -> str:
+    from kubernetes import config as kube_config
+
+    from services.cluster.kubernetes import KubernetesClusterPort
+
+    out: Path = args.out
+    namespace = f"tideshift-demo-{uuid.uuid4().hex[:6]}"
+    serving = ServingShape(**{**KUBE_SERVING.__dict__, "namespace": namespace})
+    jobs = tuple(JobShape(**{**job.__dict__, "namespace": namespace}) for job in KUBE_JOBS)
+    shape = WorldShape(nodes=0, serving=serving, jobs=jobs)
+    try:
+        api_client = kube_config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(access.kubeconfig)
+        )
+        await asyncio.to_thread(create_objects, api_client, namespace, shape)
+    except Exception as error:
+        raise DemoError(
+            f"cannot use the cluster in {access.kubeconfig} ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); is it running? "
+            "`tideshift dev cluster status`"
+        ) from None
+
+    app_port = free_port()
+    children.start(
+        "sample-app",
+        tideshift(
+            "serve-sample",
+            "--app",
+            APP,
+            "--port",
+            str(app_port),
+            "--capacity-rps",
+            str(serving.capacity_rps * serving.max_replicas * 2),
+        ),
+    )
+    await asyncio.to_thread(
+        wait_http, f"http://127.0.0.1:{app_port}/healthz", timeout=30, what="the sample app"
+    )
+    prom_dir = out / "prometheus"
+    prom_dir.mkdir(parents=True, exist_ok=True)
+    (prom_dir / "prometheus.yml").write_text(prometheus_config(app_port))
+    prom_port = free_port()
+    children.start(
+        "prometheus",
+        [
+            prometheus,
+            f"--config.file={prom_dir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={prom_dir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+    )
+    prometheus_url = f"http://127.0.0.1:{prom_port}"
+    await asyncio.to_thread(wait_http, prometheus_url + "/-/ready", timeout=60, what="Prometheus")
+    for name in ("watcher", "executor", "predictor", "planner"):
+        children.start(
+            name,
+            _service_argv(
+                name,
+                nats_url=nats.url,
+                kubeconfig=access.kubeconfig,
+                prometheus_url=prometheus_url,
+                namespace=namespace,
+            ),
+        )
+    event_log = EventLog(out / "events.jsonl")
+    log_ready = asyncio.Event()
+    log_task = asyncio.create_task(event_log.follow(nats.url, log_ready))
+    fleet = TrainingFleet(nats_url=nats.url, log_dir=out / "logs", data_dir=out / "data")
+    for job in jobs:
+        await fleet.start_job(job.name, pservers=1)
+
+    port = await asyncio.to_thread(KubernetesClusterPort.from_kubeconfig, access.kubeconfig)
+    duration_wall = args.hours * 3600 / speed
+    stop = asyncio.Event()
+    load = asyncio.create_task(
+        drive(
+            profile,
+            DriverConfig(
+                target=f"http://127.0.0.1:{app_port}/",
+                duration_s=duration_wall,
+                speed=speed,
+                max_in_flight=512,
+                seed=args.seed,
+            ),
+            stop=stop,
+        )
+    )
+    meter = Meter(shape, start=DEFAULT_START, sample_every_s=max(60.0, args.hours * 3600 / 600))
+    started = time.monotonic()
+    last_line = 0.0
+    try:
+        while not load.done():
+            elapsed = time.monotonic() - started
+            profile_time = min(elapsed * speed, args.hours * 3600)
+            nodes, pods = await asyncio.gather(port.list_nodes(), port.list_pods())
+            figures = ListedFigures(nodes, [p for p in pods if p.namespace == namespace])
+            demand = profile.rate(profile_time)
+            meter.record(DEFAULT_START + profile_time, figures, demand)
+            fleet.reap()
+            for job in jobs:
+                ready = [pod.name for pod in figures.pods if pod.owner == job.ref and pod.ready]
+                await fleet.reconcile(job.name, ready)
+            failed = children.failed()
+            if failed:
+                raise DemoError("a demo process stopped: " + "; ".join(failed))
+            if time.monotonic() - last_line > 1.0 and not args.quiet:
+                last_line = time.monotonic()
+                hours, rest = divmod(profile_time, 3600)
+                replicas = figures.ready_count(serving.ref)
+                trainers = " ".join(f"{j.name}={figures.ready_count(j.ref)}" for j in jobs)
+                print(
+                    f"\r{int(hours) % 24:02d}:{int(rest // 60):02d} | demand {demand:5.0f} req/s"
+                    f" | serving {replicas} ready ({replicas * serving.capacity_rps:5.0f} req/s)"
+                    f" | trainers {trainers} | short {len(meter.shortfall_minutes)} min\x1b[K",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(load), 1.0)
+        stats: LoadStats = load.result()
+    finally:
+        stop.set()
+        if not args.quiet:
+            print(file=sys.stderr)
+        await fleet.stop_all()
+        log_task.cancel()
+        with contextlib.suppress(BaseException):
+            await log_task
+        await port.close()
+        with contextlib.suppress(Exception):
+            from kubernetes import client
+
+            await asyncio.to_thread(client.CoreV1Api(api_client).delete_namespace, namespace)
+    summary = summarize(
+        meter,
+        end=DEFAULT_START + args.hours * 3600,
+        trainer_churn=fleet.started,
+        wall_s=time.monotonic() - started,
+    )
+    summary.training = dict(event_log.job_progress)
+    summary.events = dict(sorted(event_log.counts.items()))
+    table = format_table(summary)
+    load_line = (
+        f"load: {stats.sent} requests sent ({stats.summary()['offered_rps']} req/s offered, "
+        f"target {stats.summary()['target_rps']}), {stats.succeeded} ok, {stats.failed} failed, "
+        f"{stats.dropped} dropped, p90 latency {stats.percentile(0.9)}"
+    )
+    text = table + "\n" + load_line
+    plot(meter, out / "demo.png", title=f"tideshift demo (real cluster): {profile_name}")
+    (out / "summary.txt").write_text(text + "\n")
+    write_json(summary, out / "summary.json")
+    return text + f"\n\nwrote {out / 'demo.png'}, {out / 'summary.txt'}, {out / 'events.jsonl'}"
