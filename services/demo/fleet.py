@@ -79,7 +79,7 @@ class TrainingFleet:
             "--health-port",
             "-1",
             "--log-level",
-            "WARNING",
+            "INFO",
             *extra,
         ]
 
