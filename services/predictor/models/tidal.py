@@ -77,6 +77,8 @@ class TidalConfig(BaseModel):
     recalibrate_every_s: float = Field(default=3600.0, gt=0)
     # Errors are pooled separately for this many forecast-level bins (1 = one pool).
     level_bins: int = Field(default=4, ge=1)
+    # Step of the online quantile correction, relative to the q0.99 - q0.5 spread (0 = off).
+    quantile_tracking_rate: float = Field(default=0.05, ge=0)
     max_history_s: float = Field(default=35 * SECONDS_PER_DAY, gt=0)
     default_interval_s: float = Field(default=60.0, gt=0)
 
@@ -106,6 +108,10 @@ class Tidal:
         self._bin_edges: FloatArray = np.zeros(0)
         self._spreads: FloatArray = np.zeros((1, len(QUANTILE_LEVELS), 1))
         self._pending_rows = 0
+        # Online correction of each quantile (log space), kept across refits: it nudges a
+        # quantile up after each miss and down after each hit so its miss rate converges to
+        # 1 - level even when the window's errors are not exchangeable with tomorrow's.
+        self._corrections = np.zeros(len(QUANTILE_LEVELS))
 
     # ---- fitting -------------------------------------------------------------------------
 
@@ -252,6 +258,7 @@ class Tidal:
                 )
                 new_rows.append(z_now - predicted)
                 new_predictions.append(predicted)
+                self._track_quantiles(z_now - predicted, predicted)
                 residual = z_now - seasonal_now
                 fast += self._rate * (residual - fast)
                 slow += self._slow_rate * (residual - slow)
@@ -263,8 +270,23 @@ class Tidal:
             self._errors = np.vstack([self._errors, np.asarray(new_rows)])[-window:]
             self._predicted = np.vstack([self._predicted, np.asarray(new_predictions)])[-window:]
             self._pending_rows += len(new_rows)
-            if self._pending_rows * self._interval >= self.config.recalibrate_every_s:
+            if self._pending_rows >= max(
+                _MIN_RECALIBRATE_ROWS, self.config.recalibrate_every_s / self._interval
+            ):
                 self._recalibrate()
+
+    def _track_quantiles(self, errors: FloatArray, predicted: FloatArray) -> None:
+        """Quantile tracking: move each correction by rate * (miss - (1 - level))."""
+        steps = np.arange(errors.shape[0])
+        bins = np.searchsorted(self._bin_edges, predicted)
+        issued = self._spreads[bins, :, steps] + self._corrections[None, :]
+        misses = np.mean(errors[:, None] > issued, axis=0)
+        scale = float(np.mean(self._spreads[:, -1, 0] - self._spreads[:, 0, 0]))
+        rate = self.config.quantile_tracking_rate * max(scale, 1e-6)
+        targets = 1.0 - np.asarray(QUANTILE_LEVELS)
+        self._corrections = np.clip(
+            self._corrections + rate * (misses - targets), -20 * rate, 20 * rate
+        )
 
     def _calibration_rows(self) -> int:
         return max(
@@ -292,7 +314,7 @@ class Tidal:
         )
         columns = np.minimum(steps, self._max_steps) - 1
         bins = np.searchsorted(self._bin_edges, z_hat)
-        spreads = self._spreads[bins, :, columns]
+        spreads = self._spreads[bins, :, columns] + self._corrections[None, :]
         quantiles = {
             level: np.exp(z_hat + spreads[:, index]) - self._offset
             for index, level in enumerate(QUANTILE_LEVELS)
@@ -457,6 +479,9 @@ def _spread_by_step(
             spreads[bin_index, row] = np.interp(every_step, probes, at_probes[bin_index, row])
     return edges, spreads
 
+
+# Recalibrating costs a few milliseconds: on coarse series, batch at least this many rows.
+_MIN_RECALIBRATE_ROWS = 6
 
 # Fewer errors than this cannot place a q0.99 (1 in 100) with any confidence.
 _MIN_BIN_ERRORS = 100

@@ -1,0 +1,393 @@
+"""`tideshift run predictor`: forecasts per serving workload, published on NATS each step.
+
+For each configured workload the predictor range-queries its demand (requests per second),
+refits its model on a cadence, updates it with each new sample, and publishes a
+`ForecastIssued` on `FORECAST` every step. When the source is down, slow, or answers with
+nothing usable, it keeps publishing the last good model's forecast marked stale, with its
+upper quantiles widened the longer the outage lasts; it logs once per outage and recovers by
+itself when data returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import string
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, Literal, Protocol
+
+import numpy as np
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from events.models import ForecastIssued, ForecastPoint, WorkloadRef
+from events.subjects import FORECAST
+from services.common.runtime import ServiceContext, run_service
+from services.common.settings import ServiceSettings, parse_settings
+from services.predictor.models import DEFAULT_MODEL, MODELS, Forecast, Forecaster, build_model
+from services.predictor.sources import (
+    MetricSource,
+    MetricSourceError,
+    PrometheusSource,
+    Samples,
+    SimMetricSource,
+)
+
+log = logging.getLogger("tideshift.predictor")
+
+DEFAULT_QUERY = 'sum(rate(http_requests_total{app="$name"}[1m]))'
+
+FORECASTS = Counter(
+    "tideshift_predictor_forecasts_total", "forecasts published", ["workload", "stale"]
+)
+SOURCE_FAILURES = Counter(
+    "tideshift_predictor_source_failures_total", "failed or empty metric queries", ["workload"]
+)
+FIT_SECONDS = Histogram("tideshift_predictor_fit_seconds", "model refit time", ["workload"])
+STALE = Gauge("tideshift_predictor_stale", "1 while a workload's forecast is stale", ["workload"])
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Unix seconds."""
+        ...
+
+
+class WallClock:
+    def now(self) -> float:
+        return time.time()
+
+
+class WorkloadQuery(BaseModel):
+    """One serving workload to forecast and the query that measures its demand."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253)
+    kind: str = Field(default="Deployment", min_length=1)
+    # PromQL giving requests per second; $name and $namespace are substituted. Empty = the
+    # service's query_template.
+    query: str = ""
+    # Registry model name; empty = the service's model.
+    model: str = ""
+    # Overrides of the model's config fields.
+    model_settings: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value and value not in MODELS:
+            raise ValueError(f"unknown model {value!r}; expected one of {', '.join(MODELS)}")
+        return value
+
+
+class PredictorSettings(ServiceSettings):
+    """Forecasts serving demand per workload from Prometheus and publishes it on NATS."""
+
+    metric_source: Literal["prometheus", "sim"] = Field(
+        default="prometheus", description="prometheus, or sim (a synthetic diurnal rate)"
+    )
+    prometheus_url: str = Field(default="http://127.0.0.1:9090", description="Prometheus base URL")
+    workloads: list[WorkloadQuery] = Field(
+        default_factory=list,
+        description='workloads to forecast, e.g. [{"namespace": "default", "name": "web"}]',
+    )
+    query_template: str = Field(
+        default=DEFAULT_QUERY,
+        description="PromQL for requests/s of a workload ($name, $namespace substituted)",
+    )
+    model: str = Field(default=DEFAULT_MODEL, description=f"model: {', '.join(MODELS)}")
+    step_seconds: float = Field(
+        default=60.0, gt=0, description="query resolution and forecast step (clock seconds)"
+    )
+    horizon_seconds: float = Field(
+        default=3600.0, gt=0, description="how far ahead each forecast reaches (clock seconds)"
+    )
+    history_seconds: float = Field(
+        default=14 * 86400.0, gt=0, description="history fitted on (clock seconds)"
+    )
+    refit_seconds: float = Field(
+        default=3600.0, gt=0, description="refit cadence; updates in between (clock seconds)"
+    )
+    refresh_seconds: float | None = Field(
+        default=None, gt=0, description="wall seconds between forecasts; unset = step_seconds"
+    )
+    query_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="a slower query counts as an outage"
+    )
+    stale_after_seconds: float = Field(
+        default=180.0,
+        gt=0,
+        description="no new sample for this long (clock seconds) counts as an outage",
+    )
+    stale_widening: float = Field(
+        default=0.25, ge=0, description="stale upper quantiles x (1 + this) at once"
+    )
+    stale_widening_per_hour: float = Field(
+        default=0.5, ge=0, description="... plus this per hour of outage (capped at 2)"
+    )
+    sim_peak_rps: float = Field(default=200.0, ge=0, description="sim source: daily peak")
+    sim_trough_rps: float = Field(default=40.0, ge=0, description="sim source: nightly trough")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in MODELS:
+            raise ValueError(f"unknown model {value!r}; expected one of {', '.join(MODELS)}")
+        return value
+
+
+MAX_STALE_WIDENING = 2.0
+
+
+@dataclass
+class WorkloadForecaster:
+    """One workload's history, model and outage state; `tick` makes one step's forecast."""
+
+    spec: WorkloadQuery
+    settings: PredictorSettings
+    source: MetricSource
+    clock: Clock
+    model: Forecaster | None = None
+    model_name: str = ""
+    timestamps: np.ndarray[Any, np.dtype[np.float64]] = field(default_factory=lambda: np.zeros(0))
+    values: np.ndarray[Any, np.dtype[np.float64]] = field(default_factory=lambda: np.zeros(0))
+    last_fit_at: float | None = None
+    outage_since: float | None = None
+    outage_reason: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec.namespace}/{self.spec.name}"
+
+    @property
+    def query(self) -> str:
+        template = self.spec.query or self.settings.query_template
+        return string.Template(template).safe_substitute(
+            name=self.spec.name, namespace=self.spec.namespace
+        )
+
+    @property
+    def ref(self) -> WorkloadRef:
+        return WorkloadRef(kind=self.spec.kind, namespace=self.spec.namespace, name=self.spec.name)
+
+    async def tick(self) -> ForecastIssued | None:
+        """Query, fit or update, forecast. None when there is nothing to forecast from yet."""
+        settings = self.settings
+        now = self.clock.now()
+        step = settings.step_seconds
+        end = math.floor(now / step) * step
+        last = float(self.timestamps[-1]) if self.timestamps.shape[0] else None
+        start = end - settings.history_seconds if last is None else last + step
+        try:
+            samples = await self._fetch(start=min(start, end), end=end)
+            fresh = self._absorb(samples, last=last)
+            newest = float(self.timestamps[-1]) if self.timestamps.shape[0] else None
+            if newest is None or (not fresh and end - newest > settings.stale_after_seconds):
+                raise MetricSourceError(
+                    "no usable samples (empty, NaN or negative)"
+                    + ("" if newest is None else f" since {_iso(newest)}")
+                )
+            if fresh:
+                await self._learn(fresh, now=now)
+        except MetricSourceError as error:
+            SOURCE_FAILURES.labels(self.label).inc()
+            return self._stale(now=now, reason=str(error))
+        if self.outage_since is not None:
+            log.info(
+                "%s: metrics are back after %.0f s; forecasts are fresh again",
+                self.label,
+                now - self.outage_since,
+            )
+            self.outage_since = None
+            STALE.labels(self.label).set(0)
+        return self._issue(now=now, stale=False, reason="")
+
+    async def _fetch(self, *, start: float, end: float) -> Samples:
+        try:
+            return await asyncio.wait_for(
+                self.source.range(
+                    self.query, start=start, end=end, step_s=self.settings.step_seconds
+                ),
+                self.settings.query_timeout_seconds + 1.0,
+            )
+        except TimeoutError:
+            raise MetricSourceError(
+                f"no answer within {self.settings.query_timeout_seconds:g} s"
+            ) from None
+
+    def _absorb(self, samples: Samples, *, last: float | None) -> int:
+        """Append valid samples newer than the history; returns how many."""
+        times, values = samples.timestamps, samples.values
+        keep = np.isfinite(times) & np.isfinite(values) & (values >= 0)
+        if last is not None:
+            keep &= times > last
+        times, values = times[keep], values[keep]
+        if not times.shape[0]:
+            return 0
+        horizon_start = float(times[-1]) - self.settings.history_seconds
+        self.timestamps = np.concatenate([self.timestamps, times])
+        self.values = np.concatenate([self.values, values])
+        recent = self.timestamps > horizon_start
+        self.timestamps, self.values = self.timestamps[recent], self.values[recent]
+        return int(times.shape[0])
+
+    async def _learn(self, fresh: int, *, now: float) -> None:
+        due = self.last_fit_at is None or now - self.last_fit_at >= self.settings.refit_seconds
+        if self.model is None or due:
+            model = self._build()
+            started = time.perf_counter()
+            # Fitting takes up to seconds of CPU: off the event loop, so NATS stays served.
+            await asyncio.to_thread(model.fit, self.timestamps.copy(), self.values.copy())
+            FIT_SECONDS.labels(self.label).observe(time.perf_counter() - started)
+            self.model = model
+            self.last_fit_at = now
+        else:
+            self.model.update(self.timestamps[-fresh:], self.values[-fresh:])
+
+    def _build(self) -> Forecaster:
+        self.model_name = self.spec.model or self.settings.model
+        overrides: dict[str, Any] = {"default_interval_s": self.settings.step_seconds}
+        overrides.update(self.spec.model_settings)
+        return build_model(self.model_name, overrides)
+
+    def _stale(self, *, now: float, reason: str) -> ForecastIssued | None:
+        if self.outage_since is None:
+            self.outage_since = now
+            self.outage_reason = reason
+            STALE.labels(self.label).set(1)
+            log.warning(
+                "%s: metric source failing (%s); publishing the last forecast marked stale "
+                "until it recovers",
+                self.label,
+                reason,
+            )
+        if self.model is None:
+            return None
+        return self._issue(now=now, stale=True, reason=self.outage_reason)
+
+    def _issue(self, *, now: float, stale: bool, reason: str) -> ForecastIssued | None:
+        if self.model is None:
+            return None
+        step = self.settings.step_seconds
+        horizon_steps = max(1, math.ceil(self.settings.horizon_seconds / step))
+        last = float(self.timestamps[-1])
+        # The model stands at its last observation; skip the steps already in the past.
+        behind = max(0, math.floor((now - last) / step))
+        forecast = self.model.predict(horizon_steps + behind)
+        widening = 0.0
+        if stale:
+            hours = (now - (self.outage_since or now)) / 3600.0
+            widening = min(
+                MAX_STALE_WIDENING,
+                self.settings.stale_widening + self.settings.stale_widening_per_hour * hours,
+            )
+        points = _points(forecast, first=behind, widening=widening)
+        FORECASTS.labels(self.label, str(stale).lower()).inc()
+        return ForecastIssued(
+            workload=self.ref,
+            issued_at=datetime.fromtimestamp(now, tz=UTC),
+            step_seconds=step,
+            model=self.model_name,
+            points=points,
+            stale=stale,
+            stale_reason=reason if stale else "",
+        )
+
+
+def _points(forecast: Forecast, *, first: int, widening: float) -> tuple[ForecastPoint, ...]:
+    factor = 1.0 + widening
+    points = []
+    for index in range(first, forecast.horizon_steps):
+        q50 = float(forecast.quantiles[0.5][index])
+        points.append(
+            ForecastPoint(
+                at=datetime.fromtimestamp(float(forecast.timestamps[index]), tz=UTC),
+                point=float(forecast.point[index]),
+                q50=q50,
+                q90=max(q50, float(forecast.quantiles[0.9][index]) * factor),
+                q95=max(q50, float(forecast.quantiles[0.95][index]) * factor),
+                q99=max(q50, float(forecast.quantiles[0.99][index]) * factor),
+            )
+        )
+    return tuple(points)
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=UTC).isoformat(timespec="seconds")
+
+
+def build_source(settings: PredictorSettings) -> MetricSource:
+    if settings.metric_source == "sim":
+        from loadgen.profiles import DiurnalProfile
+
+        profile = DiurnalProfile(peak_rps=settings.sim_peak_rps, trough_rps=settings.sim_trough_rps)
+        return SimMetricSource(profile.rate)
+    return PrometheusSource(settings.prometheus_url, timeout_s=settings.query_timeout_seconds)
+
+
+async def run(
+    settings: PredictorSettings,
+    context: ServiceContext,
+    *,
+    clock: Clock | None = None,
+    source: MetricSource | None = None,
+    on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None = None,
+) -> None:
+    """The service body: one forecasting loop per workload until `context.stopping`."""
+    clock = clock or WallClock()
+    source = source or build_source(settings)
+    if not settings.workloads:
+        log.warning("no workloads configured (--workloads): nothing to forecast")
+    forecasters = [
+        WorkloadForecaster(spec=spec, settings=settings, source=source, clock=clock)
+        for spec in settings.workloads
+    ]
+    context.ready.set()
+    await asyncio.gather(
+        *(
+            _loop(
+                forecaster,
+                context=context,
+                interval_s=settings.refresh_seconds or settings.step_seconds,
+                on_forecast=on_forecast,
+            )
+            for forecaster in forecasters
+        )
+    )
+
+
+async def _loop(
+    forecaster: WorkloadForecaster,
+    *,
+    context: ServiceContext,
+    interval_s: float,
+    on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None,
+) -> None:
+    subject = FORECAST.at(namespace=forecaster.spec.namespace, workload=forecaster.spec.name)
+    while not context.stopping.is_set():
+        started = time.monotonic()
+        try:
+            event = await forecaster.tick()
+            if event is not None:
+                await context.bus.publish(subject, event)
+                if on_forecast is not None:
+                    await on_forecast(event)
+        except Exception:
+            # A control loop never dies on one bad step: log it and try again next step.
+            log.exception("%s: forecasting step failed", forecaster.label)
+        remaining = interval_s - (time.monotonic() - started)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(context.stopping.wait(), max(0.0, remaining))
+
+
+def main(argv: Sequence[str]) -> int:
+    settings = parse_settings(PredictorSettings, argv, prog="tideshift run predictor")
+    return run_service("predictor", settings, partial(run, settings))
