@@ -184,7 +184,9 @@ class Coordinator:
         self.redelivered = max(s.redelivered for s in statuses) + self.state.republished
         self.applied_total = min(s.applied_total for s in statuses)
         return Observation(
-            queued_tasks=queued, applied=applied_everywhere(s.applied for s in statuses)
+            queued_tasks=queued,
+            applied=applied_everywhere(s.applied for s in statuses),
+            missing_before=frozenset().union(*(s.missing for s in statuses)),
         )
 
     async def publish(self, decision: Decision) -> None:
@@ -210,11 +212,10 @@ class Coordinator:
             log.info("job %s: epoch %d applied on every pserver", self.spec.job, epoch)
         if decision.republished:
             log.warning(
-                "job %s: %d shards of epoch %d were lost (pserver restored an older "
+                "job %s: %d shards were lost (a pserver restored an older "
                 "checkpoint); publishing them again",
                 self.spec.job,
                 decision.republished,
-                self.state.epoch,
             )
         await self.publish(decision)
         await self.persist()
@@ -343,6 +344,8 @@ async def run(settings: CoordinatorSettings, context: ServiceContext) -> None:
                 if not waiting_for_pservers:
                     log.info("job %s: waiting for pservers: %s", spec.job, error)
                     waiting_for_pservers = True
+                else:
+                    log.debug("job %s: still waiting for pservers: %s", spec.job, error)
                 await sleep_unless(stopping, settings.tick_seconds)
                 continue
             except Exception as error:  # NATS hiccup: the next tick re-reads everything

@@ -2,14 +2,18 @@
 at-most-once apply. Pure: inputs are observations, outputs are decisions; no I/O, no clock.
 
 Coordinator rule (level-triggered, so a restart only has to reload its last persisted state):
-  * every shard of the current epoch is published once per *round*;
+  * every shard of the current epoch is published once;
   * when every pserver has applied every shard of the epoch, the next epoch starts;
-  * when the work queue is empty but shards of the epoch are still unapplied, the work was
-    lost (a pserver restored an older checkpoint after its applies were acked): the missing
-    shards are published again in a new round. Duplicates are harmless: the pserver applies
-    each (epoch, shard) at most once.
+  * work can be lost after it was acked, when a pserver restores an older checkpoint. A lost
+    shard of an *earlier* epoch is certain (an epoch only ends once all of it was applied) and
+    is published again at once. A lost shard of the *current* epoch looks like one in flight
+    until the work queue is empty; then it is published again. Duplicates are harmless: the
+    pserver applies each (epoch, shard) at most once.
+  * the job finishes when the last epoch is complete and no earlier shard is missing.
 The caller must read the queue depth *before* the applied sets: a task leaves the queue
 only after its gradient was applied, so "empty queue, then not applied" means lost.
+Every publish batch takes a new `round`, part of the message id, so the queue's
+de-duplication drops a re-publish of the same batch after a crash but never a deliberate one.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ class TaskSpec:
 
     epoch: int
     shard: int
-    round: int  # republish generation; part of the message id so republishes are not deduped
+    round: int  # publish batch; part of the message id so re-publishes are not de-duplicated
 
     def message_id(self, job: str) -> str:
         return f"{job}.{self.epoch}.{self.shard}.{self.round}"
@@ -53,7 +57,8 @@ class Observation:
     """What the coordinator sees in one tick."""
 
     queued_tasks: int  # messages in the job's work queue (read first)
-    applied: frozenset[TaskKey]  # (epoch, shard) applied by every pserver (read second)
+    applied: frozenset[TaskKey]  # applied by every pserver, epochs >= the current one
+    missing_before: frozenset[TaskKey] = frozenset()  # earlier epochs, not applied somewhere
 
 
 @dataclass(frozen=True)
@@ -71,8 +76,9 @@ class CoordinatorState:
     epochs: int | None  # None: keep training until stopped
     epoch: int = 0
     round: int = 0
-    published: frozenset[int] = frozenset()  # shards of `epoch` published in any round
+    published: frozenset[int] = frozenset()  # shards of `epoch` published
     applied: frozenset[int] = frozenset()  # shards of `epoch` applied, as last observed
+    requeued: frozenset[TaskKey] = frozenset()  # lost earlier-epoch shards published again
     republished: int = 0
     finished: bool = False
 
@@ -86,6 +92,10 @@ class CoordinatorState:
     def all_shards(self) -> frozenset[int]:
         return frozenset(range(self.num_shards))
 
+    @property
+    def last_epoch(self) -> bool:
+        return self.epochs is not None and self.epoch + 1 >= self.epochs
+
     def to_json(self) -> dict[str, Any]:
         return {
             "job": self.job,
@@ -95,6 +105,7 @@ class CoordinatorState:
             "round": self.round,
             "published": sorted(self.published),
             "applied": sorted(self.applied),
+            "requeued": sorted([e, s] for e, s in self.requeued),
             "republished": self.republished,
             "finished": self.finished,
         }
@@ -112,6 +123,7 @@ class CoordinatorState:
                 round=int(data["round"]),
                 published=frozenset(int(s) for s in data["published"]),
                 applied=frozenset(int(s) for s in data["applied"]),
+                requeued=frozenset((int(e), int(s)) for e, s in data.get("requeued", [])),
                 republished=int(data["republished"]),
                 finished=bool(data["finished"]),
             )
@@ -134,7 +146,8 @@ def resume_coordinator(
     """The state to start from after a (re)start; raises ValueError on a mismatched job.
 
     A changed ``--epochs`` is honoured (train longer or stop earlier); a changed shard count
-    is refused because the applied sets would no longer mean the same data.
+    is refused because the applied sets would no longer mean the same data. A finished job
+    is re-checked on the next step, since its pserver may have lost work meanwhile.
     """
     if persisted is None:
         return new_coordinator(job, num_shards=num_shards, epochs=epochs)
@@ -144,49 +157,56 @@ def resume_coordinator(
         raise ValueError(
             f"job {job!r} was started with {persisted.num_shards} shards, not {num_shards}"
         )
-    finished = persisted.finished and epochs is not None and persisted.epoch + 1 >= epochs
-    return replace(persisted, epochs=epochs, finished=finished)
+    return replace(persisted, epochs=epochs, finished=False)
 
 
 def step(state: CoordinatorState, observation: Observation) -> tuple[CoordinatorState, Decision]:
     """Advance on one observation; returns the new state and what to publish."""
     if state.finished:
         return state, Decision(finished=True)
+    missing_before = observation.missing_before
+    requeued = state.requeued & missing_before  # requeued and not yet applied
+    lost_before = missing_before - requeued
+    if observation.queued_tasks == 0:
+        lost_before |= requeued  # requeued, yet neither queued nor applied: lost again
     completed: list[int] = []
-    republished = 0
     while True:
         applied = frozenset(s for (e, s) in observation.applied if e == state.epoch)
-        state = replace(state, applied=applied & state.all_shards)
+        state = replace(state, applied=applied & state.all_shards, requeued=requeued)
         if state.applied != state.all_shards:
             break
+        if state.last_epoch:
+            if not missing_before:
+                completed.append(state.epoch)
+                state = replace(state, finished=True, requeued=frozenset())
+                return state, Decision(completed_epochs=tuple(completed), finished=True)
+            break
         completed.append(state.epoch)
-        if state.epochs is not None and state.epoch + 1 >= state.epochs:
-            state = replace(state, finished=True)
-            return state, Decision(completed_epochs=tuple(completed), finished=True)
-        state = replace(
-            state, epoch=state.epoch + 1, round=0, published=frozenset(), applied=frozenset()
-        )
+        state = replace(state, epoch=state.epoch + 1, published=frozenset(), applied=frozenset())
     unpublished = state.all_shards - state.published - state.applied
-    if not unpublished and observation.queued_tasks == 0 and not completed:
-        # Everything was published, nothing is queued, yet shards are unapplied: lost work.
-        unpublished = state.all_shards - state.applied
-        state = replace(state, round=state.round + 1)
-        republished = len(unpublished)
-    tasks = tuple(TaskSpec(state.epoch, shard, state.round) for shard in sorted(unpublished))
+    lost_now: frozenset[int] = frozenset()
+    if not unpublished and observation.queued_tasks == 0:
+        lost_now = state.all_shards - state.applied  # published, not queued, not applied
+    shards = sorted(unpublished | lost_now)
+    earlier = sorted(lost_before)
+    if not shards and not earlier:
+        return state, Decision(completed_epochs=tuple(completed))
+    republished = len(lost_now) + len(earlier)
+    state = replace(state, round=state.round + 1, republished=state.republished + republished)
+    tasks = tuple(TaskSpec(e, s, state.round) for e, s in earlier) + tuple(
+        TaskSpec(state.epoch, s, state.round) for s in shards
+    )
     return state, Decision(
         publish=tasks, completed_epochs=tuple(completed), republished=republished
     )
 
 
 def mark_published(state: CoordinatorState, tasks: Iterable[TaskSpec]) -> CoordinatorState:
-    """Record tasks the work queue has acknowledged; tasks of other epochs are ignored."""
-    shards = frozenset(task.shard for task in tasks if task.epoch == state.epoch)
-    republished = sum(1 for task in tasks if task.epoch == state.epoch and task.round > 0)
-    return replace(
-        state,
-        published=state.published | shards,
-        republished=state.republished + republished,
-    )
+    """Record tasks the work queue has acknowledged."""
+    tasks = tuple(tasks)
+    current = frozenset(task.shard for task in tasks if task.epoch == state.epoch)
+    earlier = frozenset((task.epoch, task.shard) for task in tasks if task.epoch < state.epoch)
+    return replace(state, published=state.published | current, requeued=state.requeued | earlier)
 
 
 def progress_fraction(state: CoordinatorState) -> float:

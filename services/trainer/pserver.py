@@ -135,16 +135,25 @@ class ParameterServer:
         )
 
     async def on_status(self, raw: bytes) -> bytes:
+        """Applied pairs of epochs >= `from_epoch`, and the pairs of earlier epochs that are
+        missing (normally none: only a restore from an older checkpoint loses them)."""
         try:
             header, _ = unpack(raw)
             job = header_str(header, "job")
             from_epoch = header_int(header, "from_epoch", minimum=0)
+            shards = header_int(header, "shards", minimum=1)
         except WireError as error:
             return pack({"error": f"malformed status request: {error}"})
         if job != self.spec.job:
             return pack({"error": f"unknown job {job!r}: this pserver serves {self.spec.job!r}"})
         state = self.state
-        keys = sorted(key for key in state.applied if key[0] >= from_epoch)
+        applied = sorted(key for key in state.applied if key[0] >= from_epoch)
+        missing = [
+            (epoch, shard)
+            for epoch in range(from_epoch)
+            for shard in range(shards)
+            if (epoch, shard) not in state.applied
+        ]
         return pack(
             {
                 "job": state.job,
@@ -153,7 +162,10 @@ class ParameterServer:
                 "applied_total": len(state.applied),
                 "redelivered": state.redelivered,
             },
-            {"applied": np.array(keys, dtype=np.int64).reshape(len(keys), 2)},
+            {
+                "applied": np.array(applied, dtype=np.int64).reshape(len(applied), 2),
+                "missing": np.array(missing, dtype=np.int64).reshape(len(missing), 2),
+            },
         )
 
     async def checkpoint(self) -> None:

@@ -32,6 +32,7 @@ class PServerStatus:
     applied_total: int
     redelivered: int
     applied: frozenset[tuple[int, int]]  # only epochs >= the requested from_epoch
+    missing: frozenset[tuple[int, int]]  # epochs < from_epoch, not applied here
 
 
 def _error_of(header: dict[str, object]) -> str | None:
@@ -128,13 +129,15 @@ class PServerClient:
         raw = await request(
             self.bus,
             subject,
-            pack({"job": self.spec.job, "from_epoch": from_epoch}),
+            pack({"job": self.spec.job, "from_epoch": from_epoch, "shards": self.spec.shards}),
             timeout=self.timeout,
         )
         header, arrays = _unpack_reply(subject, raw)
-        applied = arrays.get("applied")
-        if applied is None or applied.ndim != 2 or applied.shape[1] != 2:
-            raise RequestFailed(f"{subject}: applied must have shape (n, 2)")
+        applied, missing = arrays.get("applied"), arrays.get("missing")
+        for name, pairs in (("applied", applied), ("missing", missing)):
+            if pairs is None or pairs.ndim != 2 or pairs.shape[1] != 2:
+                raise RequestFailed(f"{subject}: {name} must have shape (n, 2)")
+        assert applied is not None and missing is not None
         try:
             return PServerStatus(
                 index=index,
@@ -142,6 +145,7 @@ class PServerClient:
                 applied_total=header_int(header, "applied_total", minimum=0),
                 redelivered=header_int(header, "redelivered", minimum=0),
                 applied=frozenset((int(e), int(s)) for e, s in applied),
+                missing=frozenset((int(e), int(s)) for e, s in missing),
             )
         except WireError as error:
             raise RequestFailed(f"{subject}: {error}") from error

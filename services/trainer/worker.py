@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from enum import Enum
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from prometheus_client import Counter
 from pydantic import Field
@@ -40,10 +40,15 @@ from services.trainer.model import InvalidShard, ShardData, compute_gradient
 from services.trainer.pserver_client import PServerClient
 
 log = logging.getLogger("tideshift.trainer")
+R = TypeVar("R")
 
 TASKS = Counter("tideshift_trainer_tasks_total", "Tasks handled by outcome", ["outcome"])
 SAMPLES = Counter("tideshift_trainer_samples_total", "Samples whose gradient was applied")
 RETRY_DELAY_SECONDS = 1.0
+# While a pserver restarts the trainer keeps its task (heartbeating) and retries, instead of
+# bouncing the task through the queue; the backoff is capped so it resumes promptly.
+BACKOFF_START_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 1.0
 
 
 class TrainerSettings(ServiceSettings):
@@ -100,32 +105,52 @@ class Trainer:
             self.shards[index] = await asyncio.to_thread(load_shard, path, self.spec.dataset)
         return self.shards[index]
 
-    async def compute_and_push(self, task: ShardTask, delivery: int) -> Verdict:
+    async def _retrying(
+        self, attempt: Callable[[], Awaitable[R]], what: str, stopping: asyncio.Event
+    ) -> R | None:
+        """`attempt()` until it succeeds, or None once stopping."""
+        backoff = BACKOFF_START_SECONDS
+        announced = False
+        while True:
+            try:
+                return await attempt()
+            except RequestFailed as error:
+                if not announced:
+                    log.warning("job %s: %s failed, retrying: %s", self.spec.job, what, error)
+                    announced = True
+            if await sleep_unless(stopping, backoff):
+                return None
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+
+    async def compute_and_push(
+        self, task: ShardTask, delivery: int, stopping: asyncio.Event
+    ) -> Verdict:
         started = asyncio.get_running_loop().time()
         try:
             shard = await self.shard(task.shard)
         except InvalidShard as error:
             log.error("job %s: cannot read shard %d: %s", self.spec.job, task.shard, error)
             return Verdict.RETRY
-        try:
-            params = await self.client.pull()
-        except RequestFailed as error:
-            log.warning("job %s: parameter pull failed: %s", self.spec.job, error)
+        params = await self._retrying(self.client.pull, "parameter pull", stopping)
+        if params is None:
             return Verdict.RETRY
         gradient = await asyncio.to_thread(compute_gradient, params, shard, l2=self.spec.l2)
         elapsed = asyncio.get_running_loop().time() - started
         if elapsed < self.settings.min_task_seconds:
             await asyncio.sleep(self.settings.min_task_seconds - elapsed)
-        try:
-            replies = await self.client.push(
+        replies = await self._retrying(
+            partial(
+                self.client.push,
                 epoch=task.epoch,
                 shard=task.shard,
                 delivery=delivery,
                 gradient=gradient,
                 trainer=self.name,
-            )
-        except RequestFailed as error:
-            log.warning("job %s: gradient push failed: %s", self.spec.job, error)
+            ),
+            "gradient push",
+            stopping,
+        )
+        if replies is None:
             return Verdict.RETRY
         rejected = [reply for reply in replies if reply.outcome not in {"applied", "duplicate"}]
         if rejected:
@@ -158,7 +183,7 @@ class Trainer:
             TASKS.labels("poison").inc()
             await delivery.term()
             return
-        work = asyncio.create_task(self.compute_and_push(task, delivery.num_delivered))
+        work = asyncio.create_task(self.compute_and_push(task, delivery.num_delivered, stopping))
         heartbeat = asyncio.create_task(self.keep_alive(delivery))
         stop_wait = asyncio.create_task(stopping.wait())
         try:

@@ -44,7 +44,7 @@ def publish_all(
 def test_first_step_publishes_every_shard_once() -> None:
     state = new_coordinator("ctr", num_shards=3, epochs=2)
     state, tasks = publish_all(state, Observation(queued_tasks=0, applied=frozenset()))
-    assert [(t.epoch, t.shard, t.round) for t in tasks] == [(0, 0, 0), (0, 1, 0), (0, 2, 0)]
+    assert [(t.epoch, t.shard, t.round) for t in tasks] == [(0, 0, 1), (0, 1, 1), (0, 2, 1)]
     # Queue still full, nothing applied: nothing more to publish.
     state, tasks = publish_all(state, Observation(queued_tasks=3, applied=frozenset()))
     assert tasks == []
@@ -66,7 +66,7 @@ def test_epoch_advances_only_when_every_shard_applied_and_job_finishes() -> None
     assert decision.finished and decision.completed_epochs == (1,)
     assert state.finished
     assert progress_fraction(state) == 1.0
-    # Finished is sticky.
+    # Finished is sticky until a restart re-checks it.
     _, decision = step(state, Observation(0, frozenset()))
     assert decision.finished and decision.publish == ()
 
@@ -76,9 +76,9 @@ def test_lost_work_is_republished_in_a_new_round() -> None:
     state = new_coordinator("ctr", num_shards=3, epochs=1)
     state, _ = publish_all(state, Observation(0, frozenset()))
     state, decision = step(state, Observation(queued_tasks=0, applied=keys(0, [0, 2])))
-    assert [(t.shard, t.round) for t in decision.publish] == [(1, 1)]
+    assert [(t.shard, t.round) for t in decision.publish] == [(1, 2)]
     assert decision.republished == 1
-    assert decision.publish[0].message_id("ctr") == "ctr.0.1.1"
+    assert decision.publish[0].message_id("ctr") == "ctr.0.1.2"
     state = mark_published(state, decision.publish)
     assert state.republished == 1
     # While the republished task is queued nothing else happens.
@@ -98,15 +98,44 @@ def test_restart_from_persisted_state_does_not_reissue_finished_work() -> None:
     assert decision.publish == ()
 
 
-def test_restart_mid_publish_publishes_only_the_rest_with_the_same_ids() -> None:
-    state = new_coordinator("ctr", num_shards=4, epochs=1)
-    _, decision = step(state, Observation(0, frozenset()))
-    half = mark_published(state, decision.publish[:2])  # crashed after two publishes
+def test_restart_mid_publish_repeats_the_same_message_ids() -> None:
+    """A crash between publishing and persisting: the successor starts from the state persisted
+    before the step, so it publishes the same ids and the queue drops the duplicates."""
+    persisted = new_coordinator("ctr", num_shards=4, epochs=1)
+    _, first = step(persisted, Observation(0, frozenset()))
     resumed = resume_coordinator(
-        CoordinatorState.from_json(half.to_json()), job="ctr", num_shards=4, epochs=1
+        CoordinatorState.from_json(persisted.to_json()), job="ctr", num_shards=4, epochs=1
     )
-    _, decision = step(resumed, Observation(2, frozenset()))
-    assert [t.message_id("ctr") for t in decision.publish] == ["ctr.0.2.0", "ctr.0.3.0"]
+    _, again = step(resumed, Observation(2, frozenset()))
+    assert [t.message_id("ctr") for t in again.publish] == [
+        t.message_id("ctr") for t in first.publish
+    ]
+
+
+def test_lost_shards_of_earlier_epochs_are_republished_at_once_and_block_the_finish() -> None:
+    """The pserver restored a checkpoint from epoch 0 while the coordinator is in epoch 1."""
+    state = new_coordinator("ctr", num_shards=2, epochs=2)
+    state, _ = publish_all(state, Observation(0, frozenset()))
+    state, _ = publish_all(state, Observation(0, keys(0, [0, 1])))
+    assert state.epoch == 1
+    lost = Observation(queued_tasks=2, applied=frozenset(), missing_before=keys(0, [1]))
+    state, decision = step(state, lost)
+    assert [(t.epoch, t.shard) for t in decision.publish] == [(0, 1)]
+    state = mark_published(state, decision.publish)
+    assert state.requeued == {(0, 1)}
+    # Still queued: not published a second time.
+    _, decision = step(state, lost)
+    assert decision.publish == ()
+    # Epoch 1 done but (0, 1) still missing: not finished.
+    done_but_missing = Observation(1, keys(1, [0, 1]), missing_before=keys(0, [1]))
+    state, decision = step(state, done_but_missing)
+    assert not decision.finished and decision.publish == ()
+    # The requeued task vanished without being applied (lost again): published again.
+    state, decision = step(state, Observation(0, keys(1, [0, 1]), missing_before=keys(0, [1])))
+    assert [(t.epoch, t.shard) for t in decision.publish] == [(0, 1)]
+    state = mark_published(state, decision.publish)
+    state, decision = step(state, Observation(0, keys(1, [0, 1])))
+    assert decision.finished and state.requeued == frozenset()
 
 
 def test_restart_after_unpersisted_epoch_advance_skips_applied_shards() -> None:
@@ -128,6 +157,13 @@ def test_resume_refuses_mismatched_state(persisted_job: str, shards: int, reason
     persisted = new_coordinator(persisted_job, num_shards=shards, epochs=1)
     with pytest.raises(ValueError, match=reason):
         resume_coordinator(persisted, job="ctr", num_shards=4, epochs=1)
+
+
+def test_resume_rechecks_a_finished_job() -> None:
+    finished = dataclasses.replace(new_coordinator("ctr", num_shards=1, epochs=1), finished=True)
+    resumed = resume_coordinator(finished, job="ctr", num_shards=1, epochs=1)
+    _, decision = step(resumed, Observation(0, keys(0, [0])))
+    assert decision.finished and decision.publish == ()
 
 
 def test_resume_with_more_epochs_continues_a_finished_job() -> None:
