@@ -73,7 +73,8 @@ class NodeSpec:
             KWOK_NODE_LABEL: "kwok",
             **self.labels,
         }
-        # Node status may be set on create (unlike most kinds); kwok then keeps it alive.
+        # Node status may be set on create (unlike most kinds); kwok's node-initialize stage
+        # keeps capacity and fills in conditions, addresses and nodeInfo.
         return {
             "apiVersion": "v1",
             "kind": "Node",
@@ -86,11 +87,6 @@ class NodeSpec:
             "status": {
                 "capacity": capacity,
                 "allocatable": dict(capacity),
-                "nodeInfo": {
-                    "architecture": "amd64",
-                    "operatingSystem": "linux",
-                    "kubeletVersion": f"{K8S_VERSION}-kwok",
-                },
             },
         }
 
