@@ -24,6 +24,13 @@ from services.demo.world import WorldShape
 
 log = logging.getLogger("tideshift.demo.pipeline")
 
+# Forecasts on a 5-minute grid, two hours ahead, fitted on a week of history before the run
+# (the sim source answers for any time), refitted every six simulated hours.
+FORECAST_STEP_S = 300.0
+FORECAST_HORIZON_S = 2 * 3600.0
+FORECAST_HISTORY_S = 7 * 86400.0
+FORECAST_REFIT_S = 6 * 3600.0
+
 
 class ServiceMissing(RuntimeError):
     """A service the demo wires is not available in this installation."""
@@ -72,10 +79,10 @@ async def start_services(
 ) -> Stages:
     stages = Stages()
 
-    def context(name: str, bus: Bus) -> ServiceContext:
+    def context(name: str, bus: Bus, settings: ServiceSettings | None = None) -> ServiceContext:
         ctx = ServiceContext(
             name=name,
-            settings=ServiceSettings(health_port=-1),
+            settings=settings or ServiceSettings(health_port=-1),
             bus=bus,
             instance=f"demo-{name}",
             stopping=stopping,
@@ -141,20 +148,48 @@ async def _start_predictor(
     stages: Stages,
     *,
     connect: Callable[[str], Awaitable[Bus]],
-    context: Callable[[str, Bus], ServiceContext],
+    context: Callable[[str, Bus, ServiceSettings | None], ServiceContext],
     clock: SimClock,
     profile: RateProfile,
     world: WorldShape,
     interval_wall_s: float,
 ) -> None:
-    raise ServiceMissing("the predictor service (services/predictor/service.py) is not there yet")
+    """The predictor reads demand from the traffic profile at simulated time (its `sim` source)."""
+    predictor_service = _import("services.predictor.service")
+    sources = _import("services.predictor.sources")
+    serving = world.serving
+    settings = predictor_service.PredictorSettings(
+        health_port=-1,
+        metric_source="sim",
+        workloads=[predictor_service.WorkloadQuery(namespace=serving.namespace, name=serving.name)],
+        step_seconds=FORECAST_STEP_S,
+        horizon_seconds=FORECAST_HORIZON_S,
+        history_seconds=FORECAST_HISTORY_S,
+        refit_seconds=FORECAST_REFIT_S,
+        refresh_seconds=interval_wall_s,
+    )
+    start = clock.start
+
+    def demand(unix_seconds: float) -> float:
+        return profile.rate(unix_seconds - start)
+
+    bus = await connect("predictor")
+    ctx = context("predictor", bus, settings)
+    stages.tasks.append(
+        asyncio.create_task(
+            predictor_service.run(
+                settings, ctx, clock=clock, source=sources.SimMetricSource(demand)
+            ),
+            name="predictor",
+        )
+    )
 
 
 async def _start_planner(
     stages: Stages,
     *,
     connect: Callable[[str], Awaitable[Bus]],
-    context: Callable[[str, Bus], ServiceContext],
+    context: Callable[[str, Bus, ServiceSettings | None], ServiceContext],
     clock: SimClock,
     world: WorldShape,
     interval_wall_s: float,
