@@ -23,15 +23,23 @@ class SimClock:
         *,
         start: float = DEFAULT_START,
         monotonic: Callable[[], float] = time.monotonic,
+        frozen: bool = False,
     ) -> None:
         if speed <= 0:
             raise ValueError("speed must be > 0")
         self.speed = speed
         self.start = start
         self._monotonic = monotonic
-        self._wall_start = monotonic()
+        self._wall_start: float | None = None if frozen else monotonic()
+
+    def run(self) -> None:
+        """Start a frozen clock (services start up at simulated midnight, then time runs)."""
+        if self._wall_start is None:
+            self._wall_start = self._monotonic()
 
     def now(self) -> float:
+        if self._wall_start is None:
+            return self.start
         return self.start + (self._monotonic() - self._wall_start) * self.speed
 
     def elapsed(self) -> float:

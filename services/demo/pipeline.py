@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -206,5 +207,33 @@ def kube_service_args(
     serving: Any,
     jobs: Any,
 ) -> list[str]:
-    """Flags of `tideshift run predictor|planner` for the real-cluster demo."""
+    """Flags of `tideshift run predictor|planner` for the real-cluster demo (real time).
+
+    The day is compressed: one wall minute is `speed` simulated minutes, so the demand query
+    uses a short rate window and the forecast grid is seconds, not minutes.
+    """
+    if name == "predictor":
+        workloads = [{"namespace": namespace, "name": app}]
+        return [
+            "--metric-source",
+            "prometheus",
+            "--prometheus-url",
+            prometheus_url,
+            "--workloads",
+            json.dumps(workloads),
+            "--query-template",
+            'sum(rate(http_requests_total{app="$name"}[10s]))',
+            "--step-seconds",
+            "5",
+            "--horizon-seconds",
+            "120",
+            "--history-seconds",
+            "3600",
+            "--refit-seconds",
+            "60",
+            "--refresh-seconds",
+            "2",
+            "--stale-after-seconds",
+            "30",
+        ]
     raise ServiceMissing(f"the {name} service is not wired into the real-cluster demo yet")

@@ -49,6 +49,7 @@ class SimDemoConfig:
     progress_every_wall_s: float = 0.5
     plan_interval_wall_s: float = 0.5
     forecast_interval_wall_s: float = 1.0
+    trainer_start_timeout_wall_s: float = 120.0
 
 
 @dataclass
@@ -144,13 +145,12 @@ async def run_sim_demo(
     try:
         # The world before the clock starts: serving sized for midnight, pods ready at t = 0.
         warmup = max([shape.serving.startup_delay_s] + [j.startup_delay_s for j in shape.jobs])
-        clock = SimClock(config.speed)
+        clock = SimClock(config.speed, frozen=True)
         cluster = build_cluster(
             shape, now=clock.start - warmup - 1, initial_demand_rps=config.profile.rate(0.0)
         )
         cluster.step(clock.start - warmup - 1)
         cluster.step(clock.start)
-        clock = SimClock(config.speed)  # restart: the services start at simulated midnight
 
         log_ready = asyncio.Event()
         tasks.append(asyncio.create_task(event_log.follow(nats.url, log_ready)))
@@ -185,7 +185,28 @@ async def run_sim_demo(
             )
             for job in shape.jobs:
                 await fleet.start_job(job.name, pservers=job.pservers)
+            for job_name, pods in ready_trainer_pods(cluster, shape).items():
+                await fleet.reconcile(job_name, pods)
+            # Time starts once every job trains (Python processes take seconds to start on a
+            # busy machine; a frozen clock keeps that out of the simulated day).
+            deadline = time.monotonic() + config.trainer_start_timeout_wall_s
+            while time.monotonic() < deadline:
+                running = sum(
+                    1
+                    for job in shape.jobs
+                    if event_log.job_progress.get(job.name, {}).get("applied_total", 0) > 0
+                )
+                progress(f"starting: {running}/{len(shape.jobs)} training jobs running")
+                if running == len(shape.jobs):
+                    break
+                fleet.reap()
+                if fleet.crashed:
+                    raise RuntimeError(
+                        f"a training process exited at start; see {config.out / 'logs'}"
+                    )
+                await asyncio.sleep(0.5)
 
+        clock.run()
         meter = Meter(shape, start=clock.start, sample_every_s=max(60.0, config.hours * 3600 / 600))
         duration = config.hours * 3600.0
         next_progress = 0.0

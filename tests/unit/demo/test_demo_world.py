@@ -80,3 +80,9 @@ def test_sim_clock_runs_at_speed() -> None:
     assert clock.datetime().timestamp() == pytest.approx(START + 2880.0)
     with pytest.raises(ValueError):
         SimClock(0)
+    frozen = SimClock(100.0, start=START, monotonic=lambda: wall[0], frozen=True)
+    wall[0] = 200.0
+    assert frozen.now() == START  # services start up at the start time
+    frozen.run()
+    wall[0] = 201.0
+    assert frozen.elapsed() == pytest.approx(100.0)
