@@ -55,10 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace-start-hour", type=float, default=0.0, help="offset into the trace (hours)"
     )
     parser.add_argument(
-        "--peak-rps", type=float, default=7600.0, help="busiest demand, req/s (default 7600)"
+        "--peak-rps", type=float, default=6800.0, help="busiest demand, req/s (default 6800)"
     )
     parser.add_argument(
-        "--trough-rps", type=float, default=1400.0, help="quietest demand (default 1400)"
+        "--trough-rps", type=float, default=1200.0, help="quietest demand (default 1200)"
     )
     parser.add_argument("--noise", type=float, default=0.04, help="relative jitter (default 0.04)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the noise (default 1)")
