@@ -64,6 +64,7 @@ class ParameterServer:
         self.state = state
         self.accepting = True
         self.checkpointed_version = state.version
+        self.duplicates = 0  # pushes of already-applied shards since this process started
 
     @property
     def key_range(self) -> KeyRange:
@@ -123,6 +124,8 @@ class ParameterServer:
                 self.state, push, learning_rate=self.spec.learning_rate
             )
         PUSHES.labels(result.outcome.value).inc()
+        if result.outcome is PushOutcome.DUPLICATE:
+            self.duplicates += 1
         VERSION.set(self.state.version)
         if result.outcome is PushOutcome.REJECTED:
             log.warning("job %s: rejected a gradient push: %s", self.spec.job, result.reason)
@@ -161,6 +164,7 @@ class ParameterServer:
                 "version": state.version,
                 "applied_total": len(state.applied),
                 "redelivered": state.redelivered,
+                "duplicates": self.duplicates,
             },
             {
                 "applied": np.array(applied, dtype=np.int64).reshape(len(applied), 2),

@@ -31,6 +31,7 @@ class PServerStatus:
     version: int
     applied_total: int
     redelivered: int
+    duplicates: int  # gradients pushed for shards already applied (wasted work)
     applied: frozenset[tuple[int, int]]  # only epochs >= the requested from_epoch
     missing: frozenset[tuple[int, int]]  # epochs < from_epoch, not applied here
 
@@ -144,6 +145,7 @@ class PServerClient:
                 version=header_int(header, "version", minimum=0),
                 applied_total=header_int(header, "applied_total", minimum=0),
                 redelivered=header_int(header, "redelivered", minimum=0),
+                duplicates=header_int(header, "duplicates", minimum=0),
                 applied=frozenset((int(e), int(s)) for e, s in applied),
                 missing=frozenset((int(e), int(s)) for e, s in missing),
             )

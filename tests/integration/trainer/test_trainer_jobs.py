@@ -341,3 +341,42 @@ async def test_bad_input_rejected_with_reason_and_parameters_untouched(
 
 async def _answers(client: PServerClient) -> bool:
     return await applied_total(client) is not None
+
+
+async def test_long_shards_heartbeat_and_sigterm_naks_within_grace(
+    bus: Bus, nats_server: EmbeddedNats, tmp_path: Path, unique: str
+) -> None:
+    """Tasks take 2.5x the ack wait: heartbeats keep them from being redelivered. A trainer
+    whose grace period is shorter than its task naks it and exits 0 promptly."""
+    shards = 6
+    harness = JobHarness(
+        nats_server.url,
+        f"long-{unique}",
+        tmp_path,
+        coordinator_args=[
+            *job_args(tmp_path, epochs=1, shards=shards, samples=500, holdout=2000),
+            "--ack-wait-seconds",
+            "1",
+        ],
+        trainer_args=["--min-task-seconds", "2.5", "--grace-seconds", "0.5"],
+    )
+    try:
+        harness.pserver().start()
+        harness.trainer("t1").start()
+        harness.trainer("t2").start()
+        coordinator = harness.coordinator().start()
+        client = PServerClient(bus, await spec_of(bus, harness.job), timeout=2.0)
+        await wait_applied(client, 2)
+        # Bounded: a trainer that overstays its grace period fails here.
+        assert await harness.trainer("t1").terminate(timeout=10) == 0
+        harness.trainer("t3").start()
+        assert await coordinator.wait(120) == 0, coordinator.tail()
+        assert coordinator.summary()["applied"] == shards
+        (status,) = await client.status()
+        assert status.duplicates == 0  # no shard computed twice: heartbeats held them
+        assert status.redelivered <= 1  # at most t1's nak'ed shard
+        await assert_exactly_once(client, epochs=1, shards=shards)
+        assert "stopping; finishing epoch" in harness.trainer("t1").stderr_path.read_text()
+    finally:
+        await harness.stop_all()
+        harness.kill_all()
