@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter, Histogram
 from pydantic import Field
 
-from events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, ScaleResult
+from events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
 from services.cluster.kubernetes import KubernetesClusterPort
 from services.cluster.port import ClusterPort
 from services.common.bus import SCALE_STREAM, Bus, Delivery
@@ -134,39 +134,48 @@ async def consume(
     ack_wait_seconds: float = 30.0,
     stopping: asyncio.Event | None = None,
     ready: asyncio.Event | None = None,
+    subject: BoundSubject[ScaleCommand] | None = None,
 ) -> None:
-    """Process commands until `stopping` is set (a command in hand is finished first)."""
+    """Process commands until `stopping` is set (a command in hand is finished first).
+
+    `subject` narrows the commands taken (default: all), e.g. to one namespace.
+    """
     stopping = stopping or asyncio.Event()
     deliveries = bus.consume(
-        SCALE_COMMAND.filter(),
+        subject or SCALE_COMMAND.filter(),
         stream=SCALE_STREAM,
         durable=durable,
         ack_wait_seconds=ack_wait_seconds,
         fetch_timeout=0.5,
     )
     iterator: Any = deliveries.__aiter__()
+    next_delivery: asyncio.Future[Delivery[ScaleCommand]] | None = None
     if ready is not None:
         ready.set()
     try:
         while not stopping.is_set():
             next_delivery = asyncio.ensure_future(iterator.__anext__())
             stop_wait = asyncio.ensure_future(stopping.wait())
-            done, _ = await asyncio.wait(
-                {next_delivery, stop_wait}, return_when=asyncio.FIRST_COMPLETED
-            )
-            stop_wait.cancel()
+            try:
+                done, _ = await asyncio.wait(
+                    {next_delivery, stop_wait}, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                stop_wait.cancel()
             if next_delivery not in done:
-                next_delivery.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await next_delivery
                 break
             delivery = next_delivery.result()
+            next_delivery = None
             try:
                 await process(executor, bus, delivery, max_attempts=max_attempts)
             except (nats.errors.Error, TimeoutError) as error:
                 # Result not published or ack lost: the command comes back after ack_wait.
                 log.warning("could not finish %s: %s", delivery.event.data.idempotency_key, error)
     finally:
+        if next_delivery is not None and not next_delivery.done():
+            next_delivery.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await next_delivery
         with contextlib.suppress(Exception):
             await iterator.aclose()
 

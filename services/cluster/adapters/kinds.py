@@ -66,7 +66,7 @@ def group_of(api_version: str) -> str:
 def qualified_kind(kind: str, api_version: str) -> str:
     """The `TargetRef.kind` spelling of a kind served at `api_version` (empty = default)."""
     group = group_of(api_version)
-    if not api_version or group == DEFAULT_GROUP.get(kind, group):
+    if not api_version or group == DEFAULT_GROUP.get(kind, ""):
         return kind
     return f"{kind}.{group}"
 

@@ -1,0 +1,324 @@
+"""Manifests and small helpers shared by the watcher/executor tests and benchmarks.
+
+The Volcano and PyTorchJob CRDs are minimal structural schemas with the upstream group,
+version and kind, declaring only the fields Tideshift reads and writes (everything else is
+preserved as unknown fields), so the real apiserver validates and versions them as it would
+the real ones.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from services.cluster.adapters.http import MERGE_PATCH, KubeHttp
+
+RBAC_MANIFEST = Path(__file__).resolve().parents[2] / "charts" / "tideshift" / "files" / "rbac.yaml"
+
+_ANY: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+VOLCANO_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "jobs.batch.volcano.sh"},
+    "spec": {
+        "group": "batch.volcano.sh",
+        "names": {
+            "kind": "Job",
+            "plural": "jobs",
+            "singular": "job",
+            "shortNames": ["vcjob", "vj"],
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                                "properties": {
+                                    "minAvailable": {"type": "integer", "minimum": 0},
+                                    "tasks": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "x-kubernetes-preserve-unknown-fields": True,
+                                            "properties": {
+                                                "name": {"type": "string"},
+                                                "replicas": {"type": "integer", "minimum": 0},
+                                                "minAvailable": {"type": "integer", "minimum": 0},
+                                                "template": _ANY,
+                                            },
+                                        },
+                                    },
+                                },
+                            },
+                            "status": _ANY,
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+PYTORCH_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "pytorchjobs.kubeflow.org"},
+    "spec": {
+        "group": "kubeflow.org",
+        "names": {"kind": "PyTorchJob", "plural": "pytorchjobs", "singular": "pytorchjob"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                                "properties": {
+                                    "elasticPolicy": {
+                                        "type": "object",
+                                        "x-kubernetes-preserve-unknown-fields": True,
+                                        "properties": {
+                                            "minReplicas": {"type": "integer", "minimum": 0},
+                                            "maxReplicas": {"type": "integer", "minimum": 0},
+                                        },
+                                    },
+                                    "pytorchReplicaSpecs": {
+                                        "type": "object",
+                                        "additionalProperties": {
+                                            "type": "object",
+                                            "x-kubernetes-preserve-unknown-fields": True,
+                                            "properties": {
+                                                "replicas": {"type": "integer", "minimum": 0},
+                                                "template": _ANY,
+                                            },
+                                        },
+                                    },
+                                },
+                            },
+                            "status": _ANY,
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def wait_until(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll `check` until it returns something truthy (which is returned)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def create(http: KubeHttp, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """POST to the collection at `path`; an existing object is returned as it is."""
+    try:
+        return http.json("POST", path, body=obj)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        return http.get(f"{path}/{obj['metadata']['name']}")
+
+
+def install_crds(http: KubeHttp) -> None:
+    for crd in (VOLCANO_CRD, PYTORCH_CRD):
+        create(http, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+
+    def established(name: str) -> bool:
+        crd = http.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    for crd in (VOLCANO_CRD, PYTORCH_CRD):
+        wait_until(lambda n=crd["metadata"]["name"]: established(n), what="CRD established")
+
+    def served() -> bool:
+        try:
+            http.get("/apis/batch.volcano.sh/v1alpha1")
+            http.get("/apis/kubeflow.org/v1")
+        except ApiException:
+            return False
+        return True
+
+    wait_until(served, what="CRD groups served")
+
+
+def apply_rbac(http: KubeHttp) -> list[str]:
+    """Create or replace the ClusterRoles of the RBAC manifest; their names."""
+    names = []
+    for doc in yaml.safe_load_all(RBAC_MANIFEST.read_text()):
+        if not doc:
+            continue
+        assert doc["kind"] == "ClusterRole", "the RBAC manifest holds ClusterRoles only"
+        path = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
+        name = doc["metadata"]["name"]
+        try:
+            http.json("POST", path, body=doc)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            http.json(
+                "PATCH", f"{path}/{name}", body={"rules": doc["rules"]}, content_type=MERGE_PATCH
+            )
+        names.append(name)
+    return names
+
+
+def bind_cluster_role(http: KubeHttp, role: str, namespace: str, service_account: str) -> None:
+    create(
+        http,
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{role}-{namespace}-{service_account}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+            ],
+        },
+    )
+
+
+def pod_template(labels: dict[str, str], *, cpu: str = "100m") -> dict[str, Any]:
+    return {
+        "metadata": {"labels": labels},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "fake", "resources": {"requests": {"cpu": cpu}}}
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def deployment(
+    name: str,
+    replicas: int,
+    *,
+    role: str = "serving",
+    cpu: str = "100m",
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    labels = {"app": name, "tideshift.io/role": role}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": pod_template(labels, cpu=cpu),
+        },
+    }
+
+
+def statefulset(name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": pod_template({"app": name}),
+        },
+    }
+
+
+def batch_job(name: str, parallelism: int, *, annotations: dict[str, str] | None = None) -> Any:
+    template = pod_template({"app": name})
+    template["spec"]["restartPolicy"] = "Never"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        # Suspended: the test scales the spec; no pods need to run.
+        "spec": {
+            "parallelism": parallelism,
+            "completions": 100,
+            "suspend": True,
+            "template": template,
+        },
+    }
+
+
+def volcano_job(name: str, *, workers: int, min_available: int, ps: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "minAvailable": min_available,
+            "schedulerName": "volcano",
+            "tasks": [
+                {"name": "ps", "replicas": ps, "template": pod_template({"role": "ps"})},
+                {"name": "worker", "replicas": workers, "template": pod_template({"role": "w"})},
+            ],
+        },
+    }
+
+
+def pytorch_job(name: str, *, workers: int, low: int, high: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {
+            "elasticPolicy": {"minReplicas": low, "maxReplicas": high, "rdzvBackend": "c10d"},
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": workers,
+                    "restartPolicy": "OnFailure",
+                    "template": pod_template({"role": "worker"}),
+                }
+            },
+        },
+    }
+
+
+COLLECTIONS = {
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+    "StatefulSet": "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "Job.batch.volcano.sh": "/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs",
+    "PyTorchJob": "/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs",
+}
+
+
+def collection(kind: str, namespace: str) -> str:
+    return COLLECTIONS[kind].format(ns=namespace)
