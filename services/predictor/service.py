@@ -255,6 +255,8 @@ class WorkloadForecaster:
     def _build(self) -> Forecaster:
         self.model_name = self.spec.model or self.settings.model
         overrides: dict[str, Any] = {"default_interval_s": self.settings.step_seconds}
+        if "max_horizon_s" in MODELS[self.model_name].config_type.model_fields:
+            overrides["max_horizon_s"] = self.settings.horizon_seconds
         overrides.update(self.spec.model_settings)
         return build_model(self.model_name, overrides)
 

@@ -36,13 +36,15 @@ def run(traces_dir: Path, models: list[str]) -> list[str]:
             )
             scores: dict[str, Score] = {}
             started = time.perf_counter()
+            cpu_started = time.process_time()
             for name in models:
                 scores[name] = run_backtest(
                     trace, build_model(name), plan, clock=time.perf_counter
                 )
             wall = time.perf_counter() - started
+            cpu = time.process_time() - cpu_started
             print(format_table(trace, plan, scores, horizon_s=horizon_s))
-            print(f"wall time, all models: {wall:.1f} s\n", flush=True)
+            print(f"all models: {wall:.1f} s wall, {cpu:.1f} s CPU\n", flush=True)
             verdicts += _verdicts(file_name, horizon_s, scores, wall)
     return verdicts
 

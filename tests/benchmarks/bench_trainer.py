@@ -114,13 +114,20 @@ async def steady(
 
 
 async def churn(
-    bus: Bus, server: EmbeddedNats, workdir: Path, data_dir: Path, every: float, events: int
-) -> dict[str, float]:
-    harness, client = await start_job(bus, server, workdir, data_dir, 2, "churn")
+    bus: Bus,
+    server: EmbeddedNats,
+    workdir: Path,
+    data_dir: Path,
+    *,
+    base: int,
+    every: float,
+    events: int,
+) -> dict[str, object]:
+    harness, client = await start_job(bus, server, workdir, data_dir, base, f"churn{base}")
     seconds_at: dict[int, float] = {}
     removals = {"SIGTERM": 0, "SIGKILL": 0}
     lost = {"SIGTERM": 0, "SIGKILL": 0}
-    next_name = 3
+    next_name = base + 1
     try:
         applied0, redelivered0 = await applied_and_redelivered(client)
         started = time.monotonic()
@@ -153,8 +160,7 @@ async def churn(
     return {
         "samples_per_second": (applied1 - applied0) * SAMPLES_PER_SHARD / elapsed,
         "elapsed": elapsed,
-        "seconds_at_1": seconds_at.get(1, 0.0),
-        "seconds_at_2": seconds_at.get(2, 0.0),
+        "seconds_at": seconds_at,
         "lost_per_sigterm": lost["SIGTERM"] / max(1, removals["SIGTERM"]),
         "lost_per_sigkill": lost["SIGKILL"] / max(1, removals["SIGKILL"]),
         "redelivered": float(redelivered1 - redelivered0),
@@ -167,9 +173,13 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--window", type=float, default=20.0, help="steady measuring window, s")
     parser.add_argument("--churn-every", type=float, default=20.0, help="seconds between changes")
     parser.add_argument("--churn-events", type=int, default=4, help="removals + additions")
+    parser.add_argument("--churn-trainers", type=int, default=2, help="trainers before churn")
     parser.add_argument("--trainers", default="1,2,4", help="steady trainer counts")
     args = parser.parse_args(argv)
-    counts = [int(n) for n in args.trainers.split(",")]
+    if args.churn_trainers < 2:
+        parser.error("--churn-trainers: expected >= 2 (one is removed)")
+    base = args.churn_trainers
+    counts = sorted({int(n) for n in args.trainers.split(",")} | {base - 1, base})
     workdir = Path(tempfile.mkdtemp(prefix="tideshift-bench-trainer-"))
     data_dir = workdir / "data"
     with EmbeddedNats() as server:
@@ -183,20 +193,27 @@ async def main(argv: list[str]) -> int:
                 speedup = rate / rates[counts[0]]
                 print(f"steady  {n} trainer(s): {rate:12,.0f} samples/s  ({speedup:.2f}x)")
             result = await churn(
-                bus, server, workdir, data_dir, args.churn_every, args.churn_events
+                bus,
+                server,
+                workdir,
+                data_dir,
+                base=base,
+                every=args.churn_every,
+                events=args.churn_events,
             )
         finally:
             await bus.close()
-    expected = (
-        result["seconds_at_1"] * rates.get(1, 0.0) + result["seconds_at_2"] * rates.get(2, 0.0)
-    ) / max(1e-9, result["seconds_at_1"] + result["seconds_at_2"])
-    churn_rate = result["samples_per_second"]
+    seconds_at: dict[int, float] = result["seconds_at"]  # type: ignore[assignment]
+    expected = sum(seconds * rates[n] for n, seconds in seconds_at.items()) / sum(
+        seconds_at.values()
+    )
+    churn_rate = float(result["samples_per_second"])  # type: ignore[arg-type]
     print(
-        f"churn (2 trainers, one removed/added every {args.churn_every:.0f}s): "
+        f"churn ({base} trainers, one removed/added every {args.churn_every:.0f}s): "
         f"{churn_rate:12,.0f} samples/s"
     )
-    print(f"  vs steady 2 trainers:                  {churn_rate / rates.get(2, churn_rate):.1%}")
-    print(f"  vs time-weighted steady (1 and 2):     {churn_rate / expected:.1%}")
+    print(f"  vs steady {base} trainers:                  {churn_rate / rates[base]:.1%}")
+    print(f"  vs time-weighted steady ({base - 1} and {base}):     {churn_rate / expected:.1%}")
     print(f"  shards lost per SIGTERM removal:       {result['lost_per_sigterm']:.2f}")
     print(f"  shards lost per SIGKILL removal:       {result['lost_per_sigkill']:.2f}")
     print(json.dumps({"steady": rates, "churn": result, "logs": str(workdir)}))

@@ -103,15 +103,14 @@ class Tidal:
         self._slow_history: FloatArray = np.zeros(1)
         # Out-of-sample log errors and the log forecasts they belong to: rows = target
         # intervals, columns = steps ahead.
-        self._errors: FloatArray = np.zeros((0, 1))
-        self._predicted: FloatArray = np.zeros((0, 1))
+        self._errors = _ErrorRing(capacity=1, steps=1)
         self._bin_edges: FloatArray = np.zeros(0)
         self._spreads: FloatArray = np.zeros((1, len(QUANTILE_LEVELS), 1))
         self._pending_rows = 0
         # Online correction of each quantile (log space), kept across refits: it nudges a
         # quantile up after each miss and down after each hit so its miss rate converges to
         # 1 - level even when the window's errors are not exchangeable with tomorrow's.
-        self._corrections = np.zeros(len(QUANTILE_LEVELS))
+        self._corrections = np.zeros((len(QUANTILE_LEVELS), 1))
 
     # ---- fitting -------------------------------------------------------------------------
 
@@ -137,7 +136,7 @@ class Tidal:
         self._interval = interval
         self._last_timestamp = series.last_timestamp
         self._last_index = count - 1
-        self._max_steps = max(1, math.ceil(config.max_horizon_s / interval))
+        self._max_steps = min(_MAX_STEPS, max(1, math.ceil(config.max_horizon_s / interval)))
         self._slow_rate = 1.0 - 0.5 ** (interval / config.slow_half_life_s)
 
         self.periods = self._detect(z, interval)
@@ -212,7 +211,7 @@ class Tidal:
         keep = self._max_steps + 1
         self._fast_history = _left_pad(best_fast[-keep:], keep)
         self._slow_history = _left_pad(slow[-keep:], keep)
-        self._errors, self._predicted = _calibration_errors(
+        errors, predicted = _calibration_errors(
             z=z,
             seasonal=seasonal,
             fast=best_fast,
@@ -222,6 +221,8 @@ class Tidal:
             max_steps=self._max_steps,
             window=self._calibration_rows(),
         )
+        self._errors = _ErrorRing(capacity=self._calibration_rows(), steps=self._max_steps)
+        self._errors.extend(errors, predicted)
         self._recalibrate()
         self._fitted = True
 
@@ -266,9 +267,7 @@ class Tidal:
             self._slow_history = np.append(self._slow_history[1:], slow)
         self._last_timestamp += added * self._interval
         if new_rows:
-            window = self._calibration_rows()
-            self._errors = np.vstack([self._errors, np.asarray(new_rows)])[-window:]
-            self._predicted = np.vstack([self._predicted, np.asarray(new_predictions)])[-window:]
+            self._errors.extend(np.asarray(new_rows), np.asarray(new_predictions))
             self._pending_rows += len(new_rows)
             if self._pending_rows >= max(
                 _MIN_RECALIBRATE_ROWS, self.config.recalibrate_every_s / self._interval
@@ -278,26 +277,34 @@ class Tidal:
     def _track_quantiles(self, errors: FloatArray, predicted: FloatArray) -> None:
         """Quantile tracking: move each correction by rate * (miss - (1 - level))."""
         steps = np.arange(errors.shape[0])
+        if self._corrections.shape[1] != steps.shape[0]:
+            self._corrections = np.zeros((len(QUANTILE_LEVELS), steps.shape[0]))
         bins = np.searchsorted(self._bin_edges, predicted)
-        issued = self._spreads[bins, :, steps] + self._corrections[None, :]
-        misses = np.mean(errors[:, None] > issued, axis=0)
-        scale = float(np.mean(self._spreads[:, -1, 0] - self._spreads[:, 0, 0]))
-        rate = self.config.quantile_tracking_rate * max(scale, 1e-6)
-        targets = 1.0 - np.asarray(QUANTILE_LEVELS)
+        # issued[level, step]: the quantile that was published for this interval.
+        issued = self._spreads[bins, :, steps].T + self._corrections
+        misses = (errors[None, :] > issued).astype(np.float64)
+        scale = np.mean(self._spreads[:, -1, :] - self._spreads[:, 0, :], axis=0)
+        rate = self.config.quantile_tracking_rate * np.maximum(scale, 1e-6)[None, :]
+        targets = 1.0 - np.asarray(QUANTILE_LEVELS)[:, None]
         self._corrections = np.clip(
             self._corrections + rate * (misses - targets), -20 * rate, 20 * rate
         )
 
     def _calibration_rows(self) -> int:
-        return max(
+        wanted = max(
             self.config.min_calibration_errors,
             round(self.config.calibration_window_s / self._interval),
         )
+        # Fine grids (1 s) over long windows would hold millions of errors: cap the memory.
+        return max(1, min(wanted, _MAX_CALIBRATION_CELLS // self._max_steps))
 
     def _recalibrate(self) -> None:
         self._pending_rows = 0
         self._bin_edges, self._spreads = _spread_by_step(
-            self._errors, self._predicted, self._max_steps, bins=self.config.level_bins
+            self._errors.errors,
+            self._errors.predicted,
+            self._max_steps,
+            bins=self.config.level_bins,
         )
 
     # ---- predicting ----------------------------------------------------------------------
@@ -314,7 +321,9 @@ class Tidal:
         )
         columns = np.minimum(steps, self._max_steps) - 1
         bins = np.searchsorted(self._bin_edges, z_hat)
-        spreads = self._spreads[bins, :, columns] + self._corrections[None, :]
+        spreads = self._spreads[bins, :, columns]
+        if self._corrections.shape[1] == self._max_steps:
+            spreads = spreads + self._corrections[:, columns].T
         quantiles = {
             level: np.exp(z_hat + spreads[:, index]) - self._offset
             for index, level in enumerate(QUANTILE_LEVELS)
@@ -404,6 +413,35 @@ def _level_loss(
     return total / count if count else 0.0
 
 
+_LEVELS = np.asarray(QUANTILE_LEVELS)
+
+
+def _sorted_quantiles(ordered: FloatArray) -> FloatArray:
+    """QUANTILE_LEVELS of an ascending sample, interpolated linearly (numpy's default)."""
+    positions = _LEVELS * (ordered.shape[0] - 1)
+    below = np.floor(positions).astype(np.int64)
+    above = np.minimum(below + 1, ordered.shape[0] - 1)
+    result: FloatArray = ordered[below] + (ordered[above] - ordered[below]) * (positions - below)
+    return result
+
+
+class _ErrorRing:
+    """The last `capacity` rows of errors and forecasts; unfilled rows are NaN."""
+
+    def __init__(self, *, capacity: int, steps: int) -> None:
+        self.errors: FloatArray = np.full((capacity, steps), np.nan)
+        self.predicted: FloatArray = np.full((capacity, steps), np.nan)
+        self._cursor = 0
+
+    def extend(self, errors: FloatArray, predicted: FloatArray) -> None:
+        capacity = self.errors.shape[0]
+        errors, predicted = errors[-capacity:], predicted[-capacity:]
+        rows = (self._cursor + np.arange(errors.shape[0])) % capacity
+        self.errors[rows] = errors
+        self.predicted[rows] = predicted
+        self._cursor = (self._cursor + errors.shape[0]) % capacity
+
+
 def _calibration_errors(
     *,
     z: FloatArray,
@@ -449,7 +487,8 @@ def _spread_by_step(
     levels = len(QUANTILE_LEVELS)
     if errors.shape[0] == 0:
         return np.zeros(0), np.zeros((1, levels, max_steps))
-    finite_predictions = predicted[np.isfinite(errors)]
+    # Bin edges from the one-step-ahead forecasts: the same levels, a fraction of the work.
+    finite_predictions = predicted[np.isfinite(errors[:, 0]), 0]
     edges = (
         np.quantile(finite_predictions, np.linspace(0, 1, bins + 1)[1:-1])
         if bins > 1 and finite_predictions.shape[0]
@@ -463,14 +502,16 @@ def _spread_by_step(
         sample, forecast = sample[finite], predicted[finite, step - 1]
         if not sample.shape[0]:
             continue
-        pooled = np.quantile(sample, QUANTILE_LEVELS)
+        pooled = _sorted_quantiles(np.sort(sample))
         membership = np.searchsorted(edges, forecast)
+        # One sort by (bin, error) makes each bin a sorted contiguous run.
+        ordered = sample[np.lexsort((sample, membership))]
+        ends = np.cumsum(np.bincount(membership, minlength=edges.shape[0] + 1))
         for bin_index in range(edges.shape[0] + 1):
-            in_bin = sample[membership == bin_index]
+            begin = 0 if bin_index == 0 else int(ends[bin_index - 1])
+            in_bin = ordered[begin : int(ends[bin_index])]
             at_probes[bin_index, :, column] = (
-                np.quantile(in_bin, QUANTILE_LEVELS)
-                if in_bin.shape[0] >= _MIN_BIN_ERRORS
-                else pooled
+                _sorted_quantiles(in_bin) if in_bin.shape[0] >= _MIN_BIN_ERRORS else pooled
             )
     every_step = np.arange(1, max_steps + 1)
     spreads = np.zeros((edges.shape[0] + 1, levels, max_steps))
@@ -479,6 +520,11 @@ def _spread_by_step(
             spreads[bin_index, row] = np.interp(every_step, probes, at_probes[bin_index, row])
     return edges, spreads
 
+
+# Steps ahead with their own calibration; beyond, the last one's spread holds.
+_MAX_STEPS = 720
+# Errors kept for calibration, over all steps ahead (8 bytes each, twice).
+_MAX_CALIBRATION_CELLS = 2_000_000
 
 # Recalibrating costs a few milliseconds: on coarse series, batch at least this many rows.
 _MIN_RECALIBRATE_ROWS = 6
