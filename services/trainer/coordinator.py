@@ -61,6 +61,7 @@ from services.trainer.pserver_client import PServerClient
 
 log = logging.getLogger("tideshift.coordinator")
 PROGRESS_EVERY_SECONDS = 2.0
+WAIT_LOG_EVERY_SECONDS = 30.0
 
 
 class CoordinatorSettings(ServiceSettings):
@@ -330,38 +331,31 @@ async def run(settings: CoordinatorSettings, context: ServiceContext) -> None:
     context.ready.set()
     loop = asyncio.get_running_loop()
     last_report = 0.0
-    waiting_for_pservers = False
+    last_wait_log = -WAIT_LOG_EVERY_SECONDS
     try:
         while not stopping.is_set():
-            if not await lease.try_acquire():
-                log.warning("job %s: lost the coordinator lease; waiting to regain it", spec.job)
-                if not await _lead(lease, stopping, spec.job):
-                    break
             try:
+                if not await lease.try_acquire():
+                    log.warning("job %s: lost the coordinator lease; waiting for it", spec.job)
+                    if not await _lead(lease, stopping, spec.job):
+                        break
                 decision = await coordinator.tick()
-                waiting_for_pservers = False
+                coordinator.trainers = await membership.refresh(members)
+                if decision.finished:
+                    summary = await coordinator.summary()
+                    await coordinator.report(logloss=summary["logloss"])
+                    log.info("job %s: finished: %s", spec.job, summary)
+                    print(json.dumps(summary), flush=True)
+                    return
+                if decision.publish or loop.time() - last_report >= PROGRESS_EVERY_SECONDS:
+                    await coordinator.report()
+                    last_report = loop.time()
             except RequestFailed as error:
-                if not waiting_for_pservers:
+                if loop.time() - last_wait_log >= WAIT_LOG_EVERY_SECONDS:
                     log.info("job %s: waiting for pservers: %s", spec.job, error)
-                    waiting_for_pservers = True
-                else:
-                    log.debug("job %s: still waiting for pservers: %s", spec.job, error)
-                await sleep_unless(stopping, settings.tick_seconds)
-                continue
+                    last_wait_log = loop.time()
             except Exception as error:  # NATS hiccup: the next tick re-reads everything
                 log.warning("job %s: tick failed: %s", spec.job, error)
-                await sleep_unless(stopping, settings.tick_seconds)
-                continue
-            coordinator.trainers = await membership.refresh(members)
-            if decision.finished:
-                summary = await coordinator.summary()
-                await coordinator.report(logloss=summary["logloss"])
-                log.info("job %s: finished: %s", spec.job, summary)
-                print(json.dumps(summary), flush=True)
-                return
-            if decision.publish or loop.time() - last_report >= PROGRESS_EVERY_SECONDS:
-                await coordinator.report()
-                last_report = loop.time()
             await sleep_unless(stopping, settings.tick_seconds)
     finally:
         listener.cancel()

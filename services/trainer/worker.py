@@ -262,8 +262,11 @@ async def _next(
     if pull.done():
         return pull.result()
     pull.cancel()
-    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-        await pull
+    try:
+        late = await pull
+    except (asyncio.CancelledError, StopAsyncIteration):
+        return None
+    await late.nak()  # the pull won the race with the cancel: hand the task straight back
     return None
 
 
