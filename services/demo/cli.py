@@ -26,6 +26,10 @@ from services.common.embedded_nats import NatsServerError
 from services.common.ports import port_in_use
 from services.demo.errors import DemoError
 
+SIM_PEAK_RPS, SIM_TROUGH_RPS = 6800.0, 1200.0
+# Real HTTP from this machine to the sample app (see services/demo/kubedemo.py).
+KUBE_PEAK_RPS, KUBE_TROUGH_RPS = 200.0, 40.0
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -55,10 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace-start-hour", type=float, default=0.0, help="offset into the trace (hours)"
     )
     parser.add_argument(
-        "--peak-rps", type=float, default=6800.0, help="busiest demand, req/s (default 6800)"
+        "--peak-rps",
+        type=float,
+        default=None,
+        help="busiest demand, req/s (default 6800 in sim, 200 of real HTTP against a cluster)",
     )
     parser.add_argument(
-        "--trough-rps", type=float, default=1200.0, help="quietest demand (default 1200)"
+        "--trough-rps",
+        type=float,
+        default=None,
+        help="quietest demand (default 1200 in sim, 40 against a cluster)",
     )
     parser.add_argument("--noise", type=float, default=0.04, help="relative jitter (default 0.04)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the noise (default 1)")
@@ -128,8 +138,15 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         parser.error("--nats-port: expected 0..65535")
     if not 0 <= args.noise <= 1:
         parser.error("--noise: expected 0..1")
+    sim = args.cluster == "sim"
+    if args.peak_rps is None:
+        args.peak_rps = SIM_PEAK_RPS if sim else KUBE_PEAK_RPS
+    if args.trough_rps is None:
+        args.trough_rps = min(args.peak_rps, SIM_TROUGH_RPS if sim else KUBE_TROUGH_RPS)
     if not args.peak_rps > 0:
         parser.error("--peak-rps: expected > 0")
+    if not 0 <= args.trough_rps <= args.peak_rps:
+        parser.error("--trough-rps: expected between 0 and --peak-rps")
 
 
 def _progress_printer(quiet: bool) -> tuple[Callable[[str], None], Callable[[], None]]:

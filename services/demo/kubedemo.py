@@ -35,7 +35,7 @@ from typing import IO, Any
 
 import services
 from loadgen.driver import DriverConfig, LoadStats, drive
-from loadgen.profiles import DiurnalProfile, RateProfile
+from loadgen.profiles import RateProfile
 from services.common.embedded_nats import EmbeddedNats
 from services.common.ports import free_port
 from services.demo.clock import DEFAULT_START
@@ -48,13 +48,15 @@ from services.demo.world import JobShape, ListedFigures, Meter, ServingShape, Wo
 log = logging.getLogger("tideshift.demo.kube")
 
 APP = "web"
-# Real HTTP on a small machine: a day between 40 and 240 req/s, 20 req/s per replica.
+# Sized for the test control plane (3 x 8-core kwok nodes and a GPU node) and for real HTTP on a
+# small machine: a day between 40 and 200 req/s, 10 req/s per replica of one core, so serving
+# takes ~5 cores at night and ~25 by day, and two jobs of up to 4 two-core trainers the rest.
 KUBE_SERVING = ServingShape(
     name=APP,
     namespace="",  # filled with the run's namespace
-    cpu=0.5,
+    cpu=1.0,
     memory_gib=0.5,
-    capacity_rps=20.0,
+    capacity_rps=10.0,
     target_utilization=0.8,
     min_replicas=2,
     max_replicas=30,
@@ -323,15 +325,6 @@ def run_kube_demo(
     args: argparse.Namespace, profile: RateProfile, profile_name: str, *, kubeconfig: str | None
 ) -> int:
     speed = args.speed or 144.0
-    if isinstance(profile, DiurnalProfile) and args.trace is None:
-        # The sim's thousands of req/s would be a load test of this machine: scale to real HTTP.
-        profile = DiurnalProfile(
-            peak_rps=min(args.peak_rps, 240.0),
-            trough_rps=min(args.trough_rps, 40.0),
-            noise=args.noise,
-            seed=args.seed,
-        )
-        profile_name = f"synthetic day {profile.trough_rps:g}-{profile.peak_rps:g} req/s"
     prometheus = require_prometheus()
     access = resolve_cluster(kubeconfig)
     out: Path = args.out
