@@ -443,6 +443,8 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
     meter = Meter(shape, start=DEFAULT_START, sample_every_s=max(60.0, args.hours * 3600 / 600))
     started = time.monotonic()
     last_line = 0.0
+    churn = 0  # trainer pods that became ready or went away (as `simulate` counts churn)
+    trainer_pods: dict[str, set[str]] = {}
     try:
         while not load.done():
             elapsed = time.monotonic() - started
@@ -453,8 +455,11 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
             meter.record(DEFAULT_START + profile_time, figures, demand)
             fleet.reap()
             for job in jobs:
-                ready = [pod.name for pod in figures.pods if pod.owner == job.ref and pod.ready]
-                await fleet.reconcile(job.name, ready)
+                ready = {pod.name for pod in figures.pods if pod.owner == job.ref and pod.ready}
+                before = trainer_pods.get(job.name, set())
+                churn += len(ready - before) + len(before - ready)
+                trainer_pods[job.name] = ready
+                await fleet.reconcile(job.name, sorted(ready))
             failed = children.failed()
             if failed:
                 raise DemoError("a demo process stopped: " + "; ".join(failed))
@@ -490,7 +495,7 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
     summary = summarize(
         meter,
         end=DEFAULT_START + args.hours * 3600,
-        trainer_churn=fleet.started,
+        trainer_churn=churn,
         wall_s=time.monotonic() - started,
     )
     summary.training = dict(event_log.job_progress)
