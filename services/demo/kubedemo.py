@@ -63,8 +63,12 @@ KUBE_SERVING = ServingShape(
     startup_delay_s=0.0,
 )
 KUBE_JOBS = (
-    JobShape("ctr-a", trainer_cpu=2.0, trainer_memory_gib=2.0, max_trainers=4, pservers=0),
-    JobShape("ctr-b", trainer_cpu=2.0, trainer_memory_gib=2.0, max_trainers=4, pservers=0),
+    JobShape(
+        "ctr-a", trainer_cpu=2.0, trainer_memory_gib=2.0, max_trainers=4, pservers=0, kind="Job"
+    ),
+    JobShape(
+        "ctr-b", trainer_cpu=2.0, trainer_memory_gib=2.0, max_trainers=4, pservers=0, kind="Job"
+    ),
 )
 
 

@@ -61,10 +61,11 @@ class JobShape:
     startup_delay_s: float = 120.0
     priority: int = 0
     weight: float = 1.0
+    kind: str = JOB_KIND  # the sim's elastic job; batch/v1 `Job` (parallelism) on a real cluster
 
     @property
     def ref(self) -> TargetRef:
-        return TargetRef(self.namespace, JOB_KIND, self.name)
+        return TargetRef(self.namespace, self.kind, self.name)
 
 
 @dataclass(frozen=True)
