@@ -91,13 +91,19 @@ def resolve_cluster(kubeconfig: str | None) -> ClusterAccess:
     from services.devcluster.cluster import (
         ADMIN_KUBECONFIG,
         ClusterOptions,
+        ClusterStartError,
         LocalCluster,
         default_nodes,
         load_state,
         record_alive,
         state_processes,
     )
-    from services.devcluster.versions import cache_root, default_bin_dir, stale_binaries
+    from services.devcluster.versions import (
+        MissingBinariesError,
+        cache_root,
+        default_bin_dir,
+        stale_binaries,
+    )
 
     state_dir = cache_root() / "devcluster"
     state = load_state(state_dir)
@@ -114,7 +120,11 @@ def resolve_cluster(kubeconfig: str | None) -> ClusterAccess:
     cluster = LocalCluster(
         ClusterOptions(bin_dir=bin_dir, nodes=default_nodes(4, cpu="8", memory="32Gi"))
     )
-    cluster.start()
+    try:
+        cluster.start()
+    except (MissingBinariesError, ClusterStartError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DemoError(f"could not start the local control plane: {first}") from None
     return ClusterAccess(cluster.kubeconfig_path, started=cluster)
 
 

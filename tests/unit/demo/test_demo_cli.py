@@ -75,3 +75,26 @@ def test_flags_are_validated(
         main(["--out", str(tmp_path), *argv])
     assert stopped.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_real_cluster_mode_without_binaries_says_how_to_build_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.demo import kubedemo
+
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no dev cluster state
+    monkeypatch.setenv("TIDESHIFT_K8S_BIN_DIR", str(tmp_path / "no-binaries"))
+    monkeypatch.setattr(kubedemo, "require_prometheus", lambda: "prometheus")
+    assert main(["--out", str(tmp_path / "out"), "--cluster", "kubeconfig"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "make k8s-binaries" in line and "--cluster PATH" in line
+
+
+def test_real_cluster_mode_without_prometheus_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["--out", str(tmp_path / "out"), "--cluster", "kubeconfig"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "apt-get install prometheus" in line
