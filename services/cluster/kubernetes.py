@@ -399,16 +399,13 @@ class Informer(Generic[Obj]):
             with contextlib.suppress(Exception):
                 response.shutdown()
 
-    def run(self, emit: Emit, stop: threading.Event, expire: threading.Event) -> None:
+    def run(self, emit: Emit, stop: threading.Event) -> None:
         """The informer loop: relist when needed, watch, reconnect; until `stop`."""
         backoff = self.tuning.backoff_initial_seconds
         next_resync = time.monotonic() + self.tuning.resync_seconds
         cause = "start" if not self.resource_version else ""
         while not stop.is_set():
             try:
-                if expire.is_set():
-                    expire.clear()
-                    self.resource_version = "1"  # test hook: far in the past -> 410 Gone
                 if time.monotonic() >= next_resync:
                     cause = "resync"
                 if cause:
@@ -547,7 +544,6 @@ class KubernetesClusterPort:
             tuning=self.tuning,
         )
         self._watching = False
-        self._expire = {"nodes": threading.Event(), "pods": threading.Event()}
 
     @classmethod
     def from_kubeconfig(
@@ -580,11 +576,6 @@ class KubernetesClusterPort:
             await asyncio.to_thread(self.pods.relist, "list")
         return list(self.pods.cache.values())
 
-    def expire_resource_versions(self) -> None:
-        """Test hook: make both informers resume from a version long compacted (-> 410)."""
-        for event in self._expire.values():
-            event.set()
-
     async def watch(self) -> AsyncIterator[ClusterChange]:
         if self._watching:
             raise RuntimeError("this port is already being watched")
@@ -600,7 +591,7 @@ class KubernetesClusterPort:
         threads = [
             threading.Thread(
                 target=informer.run,
-                args=(emit, stop, self._expire[name]),
+                args=(emit, stop),
                 name=f"watch-{name}",
                 daemon=True,
             )

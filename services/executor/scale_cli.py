@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 import uuid
@@ -111,12 +112,14 @@ async def _first_with_key(results: object, key: str) -> ScaleResult:
 
 
 async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
+    # Reconnect chatter is for services' logs; this command reports failures itself.
+    logging.getLogger("tideshift.bus").setLevel(logging.ERROR)
     try:
         bus = await Bus.connect(
             args.nats_url,
             name="tideshift-scale",
             credentials=args.nats_credentials,
-            connect_timeout=10.0,
+            connect_timeout=min(10.0, args.timeout),
         )
     except ConnectionError as error:
         print(f"tideshift scale: {error}", file=sys.stderr)

@@ -128,7 +128,9 @@ def start_service(name: str, nats_url: str, kubeconfig: Path, log_dir: Path, *ex
     log = (log_dir / f"{name}.log").open("wb")
     return subprocess.Popen(
         [
-            str(ROOT / ".venv" / "bin" / "tideshift"),
+            sys.executable,
+            "-c",
+            "import sys; from services.cli import main; sys.exit(main())",
             "run",
             name,
             "--nats-url",
@@ -143,6 +145,7 @@ def start_service(name: str, nats_url: str, kubeconfig: Path, log_dir: Path, *ex
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
+        cwd=ROOT,
     )
 
 
