@@ -71,7 +71,8 @@ class ExecutorSettings(ServiceSettings):
 
 def _is_transient(error: BaseException) -> bool:
     if isinstance(error, ApiException):
-        return error.status is None or error.status in {429, 500, 502, 503, 504}
+        # 409: still conflicting after the port's own re-reads; worth another delivery.
+        return error.status is None or error.status in {409, 429, 500, 502, 503, 504}
     return isinstance(
         error,
         Transient | urllib3.exceptions.HTTPError | OSError | TimeoutError | nats.errors.Error,
