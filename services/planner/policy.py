@@ -242,11 +242,36 @@ def slots_per_node(free: FloatArray, request: FloatArray) -> IntArray:
     return slots
 
 
+def pack_sparse(free: FloatArray, request: FloatArray, count: int) -> tuple[IntArray, IntArray]:
+    """First fit of `count` identical pods: (node rows, pods on each); the sum may fall short.
+
+    Scans nodes in growing blocks and stops once everything is placed: small additions on a
+    big cluster touch only the first few hundred nodes.
+    """
+    node_count = free.shape[0]
+    nodes: list[IntArray] = []
+    counts: list[IntArray] = []
+    start, block = 0, 256
+    while count > 0 and start < node_count:
+        end = min(node_count, start + block)
+        slots = slots_per_node(free[start:end], request)
+        before = np.cumsum(slots) - slots
+        taken = np.clip(count - before, 0, slots)
+        used = np.flatnonzero(taken)
+        nodes.append(used + start)
+        counts.append(taken[used])
+        count -= int(taken.sum())
+        start, block = end, block * 2
+    if not nodes:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(nodes), np.concatenate(counts)
+
+
 def pack(free: FloatArray, request: FloatArray, count: int) -> IntArray:
     """First fit of `count` identical pods; returns pods per node (sum may fall short)."""
-    slots = slots_per_node(free, request)
-    before = np.cumsum(slots) - slots
-    placed: IntArray = np.clip(count - before, 0, slots).astype(np.int64)
+    placed: IntArray = np.zeros(free.shape[0], dtype=np.int64)
+    nodes, counts = pack_sparse(free, request, count)
+    placed[nodes] = counts
     return placed
 
 
@@ -270,6 +295,63 @@ def level_down(counts: IntArray, keep: int) -> IntArray:
         above = np.flatnonzero(counts > low)[:remainder]
         kept[above] += 1
     return kept
+
+
+def level_down_many(counts: IntArray, rows: IntArray, row_count: int, keep: IntArray) -> IntArray:
+    """`level_down` for many targets at once.
+
+    Entries (rows[e], counts[e]) are one target's pods on one node, grouped by row in
+    ascending order; `keep[row]` pods stay per target. A vectorised binary search finds each
+    target's cap h (largest with sum(min(counts, h)) <= keep); the remainder goes, one each,
+    to that target's first entries above h. Worked example (test_level_down_many): counts
+    [4, 1, 2] with keep 5 gives h = 2, sum 5, stays [2, 1, 2].
+    """
+    if counts.size == 0:
+        return counts.copy()
+    totals = np.bincount(rows, weights=counts, minlength=row_count).astype(np.int64)
+    keep = np.clip(keep, 0, totals)
+    cut = keep < totals
+    if not cut.any():
+        return counts.copy()
+    affected = cut[rows]
+    if not affected.all():  # only the targets that shrink need the search
+        result_all = counts.copy()
+        result_all[affected] = level_down_many(counts[affected], rows[affected], row_count, keep)
+        return result_all
+    low = np.zeros(row_count, dtype=np.int64)
+    high = np.zeros(row_count, dtype=np.int64)
+    np.maximum.at(high, rows, counts)
+    for _ in range(64):
+        if np.all(low >= high):
+            break
+        middle = (low + high + 1) // 2
+        sums = np.bincount(rows, weights=np.minimum(counts, middle[rows]), minlength=row_count)
+        fits = sums <= keep + 1e-9
+        low = np.where(fits, middle, low)
+        high = np.where(fits, high, middle - 1)
+    stays = np.minimum(counts, low[rows])
+    remainder = keep - np.bincount(rows, weights=stays, minlength=row_count).astype(np.int64)
+    above = counts > low[rows]
+    running = np.cumsum(above)
+    starts = np.searchsorted(rows, np.arange(row_count))
+    before_row = np.where(starts > 0, running[np.maximum(starts - 1, 0)], 0)
+    rank = running - 1 - before_row[rows]
+    stays += (above & (rank < remainder[rows])).astype(np.int64)
+    result: IntArray = stays
+    return result
+
+
+def node_sums(
+    nodes: IntArray, weights: IntArray, requests: FloatArray, node_count: int
+) -> FloatArray:
+    """Per-node resources of `weights[e]` pods of `requests[e]` on `nodes[e]`: (nodes, 3)."""
+    result = np.zeros((node_count, 3))
+    if nodes.size:
+        for resource in range(3):
+            result[:, resource] = np.bincount(
+                nodes, weights=weights * requests[:, resource], minlength=node_count
+            )
+    return result
 
 
 # ---- serving ------------------------------------------------------------------------------------
@@ -363,8 +445,7 @@ class _TierJob:
     job: TrainingJob
     current: int
     request: FloatArray
-    kept: IntArray  # trainers per node that stay where they are (after forced clipping)
-    kept_total: int
+    kept_total: int  # trainers that stay where they are (after forced clipping)
     dominant: float  # dominant share of one trainer in the cluster
     lo: int = 0
     hi: int = 0
@@ -382,19 +463,44 @@ def _shape_order(jobs: Sequence[_TierJob]) -> list[tuple[tuple[float, float, flo
 class _TierSolver:
     """Feasibility and fair-share search for one priority tier."""
 
-    def __init__(self, jobs: list[_TierJob], base_free: FloatArray, total: FloatArray) -> None:
+    def __init__(
+        self,
+        jobs: list[_TierJob],
+        base_free: FloatArray,
+        *,
+        entry_job: IntArray,
+        entry_node: IntArray,
+        entry_kept: IntArray,
+    ) -> None:
+        """`base_free`: room left with every kept trainer in place; entries (sorted by job):
+        the kept trainers per (job, node)."""
         self.jobs = jobs
         self.base_free = base_free
-        self.total = total
         self.shapes = _shape_order(jobs)
+        self.entry_job = entry_job
+        self.entry_node = entry_node
+        self.entry_kept = entry_kept
+        self.entry_request = (
+            np.array([item.request for item in jobs], dtype=np.float64).reshape(-1, 3)[entry_job]
+            if jobs
+            else np.zeros((0, 3))
+        )
+        self.kept_totals = np.array([item.kept_total for item in jobs], dtype=np.int64)
 
     def freed(self, counts: Sequence[int]) -> FloatArray:
-        free = self.base_free.copy()
-        for item, count in zip(self.jobs, counts, strict=True):
-            if count < item.kept_total:
-                released = item.kept - level_down(item.kept, count)
-                free += np.outer(released, item.request)
-        return free
+        """Room once every job that shrinks has left the nodes holding most of its trainers."""
+        wanted = np.asarray(counts, dtype=np.int64)
+        if not np.any(wanted < self.kept_totals):
+            return self.base_free.copy()
+        stays = level_down_many(self.entry_kept, self.entry_job, len(self.jobs), wanted)
+        released = self.entry_kept - stays
+        moved = released > 0
+        return self.base_free + node_sums(
+            self.entry_node[moved],
+            released[moved],
+            self.entry_request[moved],
+            self.base_free.shape[0],
+        )
 
     def place(self, counts: Sequence[int]) -> tuple[bool, FloatArray, IntArray]:
         """(all placed, free left, unplaced additions per job)."""
@@ -406,8 +512,8 @@ class _TierSolver:
             if wanted == 0:
                 continue
             request = np.asarray(shape, dtype=np.float64)
-            placed = pack(free, request, wanted)
-            free -= np.outer(placed, request)
+            nodes, placed = pack_sparse(free, request, wanted)
+            free[nodes] -= placed[:, None] * request
             short = wanted - int(placed.sum())
             # Attribute a shortfall to the shape's last members (later-submitted jobs).
             for i, added in reversed(list(zip(members, additions, strict=True))):
@@ -476,21 +582,20 @@ class _TierSolver:
             [self.jobs[i].job.weight / self.jobs[i].dominant for i in admitted], dtype=np.float64
         )
         requests = np.array([self.jobs[i].request for i in admitted], dtype=np.float64)
-        breakpoints = [np.zeros(1)]
-        for k in range(len(admitted)):
-            if hi[k] > lo[k]:
-                breakpoints.append(np.arange(lo[k] + 1, hi[k] + 1) / slope[k])
-        levels = np.unique(np.concatenate(breakpoints))
         base_array = np.asarray(base, dtype=np.int64)
+
+        def fair(level: float) -> IntArray:
+            counts: IntArray = np.clip(np.floor(level * slope + 1e-9), lo, hi).astype(np.int64)
+            return counts
 
         def counts_at(level: float) -> list[int]:
             counts = base_array.copy()
-            counts[rows] = np.clip(np.floor(level * slope + 1e-9), lo, hi).astype(np.int64)
+            counts[rows] = fair(level)
             return [int(c) for c in counts]
 
-        room = self.base_free.sum(axis=0) + sum(
-            item.kept_total * item.request for item in self.jobs
-        )
+        room = self.base_free.sum(axis=0) + self.kept_totals @ np.array(
+            [item.request for item in self.jobs]
+        ).reshape(-1, 3)
         others = np.ones(len(self.jobs), dtype=np.bool_)
         others[rows] = False
         fixed_use = sum(
@@ -499,29 +604,36 @@ class _TierSolver:
         )
 
         def fits_aggregate(level: float) -> bool:
-            counts = np.clip(np.floor(level * slope + 1e-9), lo, hi)
-            need = counts @ requests + fixed_use
+            need = fair(level) @ requests + fixed_use
             return bool(np.all(need <= room + 1e-6))
 
-        low, high = 0, len(levels) - 1
-        while low < high:  # largest breakpoint within the aggregate room
-            middle = (low + high + 1) // 2
-            if fits_aggregate(float(levels[middle])):
+        # Bisection on L: first the aggregate bound (cheap), then per node below it. Stops as
+        # soon as the integer counts at both ends agree.
+        low, high = 0.0, float((hi / slope).max()) + 1e-9
+        for _ in range(80):
+            if np.array_equal(fair(low), fair(high)):
+                break
+            middle = (low + high) / 2
+            if fits_aggregate(middle):
                 low = middle
             else:
-                high = middle - 1
-        best = counts_at(float(levels[0]))
-        if low > 0 and self.feasible(candidate := counts_at(float(levels[low]))):
+                high = middle
+        if self.feasible(candidate := counts_at(low)):
             best = candidate
-        elif low > 0:
-            bottom, top = 0, low - 1
-            while bottom < top:
-                middle = (bottom + top + 1) // 2
-                if self.feasible(counts_at(float(levels[middle]))):
-                    bottom = middle
+        else:
+            # Per node: close enough once the ends differ by about a trainer per job; the
+            # top-ups below place what integer rounding and this tolerance leave.
+            top, low = low, 0.0
+            for _ in range(60):
+                gap = int(fair(top).sum() - fair(low).sum())
+                if gap <= max(1, len(admitted) // 2):
+                    break
+                middle = (low + top) / 2
+                if self.feasible(counts_at(middle)):
+                    low = middle
                 else:
-                    top = middle - 1
-            best = counts_at(float(levels[bottom]))
+                    top = middle
+            best = counts_at(low)
         # Integer rounding leaves room for single trainers: add them to the jobs with the lowest
         # weighted share first, each checked against its own shape's free slots.
         _, free, _ = self.place(best)
@@ -529,43 +641,24 @@ class _TierSolver:
             admitted,
             key=lambda i: (best[i] * self.jobs[i].dominant / self.jobs[i].job.weight, i),
         )
+        slots_by_shape = {
+            shape: slots_per_node(free, np.asarray(shape, dtype=np.float64))
+            for shape, _ in self.shapes
+        }
         for i in by_share:
             item = self.jobs[i]
             if best[i] >= item.hi or best[i] < item.kept_total:
                 continue
-            slots = slots_per_node(free, item.request)
-            nodes = np.flatnonzero(slots > 0)
+            shape = (float(item.request[0]), float(item.request[1]), float(item.request[2]))
+            nodes = np.flatnonzero(slots_by_shape[shape] > 0)
             if len(nodes) == 0:
                 continue
-            free[nodes[0]] -= item.request
+            node = int(nodes[0])
+            free[node] -= item.request
+            for other, slots in slots_by_shape.items():
+                slots[node] = slots_per_node(free[node : node + 1], np.asarray(other))[0]
             best[i] += 1
         return best
-
-
-def _place_tier(
-    jobs: Sequence[_TierJob], counts: Sequence[int], free: FloatArray
-) -> tuple[FloatArray, list[int]]:
-    """Final placement of a tier: stays first, then additions per shape. (usage, unplaced)."""
-    usage = np.zeros_like(free)
-    room = free.copy()
-    for item, count in zip(jobs, counts, strict=True):
-        stays = level_down(item.kept, count)
-        stay_usage = np.outer(stays, item.request)
-        usage += stay_usage
-        room -= stay_usage
-    unplaced = [0] * len(jobs)
-    for _, members in _shape_order(jobs):
-        for i in members:
-            item = jobs[i]
-            additions = max(0, counts[i] - item.kept_total)
-            if additions == 0:
-                continue
-            added = pack(room, item.request, additions)
-            added_usage = np.outer(added, item.request)
-            usage += added_usage
-            room -= added_usage
-            unplaced[i] = additions - int(added.sum())
-    return usage, unplaced
 
 
 # ---- plan ---------------------------------------------------------------------------------
@@ -576,9 +669,20 @@ def managed_targets(inputs: PlanInputs) -> list[Target]:
     return [w.target for w in inputs.serving] + [j.target for j in inputs.jobs]
 
 
-def cluster_usage(inputs: PlanInputs) -> tuple[FloatArray, IntArray]:
-    """(requests per node of pods the plan does not scale, bound replicas per managed target
-    per node). Job companions (parameter servers) count as fixed."""
+@dataclass(frozen=True, slots=True, eq=False)
+class ClusterEntries:
+    """Requests of pods the plan does not scale, per node, and bound replicas of each managed
+    target (rows: serving workloads, then jobs) as sparse (row, node, count) entries sorted by
+    row then node."""
+
+    fixed: FloatArray  # (nodes, 3)
+    row: IntArray
+    node: IntArray
+    count: IntArray
+    row_totals: IntArray  # (managed,)
+
+
+def cluster_entries(inputs: PlanInputs) -> ClusterEntries:
     view = inputs.cluster
     node_count = len(view.node_names)
     managed = managed_targets(inputs)
@@ -592,23 +696,32 @@ def cluster_usage(inputs: PlanInputs) -> tuple[FloatArray, IntArray]:
     managed_replica = (pod_managed >= 0) & view.pod_replica
     fixed_mask = bound & ~managed_replica
     fixed = np.zeros((node_count, 3))
+    fixed_nodes = view.pod_node[fixed_mask]
+    fixed_requests = view.pod_requests[fixed_mask]
     for resource in range(3):
         fixed[:, resource] = np.bincount(
-            view.pod_node[fixed_mask],
-            weights=view.pod_requests[fixed_mask, resource],
-            minlength=node_count,
+            fixed_nodes, weights=fixed_requests[:, resource], minlength=node_count
         )[:node_count]
     counted = bound & managed_replica
-    counts = (
-        np.bincount(
-            pod_managed[counted] * node_count + view.pod_node[counted],
-            minlength=len(managed) * node_count,
-        )
-        .reshape(len(managed), node_count)
-        .astype(np.int64)
-    )
+    keys = np.sort(pod_managed[counted] * max(node_count, 1) + view.pod_node[counted])
+    if keys.size:
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        unique = keys[starts]
+        count = np.diff(np.r_[starts, keys.size]).astype(np.int64)
+    else:
+        unique = count = np.zeros(0, dtype=np.int64)
+    row = unique // max(node_count, 1)
+    totals = np.bincount(row, weights=count, minlength=len(managed)).astype(np.int64)
+    return ClusterEntries(fixed, row, unique % max(node_count, 1), count, totals)
 
-    return fixed, counts
+
+def cluster_usage(inputs: PlanInputs) -> tuple[FloatArray, IntArray]:
+    """(requests per node of pods the plan does not scale, bound replicas per managed target
+    per node, dense). For small clusters (the baselines); the policy uses `cluster_entries`."""
+    entries = cluster_entries(inputs)
+    counts = np.zeros((len(managed_targets(inputs)), entries.fixed.shape[0]), dtype=np.int64)
+    counts[entries.row, entries.node] = entries.count
+    return entries.fixed, counts
 
 
 def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, PlanState]:
@@ -619,7 +732,8 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     total = allocatable.sum(axis=0) if node_count else np.zeros(3)
 
     managed_row = {target: row for row, target in enumerate(managed_targets(inputs))}
-    fixed, counts = cluster_usage(inputs)
+    entries = cluster_entries(inputs)
+    fixed = entries.fixed
 
     decisions: list[TargetDecision] = []
     infeasible: list[Infeasible] = []
@@ -630,13 +744,17 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     new_seen = dict(state.serving_seen_since)
     new_grew = {target: t for target, t in state.job_grew_at.items() if target in managed_row}
 
+    # Sparse view of the counts: entries (row, node, count), grouped by row.
+    entry_row, entry_node, entry_count = entries.row, entries.node, entries.count
+    bound_totals = entries.row_totals
+    serving_count = len(inputs.serving)
+
     # -- 1. serving ---------------------------------------------------------------------------
     usage = fixed.copy()
     serving_desired: list[int] = []
-    serving_stays: list[IntArray] = []
     for row, workload in enumerate(inputs.serving):
         target = workload.target
-        current = inputs.current.get(target, int(counts[row].sum()))
+        current = inputs.current.get(target, int(bound_totals[row]))
         seen_since = new_seen.setdefault(target, now)
         desired, reason, history, fallback = _plan_serving(
             workload,
@@ -653,28 +771,49 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
             fallbacks.append(fallback)
         serving_desired.append(desired)
         decisions.append(TargetDecision(target, "serving", current, desired, reason))
-        stays = level_down(counts[row], desired)
-        serving_stays.append(stays)
-        usage += np.outer(stays, np.asarray(workload.replica_requests, dtype=np.float64))
 
+    serving_requests = np.array(
+        [w.replica_requests for w in inputs.serving], dtype=np.float64
+    ).reshape(-1, 3)
     job_requests = np.array(
         [job.trainer_requests for job in inputs.jobs], dtype=np.float64
     ).reshape(-1, 3)
-    job_counts = counts[len(inputs.serving) :]
-    trainer_usage = job_counts.T.astype(np.float64) @ job_requests  # (nodes, 3)
+    is_serving = entry_row < serving_count
+    serving_rows, serving_nodes = entry_row[is_serving], entry_node[is_serving]
+    serving_stays = level_down_many(
+        entry_count[is_serving],
+        serving_rows,
+        serving_count,
+        np.asarray(serving_desired, dtype=np.int64),
+    )
+    usage += node_sums(serving_nodes, serving_stays, serving_requests[serving_rows], node_count)
+    serving_stayed = np.bincount(serving_rows, weights=serving_stays, minlength=serving_count)
+    job_rows = entry_row[~is_serving] - serving_count  # job index
+    job_nodes = entry_node[~is_serving]
+    job_entry_counts = entry_count[~is_serving]
+    job_bound = bound_totals[serving_count:]
+    trainer_usage = node_sums(job_nodes, job_entry_counts, job_requests[job_rows], node_count)
+    free_of_all = allocatable - usage - trainer_usage  # what the scheduler finds free
+    free_of_serving = allocatable - usage  # what serving can take by preempting trainers
     for row, workload in enumerate(inputs.serving):
-        request = np.asarray(workload.replica_requests, dtype=np.float64)
-        additions = serving_desired[row] - int(serving_stays[row].sum())
+        request = serving_requests[row]
+        additions = serving_desired[row] - int(serving_stayed[row])
         if additions <= 0:
             continue
         # Free room first (what the scheduler does), then room trainers must give back.
-        first = pack(allocatable - usage - trainer_usage, request, additions)
-        usage += np.outer(first, request)
-        rest = additions - int(first.sum())
+        nodes, placed = pack_sparse(free_of_all, request, additions)
+        taken = placed[:, None] * request
+        usage[nodes] += taken
+        free_of_all[nodes] -= taken
+        free_of_serving[nodes] -= taken
+        rest = additions - int(placed.sum())
         if rest > 0:
-            second = pack(allocatable - usage, request, rest)
-            usage += np.outer(second, request)
-            unplaced = rest - int(second.sum())
+            nodes, placed = pack_sparse(free_of_serving, request, rest)
+            taken = placed[:, None] * request
+            usage[nodes] += taken
+            free_of_all[nodes] -= taken
+            free_of_serving[nodes] -= taken
+            unplaced = rest - int(placed.sum())
             if unplaced > 0:
                 infeasible.append(
                     Infeasible(
@@ -689,36 +828,71 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     tiers = sorted({job.priority for job in inputs.jobs}, reverse=True)
     for tier in tiers:
         members = [k for k, job in enumerate(inputs.jobs) if job.priority == tier]
-        tier_jobs: list[_TierJob] = []
-        tier_free = free.copy()
-        forced: dict[int, int] = {}
         # Running jobs first, then by submission: they keep their nodes and are admitted first.
         members.sort(
             key=lambda k: (
-                int(job_counts[k].sum()) < inputs.jobs[k].floor,
+                int(job_bound[k]) < inputs.jobs[k].floor,
                 inputs.jobs[k].submitted_at,
                 inputs.jobs[k].target,
             )
         )
-        for k in members:
+        member_array = np.asarray(members, dtype=np.int64)
+        to_local = np.full(len(inputs.jobs), -1, dtype=np.int64)
+        to_local[member_array] = np.arange(len(members))
+        in_tier = to_local[job_rows] >= 0
+        local_job = to_local[job_rows[in_tier]]
+        by_job = np.argsort(local_job, kind="stable")
+        local_job = local_job[by_job]
+        local_node = job_nodes[in_tier][by_job]
+        local_count = job_entry_counts[in_tier][by_job]
+        local_request = job_requests[member_array].reshape(-1, 3)[local_job]
+        # Trainers stay where they are unless serving or a higher tier took their node; there,
+        # earlier jobs keep theirs first.
+        kept = local_count.copy()
+        tier_use = node_sums(local_node, local_count, local_request, node_count)
+        overflow = np.any(free - tier_use < -1e-6, axis=1)
+        if overflow.any():
+            # Per overflowing node, in job order: an entry keeps what fits after the earlier
+            # entries on that node (counted in full: conservative if one was clipped).
+            on_overflow = np.flatnonzero(overflow[local_node])
+            on_overflow = on_overflow[np.lexsort((local_job[on_overflow], local_node[on_overflow]))]
+            nodes = local_node[on_overflow]
+            requests = local_request[on_overflow]
+            use = local_count[on_overflow][:, None] * requests
+            running = np.cumsum(use, axis=0)
+            first = np.r_[True, nodes[1:] != nodes[:-1]]
+            group_start = np.maximum.accumulate(np.where(first, np.arange(len(nodes)), 0))
+            before = running - use - (running[group_start] - use[group_start])
+            room = free[nodes] - before
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(requests > 0, np.floor((room + 1e-6) / requests), np.inf)
+            fits = np.clip(ratio.min(axis=1), 0, local_count[on_overflow]).astype(np.int64)
+            kept[on_overflow] = fits
+        tier_free = free - node_sums(local_node, kept, local_request, node_count)
+        kept_totals = np.bincount(local_job, weights=kept, minlength=len(members)).astype(np.int64)
+        tier_jobs: list[_TierJob] = []
+        forced: dict[int, int] = {}
+        for local, k in enumerate(members):
             job = inputs.jobs[k]
             request = job_requests[k]
-            slots = slots_per_node(tier_free, request)
-            kept = np.minimum(job_counts[k], slots)
-            tier_free -= np.outer(kept, request)
-            kept_total = int(kept.sum())
-            bound_total = int(job_counts[k].sum())
+            kept_total = int(kept_totals[local])
+            bound_total = int(job_bound[k])
             if kept_total < bound_total:
-                forced[len(tier_jobs)] = bound_total - kept_total
+                forced[local] = bound_total - kept_total
             dominant = float(max((request / np.maximum(total, _EPS)).max(), _EPS))
             current = inputs.current.get(job.target, bound_total)
             hi = job.max_trainers
             if inputs.cluster_stale:
                 hi = min(hi, max(current, kept_total))
-            tier_jobs.append(
-                _TierJob(job, current, request, kept, kept_total, dominant, job.floor, hi)
-            )
-        solver = _TierSolver(tier_jobs, tier_free, total)
+            tier_jobs.append(_TierJob(job, current, request, kept_total, dominant, job.floor, hi))
+        present = kept > 0
+        solver = _TierSolver(
+            tier_jobs,
+            tier_free,
+            entry_job=local_job[present],
+            entry_node=local_node[present],
+            entry_kept=kept[present],
+        )
         order = list(range(len(tier_jobs)))
         base, excluded = solver.admit(order)
         admitted = [i for i in order if i not in excluded]
@@ -816,9 +990,8 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
                 new_grew[job.target] = now
             decisions.append(TargetDecision(job.target, "training", item.current, desired, reason))
             final[i] = desired
-        tier_usage, unplaced_counts = _place_tier(tier_jobs, final, free)
-        free -= tier_usage
-        for i, unplaced in enumerate(unplaced_counts):
+        _, free, unplaced_counts = solver.place(final)
+        for i, unplaced in enumerate(unplaced_counts.tolist()):
             if unplaced > 0:
                 infeasible.append(
                     Infeasible(

@@ -535,7 +535,7 @@ def plot(result: PolicyResult, scenario: Scenario, out_dir: Path) -> Path:
     if trainers:
         names = sorted(trainers)
         stacked = np.array([np.pad(trainers[n], (len(hours) - len(trainers[n]), 0)) for n in names])
-        axes[1].stackplot(hours, stacked, labels=names if len(names) <= 12 else None)
+        axes[1].stackplot(hours, stacked, labels=names if len(names) <= 12 else ())
         if len(names) <= 12:
             axes[1].legend(loc="upper right", fontsize="small", ncol=3)
     axes[1].set_ylabel("ready trainers per job")

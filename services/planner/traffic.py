@@ -6,6 +6,7 @@ be fitted on the "history" that precedes t = 0.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,8 +44,7 @@ class PointsProfile:
             return self.rates[-1]
         if self.linear:
             return float(np.interp(t, self.times, self.rates))
-        index = int(np.searchsorted(self.times, t, side="right")) - 1
-        return self.rates[index]
+        return self.rates[bisect.bisect_right(self.times, t) - 1]
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class TraceProfile:
 
     def rate(self, t: float) -> float:
         trace_t = self.start_s + t * self.time_scale
-        index = int(np.searchsorted(self.timestamps, trace_t, side="right")) - 1
+        index = bisect.bisect_right(self.timestamps, trace_t) - 1
         index = min(max(index, 0), len(self.counts) - 1)
         per_sim_second = self.counts[index] / (self.interval_s / self.time_scale)
         return per_sim_second * self.amplitude

@@ -1,7 +1,9 @@
 """plan() speed on a large cluster: 5,000 nodes, 150,000 pods, 100 serving workloads,
 200 training jobs. Prints p50/p99 of plan() and the one-off cost of building the columnar
-view from pod records. Goal: p99 < 100 ms. Run: .venv/bin/python tests/benchmarks/bench_planner_speed.py
-(or through pytest: it is a test that prints and asserts nothing about time)."""
+view from pod records. Goal: p99 < 100 ms.
+
+Run: .venv/bin/python tests/benchmarks/bench_planner_speed.py (or through pytest: it prints
+and asserts nothing about time)."""
 
 from __future__ import annotations
 
@@ -63,13 +65,19 @@ def build_inputs(seed: int = 1) -> tuple[PlanInputs, float]:
     for workload in serving:
         for _ in range(1000):
             pods.append(
-                PodSpec(workload.replica_requests, cpu_names[int(rng.integers(0, 4500))], workload.target)
+                PodSpec(
+                    workload.replica_requests,
+                    cpu_names[int(rng.integers(0, 4500))],
+                    workload.target,
+                )
             )
     for job in jobs:
         count = 225
         names = gpu_names if job.trainer_requests[2] else cpu_names
         for _ in range(count if not job.trainer_requests[2] else 8):
-            pods.append(PodSpec(job.trainer_requests, names[int(rng.integers(0, len(names)))], job.target))
+            pods.append(
+                PodSpec(job.trainer_requests, names[int(rng.integers(0, len(names)))], job.target)
+            )
     while len(pods) < 150_000:
         pods.append(PodSpec((0.25, GIB, 0.0), cpu_names[int(rng.integers(0, 4500))], None))
     started = time.perf_counter()
@@ -101,19 +109,25 @@ def main() -> int:
         f"ClusterView.build {build_s * 1000:.0f} ms (done once; the service keeps it current)"
     )
     state = PlanState()
-    timings = []
+    wall: list[float] = []
+    cpu: list[float] = []
     for round_index in range(40):
         now = 15.0 * round_index
-        started = time.perf_counter()
+        started_wall, started_cpu = time.perf_counter(), time.process_time()
         decision, state = plan(inputs, state, now)
-        timings.append(time.perf_counter() - started)
-    timings.sort()
-    p50 = statistics.median(timings) * 1000
-    p99 = timings[min(len(timings) - 1, int(0.99 * len(timings)))] * 1000
+        wall.append(time.perf_counter() - started_wall)
+        cpu.append(time.process_time() - started_cpu)
     changed = len(decision.changes())
-    print(f"plan(): p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(timings)} runs "
-          f"(goal p99 < 100 ms); last decision changes {changed} targets, "
-          f"{len(decision.infeasible)} infeasible")
+    for label, timings in (("wall", wall), ("cpu", cpu)):
+        timings.sort()
+        p50 = statistics.median(timings) * 1000
+        p99 = timings[min(len(timings) - 1, int(0.99 * len(timings)))] * 1000
+        print(f"plan() {label} time: p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(timings)} runs")
+    print(
+        "(goal p99 < 100 ms; cpu time is what plan() costs on an idle core, wall time "
+        "includes waiting for a core on a shared machine); the last decision changes "
+        f"{changed} targets, {len(decision.infeasible)} infeasible"
+    )
     return 0
 
 
