@@ -263,7 +263,7 @@ class PServerState:
 
 
 def handle_push(
-    state: PServerState, push: GradientPush, *, learning_rate: float
+    state: PServerState, push: GradientPush, *, learning_rate: float, num_shards: int
 ) -> tuple[PServerState, PushResult]:
     """Apply ``push`` unless it is a duplicate or bad; the state is untouched unless applied."""
     if push.job != state.job:
@@ -274,6 +274,11 @@ def handle_push(
         return state, PushResult(
             PushOutcome.REJECTED,
             f"epoch and shard must be >= 0, got epoch={push.epoch} shard={push.shard}",
+        )
+    if push.shard >= num_shards:
+        return state, PushResult(
+            PushOutcome.REJECTED,
+            f"shard {push.shard} out of range: the job has {num_shards} shards per epoch",
         )
     if push.delivery < 1:
         return state, PushResult(

@@ -121,7 +121,10 @@ class ParameterServer:
         else:
             # No await between reading and replacing the state: pushes apply atomically.
             self.state, result = handle_push(
-                self.state, push, learning_rate=self.spec.learning_rate
+                self.state,
+                push,
+                learning_rate=self.spec.learning_rate,
+                num_shards=self.spec.shards,
             )
         PUSHES.labels(result.outcome.value).inc()
         if result.outcome is PushOutcome.DUPLICATE:

@@ -309,6 +309,7 @@ async def test_bad_input_rejected_with_reason_and_parameters_untouched(
             (push(np.zeros(size), job="someone-else"), "unknown job 'someone-else'"),
             (push(np.zeros(size), stop=size + 5), "does not match"),
             (push(np.zeros(size), epoch=-2), "must be >= 0"),
+            (push(np.zeros(size), shard=shards), f"shard {shards} out of range"),
         ]
         for payload, reason in cases:
             header, _ = unpack(await bus.request(subject, payload, timeout=5))

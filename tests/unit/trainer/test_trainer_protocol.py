@@ -241,16 +241,16 @@ def push(**overrides: object) -> GradientPush:
 
 
 def test_each_epoch_shard_is_applied_at_most_once() -> None:
-    state, result = handle_push(fresh(), push(), learning_rate=0.1)
+    state, result = handle_push(fresh(), push(), learning_rate=0.1, num_shards=8)
     assert result.outcome is PushOutcome.APPLIED
     params_after_first = state.optimizer.params.copy()
-    again, result = handle_push(state, push(delivery=2), learning_rate=0.1)
+    again, result = handle_push(state, push(delivery=2), learning_rate=0.1, num_shards=8)
     assert result.outcome is PushOutcome.DUPLICATE
     assert again is state
     assert np.array_equal(again.optimizer.params, params_after_first)
     assert state.version == 1 and state.redelivered == 0
     # The same shard in another epoch is new work.
-    state, result = handle_push(state, push(epoch=1, delivery=3), learning_rate=0.1)
+    state, result = handle_push(state, push(epoch=1, delivery=3), learning_rate=0.1, num_shards=8)
     assert result.outcome is PushOutcome.APPLIED
     assert state.applied_in(1) == {1} and state.redelivered == 2
 
@@ -260,6 +260,7 @@ def test_each_epoch_shard_is_applied_at_most_once() -> None:
     [
         ({"job": "other"}, "unknown job 'other'"),
         ({"epoch": -1}, "must be >= 0"),
+        ({"shard": 8}, "shard 8 out of range: the job has 8 shards"),
         ({"delivery": 0}, "delivery must be >= 1"),
         ({"key_range": KeyRange(4, 8)}, "does not match"),
         ({"gradient": np.ones(5)}, "expected shape"),
@@ -270,7 +271,7 @@ def test_bad_push_rejected_with_reason_and_params_untouched(
     overrides: dict[str, object], reason: str
 ) -> None:
     start = fresh()
-    state, result = handle_push(start, push(**overrides), learning_rate=0.1)
+    state, result = handle_push(start, push(**overrides), learning_rate=0.1, num_shards=8)
     assert result.outcome is PushOutcome.REJECTED
     assert reason in result.reason
     assert state is start
@@ -279,8 +280,8 @@ def test_bad_push_rejected_with_reason_and_params_untouched(
 
 
 def test_checkpoint_round_trip_keeps_params_and_applied_set() -> None:
-    state, _ = handle_push(fresh(), push(delivery=2), learning_rate=0.1)
-    state, _ = handle_push(state, push(epoch=1, shard=0), learning_rate=0.1)
+    state, _ = handle_push(fresh(), push(delivery=2), learning_rate=0.1, num_shards=8)
+    state, _ = handle_push(state, push(epoch=1, shard=0), learning_rate=0.1, num_shards=8)
     restored = decode_checkpoint(encode_checkpoint(state), job="ctr", key_range=RANGE)
     assert np.array_equal(restored.optimizer.params, state.optimizer.params)
     assert np.array_equal(
@@ -289,7 +290,7 @@ def test_checkpoint_round_trip_keeps_params_and_applied_set() -> None:
     assert dict(restored.applied) == {(0, 1): 2, (1, 0): 1}
     assert restored.version == 2
     # A restored pserver still refuses what it applied before.
-    _, result = handle_push(restored, push(), learning_rate=0.1)
+    _, result = handle_push(restored, push(), learning_rate=0.1, num_shards=8)
     assert result.outcome is PushOutcome.DUPLICATE
 
 
