@@ -250,5 +250,9 @@ def _run_kube(args: argparse.Namespace, profile: RateProfile, profile_name: str)
         )
     from services.demo.kubedemo import run_kube_demo
 
-    code: int = run_kube_demo(args, profile, profile_name, kubeconfig=kubeconfig)
+    show, done = _progress_printer(args.quiet)
+    try:
+        code: int = run_kube_demo(args, profile, profile_name, kubeconfig=kubeconfig, progress=show)
+    finally:
+        done()
     return code

@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -64,10 +65,20 @@ KUBE_SERVING = ServingShape(
 )
 KUBE_JOBS = (
     JobShape(
-        "ctr-a", trainer_cpu=2.0, trainer_memory_gib=2.0, max_trainers=4, pservers=0, kind="Job"
+        "ctr-a",
+        trainer_cpu=2.0,
+        trainer_memory_gib=2.0,
+        max_trainers=4,
+        pservers=0,
+        kind="StatefulSet",
     ),
     JobShape(
-        "ctr-b", trainer_cpu=2.0, trainer_memory_gib=2.0, max_trainers=4, pservers=0, kind="Job"
+        "ctr-b",
+        trainer_cpu=2.0,
+        trainer_memory_gib=2.0,
+        max_trainers=4,
+        pservers=0,
+        kind="StatefulSet",
     ),
 )
 
@@ -216,7 +227,6 @@ def create_objects(api_client: Any, namespace: str, shape: WorldShape) -> None:
     # Manifests as plain dicts (the client serialises them as they are): typed as Any.
     core: Any = client.CoreV1Api(api_client)
     apps: Any = client.AppsV1Api(api_client)
-    batch: Any = client.BatchV1Api(api_client)
     scheduling: Any = client.SchedulingV1Api(api_client)
     core.create_namespace({"metadata": {"name": namespace}})
     for name, value in (("tideshift-demo-serving", 1000), ("tideshift-demo-training", 0)):
@@ -253,7 +263,9 @@ def create_objects(api_client: Any, namespace: str, shape: WorldShape) -> None:
         },
     )
     for job in shape.jobs:
-        batch.create_namespaced_job(
+        # A StatefulSet of trainers (stable names, parallel start): kwok completes Job pods at
+        # once, and elastic trainers are long-running members anyway.
+        apps.create_namespaced_stateful_set(
             namespace,
             {
                 "metadata": {
@@ -264,19 +276,18 @@ def create_objects(api_client: Any, namespace: str, shape: WorldShape) -> None:
                     },
                 },
                 "spec": {
-                    "parallelism": job.min_trainers,
-                    "backoffLimit": 1000,
+                    "replicas": job.min_trainers,
+                    "serviceName": job.name,
+                    "podManagementPolicy": "Parallel",
+                    "selector": {"matchLabels": {"job": job.name}},
                     "template": {
                         "metadata": {"labels": {"job": job.name, "tideshift.io/role": "training"}},
-                        "spec": {
-                            **_pod_spec(
-                                "tideshift-demo-training",
-                                job.trainer_cpu,
-                                job.trainer_memory_gib,
-                                "trainer",
-                            ),
-                            "restartPolicy": "Never",
-                        },
+                        "spec": _pod_spec(
+                            "tideshift-demo-training",
+                            job.trainer_cpu,
+                            job.trainer_memory_gib,
+                            "trainer",
+                        ),
                     },
                 },
             },
@@ -336,7 +347,12 @@ def _service_argv(
 
 
 def run_kube_demo(
-    args: argparse.Namespace, profile: RateProfile, profile_name: str, *, kubeconfig: str | None
+    args: argparse.Namespace,
+    profile: RateProfile,
+    profile_name: str,
+    *,
+    kubeconfig: str | None,
+    progress: Callable[[str], None],
 ) -> int:
     speed = args.speed or 144.0
     prometheus = require_prometheus()
@@ -347,7 +363,7 @@ def run_kube_demo(
     try:
         nats.start()
         summary_text = asyncio.run(
-            _run(args, access, nats, children, prometheus, profile, profile_name, speed)
+            _run(args, access, nats, children, prometheus, profile, profile_name, speed, progress)
         )
     finally:
         children.stop()
@@ -367,6 +383,7 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
     profile: RateProfile,
     profile_name: str,
     speed: float,
+    progress: Callable[[str], None],
 ) -> str:
     from kubernetes import config as kube_config
 
@@ -456,7 +473,6 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
     )
     meter = Meter(shape, start=DEFAULT_START, sample_every_s=max(60.0, args.hours * 3600 / 600))
     started = time.monotonic()
-    last_line = 0.0
     churn = 0  # trainer pods that became ready or went away (as `simulate` counts churn)
     trainer_pods: dict[str, set[str]] = {}
     try:
@@ -464,12 +480,20 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
             elapsed = time.monotonic() - started
             profile_time = min(elapsed * speed, args.hours * 3600)
             nodes, pods = await asyncio.gather(port.list_nodes(), port.list_pods())
-            figures = ListedFigures(nodes, [p for p in pods if p.namespace == namespace])
+            figures = ListedFigures(
+                nodes,
+                [p for p in pods if p.namespace == namespace],
+                running_is_ready=all(("type", "kwok") in node.labels for node in nodes),
+            )
             demand = profile.rate(profile_time)
             meter.record(DEFAULT_START + profile_time, figures, demand)
             fleet.reap()
             for job in jobs:
-                ready = {pod.name for pod in figures.pods if pod.owner == job.ref and pod.ready}
+                ready = {
+                    pod.name
+                    for pod in figures.pods
+                    if pod.owner == job.ref and figures.is_ready(pod)
+                }
                 before = trainer_pods.get(job.name, set())
                 churn += len(ready - before) + len(before - ready)
                 trainer_pods[job.name] = ready
@@ -477,26 +501,22 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
             failed = children.failed()
             if failed:
                 raise DemoError("a demo process stopped: " + "; ".join(failed))
-            if time.monotonic() - last_line > 1.0 and not args.quiet:
-                last_line = time.monotonic()
-                hours, rest = divmod(profile_time, 3600)
-                replicas = figures.ready_count(serving.ref)
-                trainers = " ".join(f"{j.name}={figures.ready_count(j.ref)}" for j in jobs)
-                print(
-                    f"\r{int(hours) % 24:02d}:{int(rest // 60):02d} | demand {demand:5.0f} req/s"
-                    f" | serving {replicas} ready ({replicas * serving.capacity_rps:5.0f} req/s)"
-                    f" | trainers {trainers} | short {len(meter.shortfall_minutes)} min\x1b[K",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            hours, rest = divmod(profile_time, 3600)
+            replicas = figures.ready_count(serving.ref)
+            trainers = " ".join(
+                f"{j.name}={figures.ready_count(j.ref)}({fleet.live_trainers(j.name)})"
+                for j in jobs
+            )
+            progress(
+                f"{int(hours) % 24:02d}:{int(rest // 60):02d} | demand {demand:5.0f} req/s"
+                f" | serving {replicas} ready ({replicas * serving.capacity_rps:5.0f} req/s)"
+                f" | trainers {trainers} | short {len(meter.shortfall_minutes)} min"
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(load), 1.0)
         stats: LoadStats = load.result()
     finally:
         stop.set()
-        if not args.quiet:
-            print(file=sys.stderr)
         await fleet.stop_all()
         log_task.cancel()
         with contextlib.suppress(BaseException):
