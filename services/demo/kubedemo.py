@@ -534,6 +534,7 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
     )
     summary.training = dict(event_log.job_progress)
     summary.events = dict(sorted(event_log.counts.items()))
+    summary.load = stats.summary()
     table = format_table(summary)
     load_line = (
         f"load: {stats.sent} requests sent ({stats.summary()['offered_rps']} req/s offered, "

@@ -35,6 +35,7 @@ class DemoSummary:
     training: dict[str, dict[str, Any]] = field(default_factory=dict)  # real trainer progress
     processes: dict[str, int] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
+    load: dict[str, Any] = field(default_factory=dict)  # real-cluster mode: the HTTP load
 
     @property
     def training_grew_at_night(self) -> bool | None:
@@ -65,6 +66,7 @@ class DemoSummary:
             "training": self.training,
             "processes": self.processes,
             "events": self.events,
+            **({"load": self.load} if self.load else {}),
         }
 
 
