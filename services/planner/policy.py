@@ -750,6 +750,9 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     serving_count = len(inputs.serving)
 
     # -- 1. serving ---------------------------------------------------------------------------
+    # Without a fresh view of the cluster or of some serving demand, training must not take
+    # capacity serving might need: it keeps what it has but does not grow.
+    growth_frozen = inputs.cluster_stale
     usage = fixed.copy()
     serving_desired: list[int] = []
     for row, workload in enumerate(inputs.serving):
@@ -769,6 +772,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         new_history[target] = history
         if fallback is not None:
             fallbacks.append(fallback)
+            growth_frozen = True
         serving_desired.append(desired)
         decisions.append(TargetDecision(target, "serving", current, desired, reason))
 
@@ -882,7 +886,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
             dominant = float(max((request / np.maximum(total, _EPS)).max(), _EPS))
             current = inputs.current.get(job.target, bound_total)
             hi = job.max_trainers
-            if inputs.cluster_stale:
+            if growth_frozen:
                 hi = min(hi, max(current, kept_total))
             tier_jobs.append(_TierJob(job, current, request, kept_total, dominant, job.floor, hi))
         present = kept > 0
@@ -945,7 +949,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
                         tier_jobs[i].job.floor,
                         tier_jobs[i].job.max_trainers,
                     )
-                    if inputs.cluster_stale:
+                    if growth_frozen:
                         tier_jobs[i].hi = min(
                             tier_jobs[i].hi, max(tier_jobs[i].current, tier_jobs[i].kept_total)
                         )
@@ -964,8 +968,8 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
                     f"gang minimum {job.floor} x {_format_vector(job.trainer_requests)} "
                     "does not fit the free capacity: 0 trainers (all or nothing)"
                 )
-                if inputs.cluster_stale:
-                    reason += "; cluster view stale, not growing"
+                if growth_frozen:
+                    reason += "; inputs stale, not growing"
                 infeasible.append(Infeasible(job.target, reason))
                 desired = 0
             elif i in held:
@@ -984,8 +988,8 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
                 )
                 if desired >= job.max_trainers:
                     reason += " (at max)"
-                if inputs.cluster_stale and desired >= item.hi:
-                    reason += "; cluster view stale, not growing"
+                if growth_frozen and desired >= item.hi:
+                    reason += "; inputs stale, not growing"
             if desired > item.kept_total:
                 new_grew[job.target] = now
             decisions.append(TargetDecision(job.target, "training", item.current, desired, reason))

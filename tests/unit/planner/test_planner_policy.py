@@ -526,3 +526,21 @@ def test_level_down_many_matches_level_down_per_target() -> None:
         for row in range(5):
             mine = counts[rows == row]
             assert result[rows == row].tolist() == level_down(mine, int(keep[row])).tolist()
+
+
+def test_missing_forecast_holds_serving_and_stops_training_growth() -> None:
+    pods = replicas_pods(WEB, 5, "n0") + replicas_pods(JOB_A, 4, "n1")
+    decision, _ = plan(
+        inputs(
+            nodes=cpu_nodes(2),
+            pods=pods,
+            serving=(web(),),
+            jobs=(job(JOB_A),),
+            forecasts={},
+            current={WEB: 5, JOB_A: 4},
+        ),
+        PlanState(),
+        50.0,
+    )
+    assert decision.desired() == {WEB: 5, JOB_A: 4}
+    assert "not growing" in decision.targets[1].reason

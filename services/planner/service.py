@@ -1,0 +1,534 @@
+"""`tideshift run planner`: cluster events + forecasts in, scale commands with reasons out.
+
+The loop:
+* Bootstraps the cluster view from the watcher's KV snapshot, after subscribing to the live
+  node/pod subjects, so nothing between the read and the subscription is lost (for each
+  object the newer observation wins).
+* Plans after every relevant change (debounced) and on a tick, with the registry's policy.
+* Publishes a `ScaleCommand` only where the desired count differs from what the target is
+  known to want (its last command or executor result, else its live pods), each with the
+  policy's reason, plus one `PlanDecided` per plan.
+* Leads through a KV lease: a second planner keeps its state warm but stays passive (no
+  commands) until the lease is free. Leadership and degraded-mode changes are announced as
+  `PlannerStatus` events.
+* Stale inputs fall back to safe behaviour inside the policy: a workload without a fresh
+  forecast keeps its replicas, and while any input is stale training does not grow. A
+  watcher silent for `cluster_silence_seconds` (no node or pod event) marks the cluster view
+  stale, which also stops serving scale-down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar
+
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import BaseModel, ConfigDict, Field
+
+from events import (
+    FORECAST,
+    NODE_CHANGED,
+    PLAN_DECIDED,
+    PLANNER_STATUS,
+    POD_CHANGED,
+    SCALE_COMMAND,
+    SCALE_RESULT,
+    BoundSubject,
+    Envelope,
+    EventData,
+    ForecastIssued,
+    NodeChanged,
+    PlanDecided,
+    PlannerStatus,
+    PodChanged,
+    ScaleCommand,
+    ScaleResult,
+    WorkloadRef,
+)
+from events.models import TargetDecision as EventTargetDecision
+from services.common.bus import Bus
+from services.common.runtime import ServiceContext, run_service
+from services.common.settings import ServiceSettings, parse_settings
+from services.planner import policy as pol
+from services.planner.baselines import POLICIES, Policy, make_policy
+
+log = logging.getLogger("tideshift.planner")
+T = TypeVar("T", bound=EventData)
+
+PLANS = Counter("tideshift_planner_plans_total", "Plans computed", ["trigger"])
+COMMANDS = Counter("tideshift_planner_commands_total", "Scale commands published", ["role"])
+SKIPPED = Counter("tideshift_planner_skipped_total", "Inputs skipped as unusable", ["kind"])
+PLAN_SECONDS = Histogram("tideshift_planner_plan_seconds", "plan() duration")
+LEADER = Gauge("tideshift_planner_leader", "1 while this planner holds the lease")
+DEGRADED = Gauge("tideshift_planner_degraded", "1 while inputs are stale")
+
+SNAPSHOT_BUCKET = "tideshift_cluster"  # the watcher's bucket (services/watcher/snapshot.py)
+
+
+class ServingTarget(BaseModel):
+    """A serving workload the planner sizes from its forecast."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str = "Deployment"
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    cpu: float = Field(ge=0, description="per-replica cpu request, cores")
+    memory: float = Field(0.0, ge=0, description="per-replica memory request, bytes")
+    gpu: int = Field(0, ge=0)
+    capacity_rps: float = Field(gt=0, description="req/s one replica serves at target utilisation")
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1000, ge=1)
+    lead_time_s: float = Field(60.0, ge=0, description="pod start-up until ready")
+    margin_s: float = Field(60.0, ge=0)
+    stabilization_s: float = Field(300.0, ge=0)
+    quantile: float = Field(0.95, gt=0, lt=1)
+
+
+class TrainingTarget(BaseModel):
+    """An elastic training job the planner resizes within [min, max] trainers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str = "PyTorchJob"
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    cpu: float = Field(ge=0, description="per-trainer cpu request, cores")
+    memory: float = Field(0.0, ge=0)
+    gpu: int = Field(0, ge=0)
+    min_trainers: int = Field(1, ge=1)
+    max_trainers: int = Field(ge=1)
+    gang_min: int | None = Field(None, ge=1)
+    priority: int = 0
+    weight: float = Field(1.0, gt=0)
+    # Pods of the job whose name contains one of these are fixed helpers (parameter servers,
+    # coordinators), not trainers: pod events carry no labels, only names.
+    companion_markers: tuple[str, ...] = ("pserver", "-ps-", "coordinator", "master")
+
+
+class PlannerSettings(ServiceSettings):
+    """Plan serving and training scale from cluster events and forecasts; publish commands."""
+
+    policy: str = Field(default="tideshift", description=f"one of {', '.join(POLICIES)}")
+    serving: list[ServingTarget] = Field(default_factory=list, description="serving workloads")
+    training: list[TrainingTarget] = Field(default_factory=list, description="elastic jobs")
+    tick_seconds: float = Field(default=15.0, gt=0, description="plan at least this often")
+    debounce_seconds: float = Field(
+        default=1.0, ge=0, description="wait this long after a change for more before planning"
+    )
+    lease_name: str = Field(default="planner", pattern=r"^[A-Za-z0-9_-]+$")
+    lease_ttl_seconds: float = Field(default=15.0, gt=0, description="leadership lease TTL")
+    forecast_max_age_seconds: float = Field(
+        default=600.0, gt=0, description="older forecasts are stale: hold that workload"
+    )
+    cluster_silence_seconds: float = Field(
+        default=900.0, gt=0, description="no node/pod event this long: cluster view stale"
+    )
+    resend_seconds: float = Field(
+        default=120.0, gt=0, description="re-issue a command not confirmed after this long"
+    )
+    snapshot_bucket: str = Field(default=SNAPSHOT_BUCKET, pattern=r"^[A-Za-z0-9_-]+$")
+    max_trainer_removals_per_step: int = Field(default=64, ge=1)
+    min_trainer_lifetime_seconds: float = Field(default=60.0, ge=0)
+    shrink_tolerance: float = Field(default=0.05, ge=0, lt=1)
+
+
+def _ref_key(ref: WorkloadRef) -> pol.Target:
+    return pol.Target(ref.namespace, ref.kind, ref.name)
+
+
+def _to_ref(target: pol.Target) -> WorkloadRef:
+    return WorkloadRef(kind=target.kind, namespace=target.namespace, name=target.name)
+
+
+def _forecast(event: ForecastIssued) -> pol.Forecast:
+    times = tuple(point.at.timestamp() for point in event.points)
+    return pol.Forecast(
+        issued_at=event.issued_at.timestamp(),
+        times=times,
+        quantiles={
+            0.5: tuple(p.q50 for p in event.points),
+            0.9: tuple(p.q90 for p in event.points),
+            0.95: tuple(p.q95 for p in event.points),
+            0.99: tuple(p.q99 for p in event.points),
+        },
+    )
+
+
+@dataclass
+class PlannerState:
+    """What the planner knows; fed by events, read by `plan_once`."""
+
+    settings: PlannerSettings
+    nodes: dict[str, NodeChanged] = field(default_factory=dict)
+    pods: dict[tuple[str, str], PodChanged] = field(default_factory=dict)
+    forecasts: dict[pol.Target, pol.Forecast] = field(default_factory=dict)
+    # What each target is known to want: (replicas, since). From our commands and results.
+    known: dict[pol.Target, tuple[int, float]] = field(default_factory=dict)
+    confirmed: dict[pol.Target, int] = field(default_factory=dict)  # executor results only
+    last_cluster_event: float = field(default_factory=time.time)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def apply_node(self, event: NodeChanged) -> None:
+        previous = self.nodes.get(event.name)
+        if previous is not None and previous.observed_at > event.observed_at:
+            return  # the snapshot already holds something newer
+        if event.change == "deleted":
+            self.nodes.pop(event.name, None)
+        else:
+            self.nodes[event.name] = event
+        self.last_cluster_event = time.time()
+        self.changed.set()
+
+    def apply_pod(self, event: PodChanged) -> None:
+        key = (event.namespace, event.name)
+        previous = self.pods.get(key)
+        if previous is not None and previous.observed_at > event.observed_at:
+            return
+        if event.change == "deleted" or event.phase in ("Succeeded", "Failed"):
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = event
+        self.last_cluster_event = time.time()
+        self.changed.set()
+
+    def apply_forecast(self, event: ForecastIssued) -> None:
+        self.forecasts[_ref_key(event.workload)] = _forecast(event)
+        self.changed.set()
+
+    def apply_result(self, event: ScaleResult) -> None:
+        target = _ref_key(event.target)
+        if event.outcome in ("applied", "noop") and event.current is not None:
+            self.known[target] = (event.current, time.time())
+            self.confirmed[target] = event.current
+        elif event.outcome in ("rejected", "failed"):
+            # Forget what we asked for, so a later plan re-issues it (after resend_seconds).
+            self.known.pop(target, None)
+            self.confirmed.pop(target, None)
+
+    def inputs(self, now: float) -> pol.PlanInputs:
+        settings = self.settings
+        serving = tuple(
+            pol.ServingWorkload(
+                target=pol.Target(s.namespace, s.kind, s.name),
+                replica_requests=(s.cpu, s.memory, float(s.gpu)),
+                capacity_rps=s.capacity_rps,
+                min_replicas=s.min_replicas,
+                max_replicas=s.max_replicas,
+                lead_time_s=s.lead_time_s,
+                margin_s=s.margin_s,
+                stabilization_s=s.stabilization_s,
+                quantile=s.quantile,
+            )
+            for s in settings.serving
+        )
+        jobs = tuple(
+            pol.TrainingJob(
+                target=pol.Target(j.namespace, j.kind, j.name),
+                trainer_requests=(j.cpu, j.memory, float(j.gpu)),
+                min_trainers=j.min_trainers,
+                max_trainers=j.max_trainers,
+                gang_min=j.gang_min,
+                priority=j.priority,
+                weight=j.weight,
+                submitted_at=float(index),
+            )
+            for index, j in enumerate(settings.training)
+        )
+        markers = {
+            pol.Target(j.namespace, j.kind, j.name): j.companion_markers for j in settings.training
+        }
+        nodes = [
+            pol.NodeSpec(
+                n.name,
+                (n.allocatable.cpu, n.allocatable.memory, float(n.allocatable.gpu)),
+                schedulable=n.ready and not n.unschedulable,
+            )
+            for n in self.nodes.values()
+        ]
+        pods = []
+        live: dict[pol.Target, int] = {}
+        for pod in self.pods.values():
+            if pod.deleting:
+                continue
+            owner = _ref_key(pod.owner) if pod.owner is not None else None
+            companion = owner in markers and any(m in pod.name for m in markers[owner])
+            pods.append(
+                pol.PodSpec(
+                    (pod.requests.cpu, pod.requests.memory, float(pod.requests.gpu)),
+                    pod.node,
+                    owner,
+                    replica=not companion,
+                )
+            )
+            if owner is not None and not companion:
+                live[owner] = live.get(owner, 0) + 1
+        current = {}
+        for workload in serving:
+            current[workload.target] = self.current(workload.target, live)
+        for job in jobs:
+            current[job.target] = self.current(job.target, live)
+        return pol.PlanInputs(
+            cluster=pol.ClusterView.build(nodes, pods),
+            serving=serving,
+            jobs=jobs,
+            forecasts=dict(self.forecasts),
+            current=current,
+            config=pol.PolicyConfig(
+                max_forecast_age_s=settings.forecast_max_age_seconds,
+                max_trainer_removals_per_step=settings.max_trainer_removals_per_step,
+                min_trainer_lifetime_s=settings.min_trainer_lifetime_seconds,
+                shrink_tolerance=settings.shrink_tolerance,
+            ),
+            cluster_stale=now - self.last_cluster_event > settings.cluster_silence_seconds,
+        )
+
+    def current(self, target: pol.Target, live: dict[pol.Target, int]) -> int:
+        known = self.known.get(target)
+        return known[0] if known is not None else live.get(target, 0)
+
+
+@dataclass
+class Planner:
+    """The planner's loop over a bus; `run` returns when `stopping` is set."""
+
+    bus: Bus
+    settings: PlannerSettings
+    instance: str
+    stopping: asyncio.Event
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    clock: Callable[[], float] = time.time
+    leader: bool = False
+    mode: Literal["normal", "degraded", "passive"] = "passive"
+    reasons: tuple[str, ...] = ()
+    plans: int = 0
+    commands: int = 0
+
+    def __post_init__(self) -> None:
+        self.state = PlannerState(self.settings)
+        self.policy: Policy[Any] = make_policy(self.settings.policy)
+        self.policy_state: Any = self.policy.initial_state()
+        self.sent: dict[pol.Target, tuple[int, float]] = {}
+
+    async def run(self) -> None:
+        tasks = [
+            asyncio.create_task(self._follow(NODE_CHANGED.filter(), self.state.apply_node)),
+            asyncio.create_task(self._follow(POD_CHANGED.filter(), self.state.apply_pod)),
+            asyncio.create_task(self._follow(FORECAST.filter(), self.state.apply_forecast)),
+            asyncio.create_task(self._follow(SCALE_RESULT.filter(), self.state.apply_result)),
+        ]
+        lease = await self.bus.lease(
+            self.settings.lease_name,
+            holder=self.instance,
+            ttl_seconds=self.settings.lease_ttl_seconds,
+        )
+        try:
+            # Let the subscriptions register (and reach the server) before the snapshot read.
+            for _ in range(5):
+                await asyncio.sleep(0)
+            await self.bus.connection.flush()
+            await self._bootstrap()
+            tasks.append(asyncio.create_task(self._lead(lease)))
+            self.ready.set()
+            await self._plan_loop()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await lease.release()
+            LEADER.set(0)
+
+    async def _follow(self, subject: BoundSubject[T], apply: Callable[[T], None]) -> None:
+        stream: AsyncIterator[Envelope[T]] = self.bus.subscribe(
+            subject, consumer=f"planner-{self.instance}"
+        )
+        async for envelope in stream:
+            try:
+                apply(envelope.data)
+            except Exception:  # one odd event must not stop the planner
+                SKIPPED.labels(subject.subject.model.__name__).inc()
+                log.exception("skipped an event on %s", subject.value)
+
+    async def _bootstrap(self) -> None:
+        """Read the watcher's snapshot once; live events that arrive meanwhile still apply."""
+        try:
+            kv = await self.bus.kv(self.settings.snapshot_bucket)
+            keys = await kv.keys()
+        except Exception as error:  # no snapshot yet: start from live events only
+            log.warning("no cluster snapshot in %s: %s", self.settings.snapshot_bucket, error)
+            return
+        loaded = 0
+        for key in keys:
+            try:
+                if key.startswith("node."):
+                    node = await kv.get(key, NodeChanged)
+                    if node is not None:
+                        self.state.apply_node(node)
+                        loaded += 1
+                elif key.startswith("pod."):
+                    pod = await kv.get(key, PodChanged)
+                    if pod is not None:
+                        self.state.apply_pod(pod)
+                        loaded += 1
+            except Exception as error:
+                SKIPPED.labels("snapshot").inc()
+                log.warning("skipped snapshot key %s: %s", key, error)
+        log.info("bootstrapped %d objects from %s", loaded, self.settings.snapshot_bucket)
+
+    async def _lead(self, lease: Any) -> None:
+        interval = self.settings.lease_ttl_seconds / 3
+        while True:
+            try:
+                leading = await lease.try_acquire()
+            except Exception as error:
+                log.warning("lease renewal failed: %s", error)
+                leading = False
+            if leading != self.leader:
+                self.leader = leading
+                LEADER.set(1 if leading else 0)
+                log.info("planner %s is %s", self.instance, "leader" if leading else "passive")
+                if leading:
+                    self.sent.clear()  # re-derive what to send from fresh state
+                    self.state.changed.set()
+                await self._announce()
+            await asyncio.sleep(interval)
+
+    async def _announce(self) -> None:
+        mode: Literal["normal", "degraded", "passive"] = (
+            "passive" if not self.leader else ("degraded" if self.reasons else "normal")
+        )
+        self.mode = mode
+        status = PlannerStatus(
+            planner=self.instance,
+            leader=self.leader,
+            mode=mode,
+            reasons=self.reasons,
+            at=datetime.now(UTC),
+        )
+        with contextlib.suppress(Exception):
+            await self.bus.publish(PLANNER_STATUS.at(planner=self.instance), status)
+
+    async def _plan_loop(self) -> None:
+        settings = self.settings
+        next_tick = self.clock()
+        while not self.stopping.is_set():
+            timeout = max(0.0, next_tick - self.clock())
+            changed = asyncio.ensure_future(self.state.changed.wait())
+            stop = asyncio.ensure_future(self.stopping.wait())
+            done, pending = await asyncio.wait(
+                {changed, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in pending:
+                task.cancel()
+            trigger = "change" if changed in done else "tick"
+            if self.stopping.is_set():
+                return
+            if trigger == "change" and settings.debounce_seconds > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), settings.debounce_seconds)
+            self.state.changed.clear()
+            try:
+                await self.plan_once(trigger)
+            except Exception:  # a failed plan is logged and retried on the next trigger
+                log.exception("planning failed")
+            if trigger == "tick" or self.clock() >= next_tick:
+                next_tick = self.clock() + settings.tick_seconds
+
+    async def plan_once(self, trigger: str) -> None:
+        now = self.clock()
+        inputs = self.state.inputs(now)
+        started = time.perf_counter()
+        decision, self.policy_state = self.policy.plan(inputs, self.policy_state, now)
+        PLAN_SECONDS.observe(time.perf_counter() - started)
+        PLANS.labels(trigger).inc()
+        self.plans += 1
+        reasons = tuple(decision.fallbacks)
+        if reasons != self.reasons:
+            self.reasons = reasons
+            DEGRADED.set(1 if reasons else 0)
+            for reason in reasons:
+                log.warning("degraded: %s", reason)
+            await self._announce()
+        if not self.leader:
+            return
+        plan_id = f"{self.instance}-{uuid.uuid4().hex[:12]}"
+        issued_at = datetime.now(UTC)
+        for item in decision.targets:
+            if not self._differs(item, now):
+                continue
+            command = ScaleCommand(
+                target=_to_ref(item.target),
+                desired=item.desired,
+                reason=item.reason[:2000],
+                plan_id=plan_id,
+                issued_at=issued_at,
+                idempotency_key=f"{plan_id}:{item.target}",
+            )
+            subject = SCALE_COMMAND.at(
+                namespace=item.target.namespace, kind=item.target.kind, name=item.target.name
+            )
+            try:
+                await self.bus.publish_durable(subject, command, msg_id=command.idempotency_key)
+            except Exception as error:
+                log.warning("could not publish a command for %s: %s", item.target, error)
+                continue
+            self.sent[item.target] = (item.desired, now)
+            self.state.known[item.target] = (item.desired, now)
+            self.commands += 1
+            COMMANDS.labels(item.role).inc()
+            log.info("scale %s -> %d: %s", item.target, item.desired, item.reason)
+        plan = PlanDecided(
+            plan_id=plan_id,
+            policy=self.settings.policy,
+            decided_at=issued_at,
+            targets=tuple(
+                EventTargetDecision(
+                    target=_to_ref(item.target),
+                    current=max(item.current, 0),
+                    desired=item.desired,
+                    reason=item.reason,
+                )
+                for item in decision.targets
+            ),
+            infeasible=tuple(f"{item.target}: {item.reason}" for item in decision.infeasible),
+        )
+        with contextlib.suppress(Exception):
+            await self.bus.publish(PLAN_DECIDED.at(policy=self.settings.policy), plan)
+
+    def _differs(self, item: pol.TargetDecision, now: float) -> bool:
+        """A real difference: not what the target wants already, nor what we just sent."""
+        sent = self.sent.get(item.target)
+        if sent is not None and sent[0] == item.desired:
+            # Same as our last command: resend only if nothing confirmed it for a while.
+            confirmed = self.state.confirmed.get(item.target) == item.desired
+            return not confirmed and now - sent[1] >= self.settings.resend_seconds
+        return item.desired != item.current
+
+
+async def serve(context: ServiceContext) -> None:
+    settings = context.settings
+    assert isinstance(settings, PlannerSettings)
+    planner = Planner(context.bus, settings, context.instance, context.stopping, context.ready)
+    await planner.run()
+
+
+def main(argv: Sequence[str]) -> int:
+    settings = parse_settings(PlannerSettings, argv, prog="tideshift run planner")
+    if settings.policy not in POLICIES:
+        print(
+            f"tideshift run planner: invalid --policy {settings.policy!r}; "
+            f"expected one of {', '.join(POLICIES)}",
+            file=sys.stderr,
+        )
+        return 2
+    return run_service("planner", settings, serve)
