@@ -123,6 +123,15 @@ class Delivery(Generic[T]):
         await self._msg.term()
 
 
+# What a bus call can raise when NATS is unreachable or refuses: services catch this tuple
+# instead of importing nats themselves.
+BUS_ERRORS: tuple[type[Exception], ...] = (nats.errors.Error, nats.js.errors.Error)
+
+
+class KVConflict(RuntimeError):
+    """A compare-and-set on a KV key lost: someone else wrote it since it was read."""
+
+
 class RequestFailed(RuntimeError):
     """A request got no usable answer: timeout, no responder, or a lost connection."""
 
@@ -196,13 +205,28 @@ class TypedKV:
         return await self.raw.put(key, value.model_dump_json().encode())
 
     async def get(self, key: str, model: type[M]) -> M | None:
+        value, _ = await self.get_revision(key, model)
+        return value
+
+    async def get_revision(self, key: str, model: type[M]) -> tuple[M | None, int | None]:
+        """The value and the revision to pass to `update` (None, None when absent)."""
         try:
             entry = await self.raw.get(key)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None
+            return None, None
         if entry.value is None:
-            return None
-        return model.model_validate_json(entry.value)
+            return None, entry.revision
+        return model.model_validate_json(entry.value), entry.revision
+
+    async def update(self, key: str, value: BaseModel, *, revision: int | None) -> int:
+        """Compare-and-set: write only if the key is still at `revision` (None = absent)."""
+        data = value.model_dump_json().encode()
+        try:
+            if revision is None:
+                return await self.raw.create(key, data)
+            return await self.raw.update(key, data, last=revision)
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.BadRequestError) as error:
+            raise KVConflict(f"{key}: {error}") from error
 
     async def delete(self, key: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):

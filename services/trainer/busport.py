@@ -1,17 +1,15 @@
-"""What the trainer services need from the bus beyond its typed helpers, in one place.
+"""Where the trainer services keep things on the bus: buckets, keys, consumers, subjects.
 
-The pserver's subjects (binary request/reply, not CloudEvents), the work queue depth, the
-object store and request errors. Nothing here imports nats; the few calls that reach through
-`Bus.js` or the object store wait for bus helpers requested in /work/notes/bus-requests.md,
-and only this file has to change when they land.
+The pserver's binary request/reply subjects, the work queue depth and checkpoint objects,
+named once so coordinator, pserver and trainers agree.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 from events import SHARD_TASK
+from events.subjects import PSERVER_RPC
 from events.tokens import encode_token
 from services.common.bus import TRAINING_TASK_STREAM, Bus
 
@@ -22,12 +20,8 @@ CHECKPOINT_BUCKET = "tideshift_trainer_checkpoints"
 MEMBER_TTL_SECONDS = 6.0
 
 
-class RequestFailed(RuntimeError):
-    """A request got no usable answer (timeout, no responder, disconnected)."""
-
-
 def pserver_subject(job: str, index: int, op: PServerOp) -> str:
-    return f"tideshift.v1.training.pserver.{encode_token(job)}.{index}.{op}"
+    return PSERVER_RPC.at(job=job, index=str(index), op=op)
 
 
 def task_durable(job: str) -> str:
@@ -47,35 +41,14 @@ def job_key(job: str, part: Literal["spec", "state"]) -> str:
     return f"{encode_token(job)}.{part}"
 
 
-async def request(bus: Bus, subject: str, payload: bytes, *, timeout: float) -> bytes:
-    try:
-        return await bus.request(subject, payload, timeout=timeout)
-    except asyncio.CancelledError:
-        raise
-    except Exception as error:  # nats timeout / no responders / connection errors
-        raise RequestFailed(f"{subject}: {type(error).__name__}: {error}") from error
-
-
 async def queued_tasks(bus: Bus, job: str) -> int:
     """Tasks of `job` stored in the work queue: published and not yet acked."""
-    subject = SHARD_TASK.at(job=job).value
-    info = await bus.js.stream_info(TRAINING_TASK_STREAM.name, subjects_filter=subject)
-    subjects = info.state.subjects or {}
-    return int(subjects.get(subject, 0))
+    return await bus.queued(SHARD_TASK.at(job=job), stream=TRAINING_TASK_STREAM)
 
 
 async def load_object(bus: Bus, name: str) -> bytes | None:
-    store = await bus.object_store(CHECKPOINT_BUCKET)
-    try:
-        result = await store.get(name)
-    except Exception as error:
-        if type(error).__name__ in {"ObjectNotFoundError", "ObjectDeletedError"}:
-            return None
-        raise
-    data = result.data
-    return bytes(data) if data is not None else None
+    return await bus.get_object(CHECKPOINT_BUCKET, name)
 
 
 async def store_object(bus: Bus, name: str, data: bytes) -> None:
-    store = await bus.object_store(CHECKPOINT_BUCKET)
-    await store.put(name, data)
+    await bus.put_object(CHECKPOINT_BUCKET, name, data)

@@ -32,14 +32,13 @@ from events import (
     TrainerMembership,
 )
 from events.tokens import decode_token, encode_token
-from services.common.bus import Bus, Lease, TypedKV
+from services.common.bus import Bus, Lease, RequestFailed, TypedKV
 from services.common.runtime import ServiceContext, run_service
 from services.common.settings import ServiceSettings, parse_settings
 from services.trainer.busport import (
     JOBS_BUCKET,
     MEMBER_TTL_SECONDS,
     MEMBERS_BUCKET,
-    RequestFailed,
     job_key,
     member_prefix,
     queued_tasks,

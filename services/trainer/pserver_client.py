@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.common.bus import Bus
-from services.trainer.busport import RequestFailed, pserver_subject, request
+from services.common.bus import Bus, RequestFailed
+from services.trainer.busport import pserver_subject
 from services.trainer.jobspec import JobSpec
 from services.trainer.model import FloatArray
 from services.trainer.wire import WireError, header_int, pack, unpack
@@ -61,7 +61,7 @@ class PServerClient:
 
     async def _params_of(self, index: int) -> FloatArray:
         subject = pserver_subject(self.spec.job, index, "params")
-        raw = await request(self.bus, subject, pack({"job": self.spec.job}), timeout=self.timeout)
+        raw = await self.bus.request(subject, pack({"job": self.spec.job}), timeout=self.timeout)
         _, arrays = _unpack_reply(subject, raw)
         params = arrays.get("params")
         expected = self.spec.key_ranges[index]
@@ -100,7 +100,7 @@ class PServerClient:
             },
             {"gradient": gradient[key_range.start : key_range.stop]},
         )
-        raw = await request(self.bus, subject, payload, timeout=self.timeout)
+        raw = await self.bus.request(subject, payload, timeout=self.timeout)
         header, _ = _unpack_reply(subject, raw)
         return PushReply(
             index=index, outcome=str(header.get("outcome")), reason=str(header.get("reason", ""))
@@ -127,8 +127,7 @@ class PServerClient:
 
     async def _status_of(self, index: int, from_epoch: int) -> PServerStatus:
         subject = pserver_subject(self.spec.job, index, "status")
-        raw = await request(
-            self.bus,
+        raw = await self.bus.request(
             subject,
             pack({"job": self.spec.job, "from_epoch": from_epoch, "shards": self.spec.shards}),
             timeout=self.timeout,

@@ -23,13 +23,12 @@ from prometheus_client import Counter
 from pydantic import Field
 
 from events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask, TrainerMembership
-from services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery
+from services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery, RequestFailed
 from services.common.runtime import ServiceContext, run_service
 from services.common.settings import ServiceSettings, parse_settings
 from services.trainer.busport import (
     MEMBER_TTL_SECONDS,
     MEMBERS_BUCKET,
-    RequestFailed,
     member_key,
     task_durable,
 )

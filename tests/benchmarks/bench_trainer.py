@@ -27,9 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from trainer_harness import JobHarness, wait_until
 
-from services.common.bus import Bus
+from services.common.bus import Bus, RequestFailed
 from services.common.embedded_nats import EmbeddedNats
-from services.trainer.busport import RequestFailed
 from services.trainer.jobs import read_spec
 from services.trainer.pserver_client import PServerClient, PServerStatus
 

@@ -18,6 +18,7 @@ from services.common.bus import (
     SCALE_STREAM,
     TRAINING_TASK_STREAM,
     Bus,
+    KVConflict,
     RequestFailed,
 )
 from services.common.embedded_nats import EmbeddedNats
@@ -276,3 +277,16 @@ async def test_objects_queue_depth_and_failed_requests(bus: Bus, unique: str) ->
 
     with pytest.raises(RequestFailed, match="NoResponders"):
         await bus.request(f"test.{unique}.nobody", b"?", timeout=2)
+
+
+async def test_kv_compare_and_set(bus: Bus, unique: str) -> None:
+    kv = await bus.kv(f"cas_{unique}")
+    value, revision = await kv.get_revision("k", events.PodChanged)
+    assert (value, revision) == (None, None)
+    first_revision = await kv.update("k", pod(unique, "a"), revision=None)
+    with pytest.raises(KVConflict):
+        await kv.update("k", pod(unique, "b"), revision=None)
+    await kv.update("k", pod(unique, "c"), revision=first_revision)
+    with pytest.raises(KVConflict):
+        await kv.update("k", pod(unique, "d"), revision=first_revision)
+    assert await kv.get("k", events.PodChanged) == pod(unique, "c")

@@ -17,9 +17,9 @@ import pytest
 from trainer_harness import JobHarness, wait_until
 
 from events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask
-from services.common.bus import Bus
+from services.common.bus import Bus, RequestFailed
 from services.common.embedded_nats import EmbeddedNats
-from services.trainer.busport import RequestFailed, pserver_subject
+from services.trainer.busport import pserver_subject
 from services.trainer.jobs import read_spec
 from services.trainer.jobspec import JobSpec
 from services.trainer.model import (
