@@ -344,7 +344,8 @@ async def test_a_forced_410_relists_without_losing_or_duplicating(
 def restart_apiserver(local: Any) -> None:
     """Stop and start the session's kube-apiserver on the same port (etcd keeps the state)."""
     process = local._popens["kube-apiserver"]
-    process.terminate()
+    # Killed rather than terminated: a graceful stop waits out open watches for a minute.
+    process.kill()
     process.wait(timeout=30)
     local._records[:] = [r for r in local._records if r.name != "kube-apiserver"]
     local._spawn("kube-apiserver", local._apiserver_args())
