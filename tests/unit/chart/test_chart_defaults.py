@@ -97,3 +97,32 @@ def test_rendered_environment_parses_into_the_default_settings(
     # Secrets and the pod name arrive through valueFrom, never as literal values.
     assert isinstance(env["TIDESHIFT_NATS_URL"], dict)
     assert isinstance(env["TIDESHIFT_INSTANCE"], dict)
+
+
+def test_structured_settings_reach_the_services_as_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planner_class = settings_or_skip("planner")
+    serving = {
+        "namespace": "shop",
+        "name": "web",
+        "cpu": 0.5,
+        "capacity_rps": 40,
+        "max_replicas": 20,
+    }
+    training = {"namespace": "ml", "name": "ctr", "cpu": 4, "max_trainers": 16, "gang_min": 2}
+    objects = render(
+        tmp_path, {"planner": {"config": {"serving": [serving], "training": [training]}}}
+    )
+    planner = next(d for d in by_kind(objects, "Deployment").values() if component(d) == "planner")
+    for name in list(os.environ):
+        if name.startswith("TIDESHIFT_"):
+            monkeypatch.delenv(name)
+    for name, value in container_env(planner).items():
+        if name.startswith("TIDESHIFT_") and isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    settings: Any = planner_class()
+    assert settings.serving[0].capacity_rps == 40
+    assert settings.serving[0].max_replicas == 20
+    assert settings.training[0].gang_min == 2
+    assert settings.training[0].max_trainers == 16

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -308,22 +309,51 @@ def test_image_and_names_are_configurable(tmp_path: Path) -> None:
         assert container["image"] == "registry.example/ts:1.2.3"
 
 
-def test_notes_tell_how_to_tail_events_and_where_metrics_are(tmp_path: Path) -> None:
-    result = run_helm(
-        "install",
-        "ts",
-        str(CHART),
-        "--dry-run=client",
-        "--namespace",
-        "shop",
-        *values_args({"nats": {"bundled": {"mqtt": {"port": 11883}}}}, tmp_path),
+def render_notes(tmp_path: Path, values: dict[str, Any], *, namespace: str) -> str:
+    """NOTES.txt as `helm install` would print it, rendered without a cluster: a copy of the
+    chart wraps it in a named template and outputs that through a ConfigMap."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes_preview.tpl").write_text(
+        '{{- define "notes.preview" -}}\n' + notes + "{{- end -}}\n"
     )
-    notes = result.stdout.split("NOTES:", 1)[1]
+    (chart / "templates" / "notes-preview.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-preview\ndata:\n"
+        '  notes: |\n{{ include "notes.preview" . | indent 4 }}\n'
+    )
+    result = run_helm(
+        "template",
+        "ts",
+        str(chart),
+        "--namespace",
+        namespace,
+        "--show-only",
+        "templates/notes-preview.yaml",
+        *values_args(values, tmp_path),
+    )
+    return str(yaml.safe_load(result.stdout)["data"]["notes"])
+
+
+def test_notes_tell_how_to_tail_events_and_where_metrics_are(tmp_path: Path) -> None:
+    notes = render_notes(
+        tmp_path, {"nats": {"bundled": {"mqtt": {"port": 11883}}}}, namespace="shop"
+    )
     assert "tideshift events tail --nats-url nats://127.0.0.1:4222" in notes
     assert "tideshift events tail --mqtt --mqtt-url mqtt://127.0.0.1:11883" in notes
     assert "kubectl -n shop port-forward svc/ts-tideshift-nats 4222:4222 11883:11883" in notes
-    assert "/metrics" in notes
     assert "http://ts-tideshift-planner-metrics.shop.svc:8080/metrics" in notes
+    assert "delete pvc -l app.kubernetes.io/instance=ts" in notes, "Retain claims are explained"
+
+
+def test_notes_for_external_nats_point_at_the_secret(tmp_path: Path) -> None:
+    notes = render_notes(
+        tmp_path,
+        {"nats": {"bundled": {"enabled": False}, "url": "nats://nats.example:4222"}},
+        namespace="shop",
+    )
+    assert "tideshift events tail --nats-url <the NATS URL in Secret ts-tideshift-nats" in notes
+    assert "port-forward svc/" not in notes
 
 
 def test_rendered_manifests_are_valid_yaml_documents(tmp_path: Path) -> None:

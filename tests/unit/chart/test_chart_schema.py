@@ -61,6 +61,24 @@ BAD_VALUES = [
         ["/watcher/config/resync_seconds"],
         id="setting-type",
     ),
+    pytest.param(
+        {"planner": {"config": {"serving": [{"namespace": "shop", "name": "web"}]}}},
+        ["/planner/config/serving/0", "missing properties", "'cpu'", "'capacity_rps'"],
+        id="serving-entry-incomplete",
+    ),
+    pytest.param(
+        {
+            "planner": {
+                "config": {
+                    "training": [
+                        {"namespace": "ml", "name": "ctr", "cpu": 4, "max_trainers": 8, "gpus": 1}
+                    ]
+                }
+            }
+        },
+        ["/planner/config/training/0", "additional properties 'gpus' not allowed"],
+        id="training-entry-typo",
+    ),
     pytest.param({"healthPort": 70000}, ["/healthPort", "maximum"], id="port"),
     pytest.param(
         {"nats": {"url": "http://nats:4222"}}, ["/nats/url", "http://nats:4222"], id="nats-scheme"
