@@ -156,7 +156,7 @@ def test_install_upgrade_uninstall_leaves_nothing_behind(
 ) -> None:
     name, namespace = release["release"], release["namespace"]
     values = install_values(release["storage_class"], release["priority_prefix"])
-    helm(
+    installed = helm(
         k8s_cluster,
         "install",
         name,
@@ -168,6 +168,8 @@ def test_install_upgrade_uninstall_leaves_nothing_behind(
         f"{WAIT:.0f}s",
         *values_args(values, tmp_path),
     )
+
+    assert "tideshift events tail" in installed.split("NOTES:", 1)[1], "NOTES are printed"
 
     # Every Deployment Available with all its replicas, each pod on a kwok node.
     wait_for(
