@@ -259,7 +259,12 @@ def test_watch_resumed_from_a_compacted_revision_is_gone(
     core = client.CoreV1Api(api)
     event = {
         "metadata": {"name": "probe"},
-        "involvedObject": {"kind": "Namespace", "name": k8s_namespace, "apiVersion": "v1"},
+        "involvedObject": {
+            "kind": "ConfigMap",
+            "name": "anything",
+            "namespace": k8s_namespace,
+            "apiVersion": "v1",
+        },
         "reason": "Probe",
         "message": "first",
         "type": "Normal",
