@@ -195,7 +195,72 @@ async def _start_planner(
     world: WorldShape,
     interval_wall_s: float,
 ) -> None:
-    raise ServiceMissing("the planner service (services/planner/service.py) is not there yet")
+    """The planner, with the world's serving workload and elastic jobs as its settings."""
+    planner_service = _import("services.planner.service")
+    settings = planner_service.PlannerSettings(
+        health_port=-1,
+        **planner_targets(world, planner_service),
+        **planner_timing(speed=clock.speed, interval_wall_s=interval_wall_s),
+    )
+    bus = await connect("planner")
+    ctx = context("planner", bus, settings)
+    planner = planner_service.Planner(
+        bus, settings, ctx.instance, ctx.stopping, ctx.ready, clock=clock.now
+    )
+    stages.tasks.append(asyncio.create_task(planner.run(), name="planner"))
+
+
+def planner_targets(world: WorldShape, planner_service: Any) -> dict[str, Any]:
+    """The planner's `serving` and `training` settings for the demo's world."""
+    serving = world.serving
+    gib = 2.0**30
+    return {
+        "serving": [
+            planner_service.ServingTarget(
+                namespace=serving.namespace,
+                name=serving.name,
+                cpu=serving.cpu,
+                memory=serving.memory_gib * gib,
+                # the planner's capacity is per replica at its target utilisation
+                capacity_rps=serving.capacity_rps * serving.target_utilization,
+                min_replicas=serving.min_replicas,
+                max_replicas=serving.max_replicas,
+                lead_time_s=serving.startup_delay_s,
+                margin_s=FORECAST_STEP_S,
+                stabilization_s=600.0,
+                quantile=0.95,
+            )
+        ],
+        "training": [
+            planner_service.TrainingTarget(
+                kind=job.kind,
+                namespace=job.namespace,
+                name=job.name,
+                cpu=job.trainer_cpu,
+                memory=job.trainer_memory_gib * gib,
+                min_trainers=job.min_trainers,
+                max_trainers=job.max_trainers,
+                priority=job.priority,
+                weight=job.weight,
+                # the sim names a job's parameter servers <job>-ps<n>
+                companion_markers=("-ps",),
+            )
+            for job in world.jobs
+        ],
+    }
+
+
+def planner_timing(*, speed: float, interval_wall_s: float) -> dict[str, Any]:
+    """Planner windows in clock seconds, scaled so the loop runs every `interval_wall_s`."""
+    return {
+        "tick_seconds": speed * interval_wall_s,
+        "debounce_seconds": min(0.2, interval_wall_s),  # wall seconds
+        "lease_ttl_seconds": 6.0,  # wall seconds
+        "forecast_max_age_seconds": max(600.0, speed * 10.0),
+        "cluster_silence_seconds": max(900.0, speed * 60.0),
+        "resend_seconds": max(120.0, speed * 5.0),
+        "min_trainer_lifetime_seconds": 600.0,
+    }
 
 
 def kube_service_args(
