@@ -610,29 +610,36 @@ class _TierSolver:
         # Bisection on L: first the aggregate bound (cheap), then per node below it. Stops as
         # soon as the integer counts at both ends agree.
         low, high = 0.0, float((hi / slope).max()) + 1e-9
+        low_total, high_total = int(fair(low).sum()), int(fair(high).sum())
+        if fits_aggregate(high):
+            low, low_total = high, high_total
         for _ in range(80):
-            if np.array_equal(fair(low), fair(high)):
+            # At a breakpoint the two ends keep differing by one trainer: close enough, the
+            # top-ups below decide that last trainer.
+            if high_total - low_total <= 1:
                 break
             middle = (low + high) / 2
+            middle_total = int(fair(middle).sum())
             if fits_aggregate(middle):
-                low = middle
+                low, low_total = middle, middle_total
             else:
-                high = middle
+                high, high_total = middle, middle_total
         if self.feasible(candidate := counts_at(low)):
             best = candidate
         else:
             # Per node: close enough once the ends differ by about a trainer per job; the
             # top-ups below place what integer rounding and this tolerance leave.
             top, low = low, 0.0
+            top_total, low_total = int(fair(top).sum()), int(fair(low).sum())
             for _ in range(60):
-                gap = int(fair(top).sum() - fair(low).sum())
-                if gap <= max(1, len(admitted) // 2):
+                if top_total - low_total <= max(1, len(admitted) // 2):
                     break
                 middle = (low + top) / 2
+                middle_total = int(fair(middle).sum())
                 if self.feasible(counts_at(middle)):
-                    low = middle
+                    low, low_total = middle, middle_total
                 else:
-                    top = middle
+                    top, top_total = middle, middle_total
             best = counts_at(low)
         # Integer rounding leaves room for single trainers: add them to the jobs with the lowest
         # weighted share first, each checked against its own shape's free slots.
