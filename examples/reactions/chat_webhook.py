@@ -8,8 +8,9 @@ Rocket.Chat incoming webhooks accept.
     python examples/reactions/chat_webhook.py \
         --nats-url nats://127.0.0.1:4222 --webhook-url https://chat.example/hooks/abc
 
-Every option also reads an environment variable (TIDESHIFT_NATS_URL, WEBHOOK_URL,
-REACTION_NAMESPACE, REACTION_KINDS), which is how the Helm chart's `reactions` hook runs it.
+Every option also reads an environment variable (TIDESHIFT_NATS_URL,
+TIDESHIFT_NATS_CREDENTIALS, WEBHOOK_URL, REACTION_NAMESPACE, REACTION_KINDS), which is how
+the Helm chart's `reactions` hook runs it.
 A webhook that fails is logged and skipped: the reaction keeps listening.
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import aiohttp
+import nats
 
 from events import SCALE_RESULT, ScaleResult
 from events.client import EventClient
@@ -61,14 +63,32 @@ async def post_text(session: aiohttp.ClientSession, url: str, text: str) -> bool
     return True
 
 
+async def connect(nats_url: str, credentials: str | None) -> EventClient:
+    """An events client; with a NATS .creds file (as the Helm chart mounts it) if given."""
+    if not credentials:
+        return await EventClient.connect(nats_url, name="reaction-chat-webhook")
+    connection = await nats.connect(
+        nats_url,
+        name="reaction-chat-webhook",
+        user_credentials=credentials,
+        max_reconnect_attempts=-1,
+    )
+    return EventClient(connection)
+
+
 async def run(
-    nats_url: str, webhook_url: str, *, namespace: str | None, kinds: Sequence[str]
+    nats_url: str,
+    webhook_url: str,
+    *,
+    namespace: str | None,
+    kinds: Sequence[str],
+    credentials: str | None = None,
 ) -> None:
     subject = SCALE_RESULT.filter(namespace=namespace) if namespace else SCALE_RESULT.filter()
     timeout = aiohttp.ClientTimeout(total=10)
     async with (
         aiohttp.ClientSession(timeout=timeout) as session,
-        await EventClient.connect(nats_url, name="reaction-chat-webhook") as client,
+        await connect(nats_url, credentials) as client,
     ):
         log.info("listening on %s, posting scale-ups to %s", subject, webhook_url)
         async for event in client.subscribe(subject):
@@ -89,6 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--nats-url", default=os.environ.get("TIDESHIFT_NATS_URL", "nats://127.0.0.1:4222")
+    )
+    parser.add_argument(
+        "--nats-credentials",
+        default=os.environ.get("TIDESHIFT_NATS_CREDENTIALS") or None,
+        help="NATS .creds file (default: none)",
     )
     parser.add_argument("--webhook-url", default=os.environ.get("WEBHOOK_URL"))
     parser.add_argument(
@@ -111,7 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(
             until_terminated(
-                run(args.nats_url, args.webhook_url, namespace=args.namespace, kinds=kinds)
+                run(
+                    args.nats_url,
+                    args.webhook_url,
+                    namespace=args.namespace,
+                    kinds=kinds,
+                    credentials=args.nats_credentials,
+                )
             )
         )
     except KeyboardInterrupt:

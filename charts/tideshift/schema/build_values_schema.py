@@ -28,6 +28,11 @@ SETTINGS_CLASSES = {
     "planner": "services.planner.service:PlannerSettings",
     "executor": "services.executor.service:ExecutorSettings",
 }
+# Settings validated in code against a registry: the schema lists the registry's names.
+REGISTRY_ENUMS = {
+    ("planner", "policy"): "services.planner.service:POLICIES",
+    ("predictor", "model"): "services.predictor.service:MODELS",
+}
 # Settings the chart sets itself: NATS from the Secret, the pod name, the probe port.
 CHART_MANAGED_SETTINGS = frozenset(
     {"nats_url", "nats_credentials", "instance", "health_host", "health_port"}
@@ -144,6 +149,11 @@ def service_schema(service: str) -> Schema:
             fields=None,
             description=f"settings of `tideshift run {service}`; shared ones override `config`",
         )
+        for (owner, name), registry in REGISTRY_ENUMS.items():
+            if owner == service and name in config["properties"]:
+                module_name, attribute = registry.split(":")
+                names = getattr(importlib.import_module(module_name), attribute)
+                config["properties"][name]["enum"] = sorted(names)
     properties: Schema = {
         "enabled": BOOLEAN,
         "replicas": integer(minimum=0),

@@ -79,6 +79,16 @@ BAD_VALUES = [
         ["/planner/config/training/0", "additional properties 'gpus' not allowed"],
         id="training-entry-typo",
     ),
+    pytest.param(
+        {"predictor": {"config": {"model": "prophet"}}},
+        ["/predictor/config/model", "tidal"],
+        id="unknown-model",
+    ),
+    pytest.param(
+        {"planner": {"config": {"policy": "greedy"}}},
+        ["/planner/config/policy", "tideshift", "edl"],
+        id="unknown-policy",
+    ),
     pytest.param({"healthPort": 70000}, ["/healthPort", "maximum"], id="port"),
     pytest.param(
         {"nats": {"url": "http://nats:4222"}}, ["/nats/url", "http://nats:4222"], id="nats-scheme"
