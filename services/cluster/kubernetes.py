@@ -91,6 +91,8 @@ SCALE_CONFLICTS = Counter(
     "tideshift_scale_conflicts_total", "409 Conflicts on scale writes (re-read and retried)"
 )
 
+RECENT_READ_SECONDS = 2.0  # how long a get_scale read may stand in for set_scale's own read
+
 # ---- conversions (pure) ------------------------------------------------------------------
 
 
@@ -544,6 +546,8 @@ class KubernetesClusterPort:
             tuning=self.tuning,
         )
         self._watching = False
+        self._recent_reads: dict[TargetRef, tuple[float, Observed]] = {}
+        self._recent_lock = threading.Lock()
 
     @classmethod
     def from_kubeconfig(
@@ -622,19 +626,37 @@ class KubernetesClusterPort:
     def _read(self, target: TargetRef) -> Observed:
         adapter = self._adapter(target)
         try:
-            return adapter.read(self.http, target)
+            observed = adapter.read(self.http, target)
         except ApiException as error:
             if error.status == 404:
                 raise KeyError(f"{target} not found") from error
             raise
+        with self._recent_lock:
+            self._recent_reads[target] = (time.monotonic(), observed)
+            if len(self._recent_reads) > 1024:
+                self._recent_reads.pop(next(iter(self._recent_reads)))
+        return observed
+
+    def _recent_read(self, target: TargetRef) -> Observed | None:
+        """The read made by a get_scale just before, if any: saves a round trip on set_scale.
+
+        Safe because every write carries the version read: had the object changed since,
+        the write gets 409 Conflict and the loop reads afresh.
+        """
+        with self._recent_lock:
+            entry = self._recent_reads.pop(target, None)
+        if entry is None or time.monotonic() - entry[0] > RECENT_READ_SECONDS:
+            return None
+        return entry[1]
 
     async def get_scale(self, target: TargetRef) -> ScaleState:
         return (await asyncio.to_thread(self._read, target)).state
 
     def _set_scale(self, target: TargetRef, replicas: int) -> ScaleState:
         adapter = self._adapter(target)
+        recent = self._recent_read(target)
         for attempt in range(self.conflict_retries + 1):
-            observed = self._read(target)
+            observed = recent if recent is not None and attempt == 0 else self._read(target)
             state = observed.state
             wanted = max(replicas, state.min_replicas)
             if state.max_replicas is not None:

@@ -206,7 +206,26 @@ async def bench_scale_latency(bus: Bus, http: KubeHttp, samples: int) -> None:
     print(summary("(b) ScaleCommand published -> replicas visible in the apiserver", latencies))
 
 
-async def bench_throughput(http: KubeHttp, events: PodEvents, pods: int) -> None:
+async def bench_cold_start(restart_watcher: Any, events: PodEvents, names: list[str]) -> None:
+    """A watcher started with an empty snapshot lists and publishes every pod at once."""
+    for name in names:
+        events.first_seen.pop(("added", name), None)
+    started = time.perf_counter()
+    await asyncio.to_thread(restart_watcher)
+    for name in names:
+        await events.wait("added", name, timeout=300)
+    arrivals = [events.first_seen[("added", name)] for name in names]
+    first, last = min(arrivals), max(arrivals)
+    print(
+        f"    cold start with {len(names)} pods (new snapshot bucket): process start to last "
+        f"event {last - started:.1f}s; first to last event {last - first:.2f}s "
+        f"= {len(names) / max(last - first, 1e-6):.0f} pods/s listed, converted and published"
+    )
+
+
+async def bench_throughput(
+    http: KubeHttp, events: PodEvents, pods: int, restart_watcher: Any
+) -> None:
     names = [f"load-{i}" for i in range(pods)]
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
     count_before = events.count
@@ -241,6 +260,7 @@ async def bench_throughput(http: KubeHttp, events: PodEvents, pods: int) -> None
         f"    watcher published {create_events} pod events in {all_running - started:.1f}s "
         f"= {create_events / (all_running - started):.0f} events/s sustained"
     )
+    await bench_cold_start(restart_watcher, events, names)
     count_before = events.count
     started = time.perf_counter()
     await asyncio.to_thread(
@@ -305,7 +325,23 @@ async def run(args: argparse.Namespace) -> None:
             await events.wait("added", "warm-up", timeout=120)
             await bench_pod_latency(http, events, args.samples)
             await bench_scale_latency(bus, http, args.samples)
-            await bench_throughput(http, events, args.pods)
+
+            def restart_watcher() -> None:
+                old = processes[0]
+                old.terminate()
+                old.wait(30)
+                processes[0] = start_service(
+                    "watcher",
+                    nats.url,
+                    cluster.kubeconfig_path,
+                    work,
+                    "--namespace",
+                    NAMESPACE,
+                    "--snapshot-bucket",
+                    "bench_cold",
+                )
+
+            await bench_throughput(http, events, args.pods, restart_watcher)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -402,3 +402,28 @@ async def test_the_watcher_role_cannot_read_secrets(
         assert denied.value.status == 403
     finally:
         await port.close()
+
+
+async def test_periodic_resync_relists_without_publishing_unchanged_objects(
+    admin: KubeHttp, k8s_namespace: str, watcher_kubeconfig: Path
+) -> None:
+    pods_path = f"/api/v1/namespaces/{k8s_namespace}/pods"
+    await asyncio.to_thread(create, admin, pods_path, bare_pod("steady"))
+    port = await asyncio.to_thread(
+        watcher_port, watcher_kubeconfig, k8s_namespace, resync_seconds=1.0
+    )
+    try:
+        await port.list_nodes()
+        await port.list_pods()
+        recorder = Recorder(port)
+        resyncs_before = counter(RELISTS, "pods", "resync")
+        async with recorder.watching():
+            await eventually(
+                lambda: counter(RELISTS, "pods", "resync") >= resyncs_before + 2, "two resyncs"
+            )
+            await asyncio.to_thread(create, admin, pods_path, bare_pod("new"))
+            await eventually(lambda: ("added", "new") in recorder.pods(), "pod 'new'")
+        assert ("added", "steady") not in recorder.pods()
+        assert recorder.pods().count(("added", "new")) == 1
+    finally:
+        await port.close()
