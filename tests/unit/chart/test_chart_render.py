@@ -360,3 +360,17 @@ def test_rendered_manifests_are_valid_yaml_documents(tmp_path: Path) -> None:
     result = run_helm("template", "ts", str(CHART))
     documents = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
     assert all({"apiVersion", "kind", "metadata"} <= set(doc) for doc in documents)
+
+
+def test_the_readme_example_values_install_cleanly(tmp_path: Path) -> None:
+    readme = (CHART / "README.md").read_text()
+    example = readme.split("# tideshift-values.yaml\n", 1)[1].split("```", 1)[0]
+    values = yaml.safe_load(example)
+    objects = render(tmp_path, values)
+    deployments = {component(d): d for d in by_kind(objects, "Deployment").values()}
+    planner_env = container_env(deployments["planner"])
+    assert '"capacity_rps":40' in planner_env["TIDESHIFT_SERVING"]
+    assert deployments["planner"]["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "registry.example.com/tideshift:0.1.0"
+    )
+    assert len(by_kind(objects, "PriorityClass")) == 2
