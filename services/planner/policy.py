@@ -607,32 +607,50 @@ class _TierSolver:
             need = fair(level) @ requests + fixed_use
             return bool(np.all(need <= room + 1e-6))
 
-        # Bisection on L: first the aggregate bound (cheap), then per node below it. Stops as
-        # soon as the integer counts at both ends agree.
-        low, high = 0.0, float((hi / slope).max()) + 1e-9
-        low_total, high_total = int(fair(low).sum()), int(fair(high).sum())
-        if fits_aggregate(high):
-            low, low_total = high, high_total
-        for _ in range(80):
-            # At a breakpoint the two ends keep differing by one trainer: close enough, the
-            # top-ups below decide that last trainer.
-            if high_total - low_total <= 1:
+        def aggregate_level() -> float:
+            """Highest L whose fair counts fit the tier's room in total (bisection)."""
+            low, high = 0.0, float((hi / slope).max()) + 1e-9
+            low_total, high_total = int(fair(low).sum()), int(fair(high).sum())
+            if fits_aggregate(high):
+                return high
+            for _ in range(80):
+                # At a breakpoint the two ends keep differing by one trainer: close enough,
+                # the top-ups below decide that last trainer.
+                if high_total - low_total <= 1 or high - low <= 1e-9 * high:
+                    break  # (several jobs may share a breakpoint: then the width decides)
+                middle = (low + high) / 2
+                middle_total = int(fair(middle).sum())
+                if fits_aggregate(middle):
+                    low, low_total = middle, middle_total
+                else:
+                    high, high_total = middle, middle_total
+            return low
+
+        # Progressive filling: raise the level to the aggregate bound, then freeze every job
+        # whose additions did not pack (per node) at what did, and raise the others again.
+        # A job blocked by its shape (GPUs, fragmentation) then no longer holds back the rest.
+        best: list[int] | None = None
+        for _ in range(8):
+            candidate = counts_at(aggregate_level())
+            placed_all, _, unplaced = self.place(candidate)
+            if placed_all:
+                best = candidate
                 break
-            middle = (low + high) / 2
-            middle_total = int(fair(middle).sum())
-            if fits_aggregate(middle):
-                low, low_total = middle, middle_total
-            else:
-                high, high_total = middle, middle_total
-        if self.feasible(candidate := counts_at(low)):
-            best = candidate
-        else:
-            # Per node: close enough once the ends differ by about a trainer per job; the
-            # top-ups below place what integer rounding and this tolerance leave.
-            top, low = low, 0.0
+            frozen = False
+            for position, i in enumerate(admitted):
+                if unplaced[i] > 0:
+                    cap = max(lo[position], candidate[i] - int(unplaced[i]))
+                    if cap < hi[position]:
+                        hi[position] = cap
+                        frozen = True
+            if not frozen:
+                break
+        if best is None:
+            # Fall back to bisection per node, down from the last aggregate bound.
+            top, low = aggregate_level(), 0.0
             top_total, low_total = int(fair(top).sum()), int(fair(low).sum())
             for _ in range(60):
-                if top_total - low_total <= max(1, len(admitted) // 2):
+                if top_total - low_total <= max(1, len(admitted) // 2) or top - low <= 1e-9 * top:
                     break
                 middle = (low + top) / 2
                 middle_total = int(fair(middle).sum())
