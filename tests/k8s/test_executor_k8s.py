@@ -93,7 +93,7 @@ async def executor_on(
 ) -> AsyncIterator[Executor]:
     port_options = {k: options.pop(k) for k in ("before_write",) if k in options}
     port = await asyncio.to_thread(executor_port, kubeconfig, namespace, **port_options)
-    records = RecordStore((await bus.kv(f"exec_{unique}")).raw)
+    records = RecordStore(await bus.kv(f"exec_{unique}"))
     try:
         yield Executor(port, records, name="test", **options)
     finally:

@@ -167,7 +167,7 @@ def command(
 
 
 async def executor_for(bus: Bus, cluster: SimCluster, unique: str, **options: Any) -> Executor:
-    records = RecordStore((await bus.kv(f"exec_{unique}")).raw)
+    records = RecordStore(await bus.kv(f"exec_{unique}"))
     return Executor(SimClusterPort(cluster), records, name="test", **options)
 
 
