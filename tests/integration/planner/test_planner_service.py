@@ -246,3 +246,15 @@ async def test_stale_forecast_holds_serving_and_stops_training_growth(
         # A fresh forecast ends the degraded mode.
         await bus.publish(FORECAST.at(namespace=unique, workload="web"), forecast(unique, 300.0))
         await eventually(lambda: planner.mode == "normal")
+
+
+async def test_silent_watcher_is_announced_and_ends_with_the_next_event(
+    bus: Bus, unique: str, collectors: dict[str, Collector]
+) -> None:
+    settings = settings_for(unique, cluster_silence_seconds=1.0)
+    async with running(bus, settings, f"a-{unique}") as planner:
+        await bus.publish(FORECAST.at(namespace=unique, workload="web"), forecast(unique, 300.0))
+        await eventually(lambda: any("cluster view stale" in r for r in planner.reasons))
+        assert planner.mode == "degraded"
+        await bus.publish(NODE_CHANGED.at(name=f"n-{unique}"), node(f"n-{unique}", 8.0))
+        await eventually(lambda: planner.mode == "normal")
