@@ -89,8 +89,12 @@ if command -v flock >/dev/null && ! flock -n 9; then
   flock 9
 fi
 
+# Holding the lock, any leftover partial dir is from an interrupted run.
+rm -rf "$BIN_DIR"/.partial.*
 STAGE_DIR="$(mktemp -d "$BIN_DIR/.partial.XXXXXX")"
 trap 'rm -rf "$STAGE_DIR"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 log "Go: $(go version); caches under $CACHE_ROOT/go"
 log "to build: ${missing[*]} (a cold build takes 10-25 min on 2 cores)"
@@ -201,3 +205,6 @@ if needs helm; then
 fi
 
 log "done: Kubernetes $K8S_VERSION binaries in $BIN_DIR"
+# CPU seconds of the Go toolchain (user, then system), to compare builds across machines.
+times >"$STAGE_DIR/cpu-times"
+log "CPU time of the Go toolchain (user system): $(tail -n 1 "$STAGE_DIR/cpu-times")"
