@@ -239,11 +239,40 @@ def detect_periods(
     ]
     if not usable:
         return periods
-    acf = autocorrelation(values, max(usable) + max(1, max(usable) // 10))
+    longest = max(usable)
+    acf = autocorrelation(values, 2 * longest)
     for period in sorted(set(usable)):
-        if confirm_period(acf, period, min_acf=min_acf) is not None:
+        if confirm_period(acf, period, min_acf=min_acf) is not None and adds_to(
+            acf, period, periods
+        ):
             periods.append(period)
     return periods
+
+
+def adds_to(acf: FloatArray, period: int, accepted: Sequence[int]) -> bool:
+    """Whether `period` says more than the shorter periods it is a multiple of.
+
+    A pure daily cycle also correlates at 7 days; a weekly pattern shows as the 7-day lag
+    correlating more than the 6- and 8-day lags, which a daily cycle alone cannot do.
+    """
+    for base in accepted:
+        multiple = round(period / base)
+        if multiple < 2 or abs(period - multiple * base) > max(1, base // 10):
+            continue
+        here = _peak_near(acf, period)
+        neighbours = [_peak_near(acf, period - base), _peak_near(acf, period + base)]
+        if any(
+            value is not None and here is not None and here <= value + 0.01 for value in neighbours
+        ):
+            return False
+    return True
+
+
+def _peak_near(acf: FloatArray, lag: int) -> float | None:
+    slack = max(1, lag // 20)
+    if lag - slack < 1 or lag + slack >= acf.shape[0]:
+        return None
+    return float(np.max(acf[lag - slack : lag + slack + 1]))
 
 
 def dominant_fft_periods(
@@ -275,7 +304,7 @@ def dominant_fft_periods(
     candidate_index = np.flatnonzero(valid)
     strongest = candidate_index[np.argsort(power[candidate_index])[::-1][: 4 * max_periods]]
     longest = int(length / min_cycles)
-    acf = autocorrelation(values, longest + max(1, longest // 10))
+    acf = autocorrelation(values, 2 * longest + 2)
     accepted: list[int] = []
     for index in strongest:
         period = round(1.0 / float(frequencies[index]))
@@ -295,7 +324,9 @@ def dominant_fft_periods(
                 period = preferred
         if any(abs(period - known) <= max(1, known // 5) for known in accepted):
             continue
-        if confirm_period(acf, period, min_acf=min_acf) is not None:
+        if confirm_period(acf, period, min_acf=min_acf) is not None and adds_to(
+            acf, period, sorted(accepted)
+        ):
             accepted.append(period)
         if len(accepted) >= max_periods:
             break

@@ -77,6 +77,11 @@ class TidalConfig(BaseModel):
     recalibrate_every_s: float = Field(default=3600.0, gt=0)
     # Errors are pooled separately for this many forecast-level bins (1 = one pool).
     level_bins: int = Field(default=4, ge=1)
+    # CUSUM on one-step errors (in their sds): errors beyond `shift_slack` accumulate and
+    # reaching `shift_threshold` resets the fast level (0 = off). High values: only real
+    # surges, not Poisson noise, may move the level this way.
+    shift_slack: float = Field(default=1.0, ge=0)
+    shift_threshold: float = Field(default=20.0, ge=0)
     # Step of the online quantile correction, relative to the q0.99 - q0.5 spread (0 = off).
     quantile_tracking_rate: float = Field(default=0.05, ge=0)
     max_history_s: float = Field(default=35 * SECONDS_PER_DAY, gt=0)
@@ -111,6 +116,10 @@ class Tidal:
         # quantile up after each miss and down after each hit so its miss rate converges to
         # 1 - level even when the window's errors are not exchangeable with tomorrow's.
         self._corrections = np.zeros((len(QUANTILE_LEVELS), 1))
+        self._one_step_scales: FloatArray = np.zeros(1)
+        self._cusum_up = 0.0
+        self._cusum_down = 0.0
+        self._boost_left = 0
 
     # ---- fitting -------------------------------------------------------------------------
 
@@ -261,8 +270,13 @@ class Tidal:
                 new_predictions.append(predicted)
                 self._track_quantiles(z_now - predicted, predicted)
                 residual = z_now - seasonal_now
-                fast += self._rate * (residual - fast)
+                rate = self._rate
+                if self._boost_left > 0:
+                    rate = max(rate, _BOOSTED_RATE)
+                    self._boost_left -= 1
+                fast += rate * (residual - fast)
                 slow += self._slow_rate * (residual - slow)
+                self._watch_for_shift(float(z_now - predicted[0]), predicted=float(predicted[0]))
             self._fast_history = np.append(self._fast_history[1:], fast)
             self._slow_history = np.append(self._slow_history[1:], slow)
         self._last_timestamp += added * self._interval
@@ -298,6 +312,26 @@ class Tidal:
         # Fine grids (1 s) over long windows would hold millions of errors: cap the memory.
         return max(1, min(wanted, _MAX_CALIBRATION_CELLS // self._max_steps))
 
+    def _watch_for_shift(self, surprise: float, *, predicted: float) -> None:
+        """Two-sided CUSUM on one-step errors; an alarm speeds the fast level up for a while.
+
+        A slow smoothing rate suits noisy series but would take hours to follow a launch-day
+        surge. When one-step errors keep landing on the same side by more than `shift_slack`
+        of their usual spread, the fast level switches to a quick rate for a few intervals
+        (a "panic mode"), so the forecast catches up with a surge (or a drop) within minutes
+        without jumping to any single noisy sample.
+        """
+        scale = float(self._one_step_scales[np.searchsorted(self._bin_edges, predicted)])
+        if scale <= 0 or self.config.shift_threshold <= 0:
+            return
+        standardised = surprise / scale
+        slack = self.config.shift_slack
+        self._cusum_up = max(0.0, self._cusum_up + standardised - slack)
+        self._cusum_down = max(0.0, self._cusum_down - standardised - slack)
+        if max(self._cusum_up, self._cusum_down) >= self.config.shift_threshold:
+            self._cusum_up = self._cusum_down = 0.0
+            self._boost_left = _BOOST_STEPS
+
     def _recalibrate(self) -> None:
         self._pending_rows = 0
         self._bin_edges, self._spreads = _spread_by_step(
@@ -306,6 +340,10 @@ class Tidal:
             self._max_steps,
             bins=self.config.level_bins,
         )
+        # Spread of one-step errors in standard-deviation units (q0.95 - q0.5 = 1.645 sd).
+        # per forecast-level bin, since a quiet night is noisier (in log space) than a peak.
+        scales = (self._spreads[:, 2, 0] - self._spreads[:, 0, 0]) / 1.645
+        self._one_step_scales = np.where(np.isfinite(scales), scales, 0.0)
 
     # ---- predicting ----------------------------------------------------------------------
 
@@ -520,6 +558,10 @@ def _spread_by_step(
             spreads[bin_index, row] = np.interp(every_step, probes, at_probes[bin_index, row])
     return edges, spreads
 
+
+# After a shift alarm, the fast level moves at least this fast for this many intervals.
+_BOOSTED_RATE = 0.3
+_BOOST_STEPS = 10
 
 # Steps ahead with their own calibration; beyond, the last one's spread holds.
 _MAX_STEPS = 720
