@@ -312,37 +312,64 @@ class LocalCluster:
         deadline = time.monotonic() + self.options.start_timeout
 
         say(f"starting etcd on {self.etcd_url}")
-        self._spawn("etcd", self._etcd_args())
-        self._wait_ready("etcd", f"{self.etcd_url}/health", deadline, tls=None)
-
+        self._launch("etcd", deadline)
         say(f"starting kube-apiserver {K8S_VERSION} on {self.server_url}")
-        self._spawn("kube-apiserver", self._apiserver_args())
-        self._wait_ready("kube-apiserver", f"{self.server_url}/readyz", deadline, tls="admin")
-
+        self._launch("kube-apiserver", deadline)
         say("starting kube-controller-manager, kube-scheduler and kwok")
-        self._spawn("kube-controller-manager", self._controller_manager_args())
-        self._spawn("kube-scheduler", self._scheduler_args())
-        self._spawn("kwok", self._kwok_args())
-        port = self._ports
-        self._wait_ready(
-            "kube-controller-manager",
-            f"https://127.0.0.1:{port['controller-manager']}/healthz",
-            deadline,
-            tls="insecure",
-        )
-        self._wait_ready(
-            "kube-scheduler",
-            f"https://127.0.0.1:{port['scheduler']}/readyz",
-            deadline,
-            tls="insecure",
-        )
-        self._wait_ready("kwok", f"http://127.0.0.1:{port['kwok']}/healthz", deadline, tls=None)
+        later = ["kube-controller-manager", "kube-scheduler", "kwok"]
+        for name in later:
+            self._spawn(name, self._arguments(name))
+        for name in later:
+            self._wait_component(name, deadline)
         self._save_state()
 
         if self.options.nodes:
             say(f"creating {len(self.options.nodes)} kwok nodes")
             self.create_nodes(self.options.nodes, timeout=max(5.0, deadline - time.monotonic()))
         say(f"cluster ready: KUBECONFIG={self.kubeconfig_path}")
+
+    def restart(self, name: str, *, crash: bool = True, timeout: float = 120.0) -> None:
+        """Stops one component (SIGKILL by default, like a crash) and starts it again on the
+        same port with the same data, then waits until it is ready again."""
+        record = next(record for record in self._records if record.name == name)
+        if crash:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(record.pid, signal.SIGKILL)
+        terminate_processes([record], self._popens, grace=10.0)
+        self._records.remove(record)
+        self._popens.pop(name, None)
+        self._launch(name, time.monotonic() + timeout)
+        self._save_state()
+
+    def _launch(self, name: str, deadline: float) -> None:
+        self._spawn(name, self._arguments(name))
+        self._wait_component(name, deadline)
+
+    def _arguments(self, name: str) -> list[str]:
+        builders = {
+            "etcd": self._etcd_args,
+            "kube-apiserver": self._apiserver_args,
+            "kube-controller-manager": self._controller_manager_args,
+            "kube-scheduler": self._scheduler_args,
+            "kwok": self._kwok_args,
+        }
+        return builders[name]()
+
+    def _wait_component(self, name: str, deadline: float) -> None:
+        port = self._ports
+        probes: dict[str, tuple[str, str | None]] = {
+            "etcd": (f"{self.etcd_url}/health", None),
+            "kube-apiserver": (f"{self.server_url}/readyz", "admin"),
+            # Self-signed serving certificates, loopback only.
+            "kube-controller-manager": (
+                f"https://127.0.0.1:{port['controller-manager']}/healthz",
+                "insecure",
+            ),
+            "kube-scheduler": (f"https://127.0.0.1:{port['scheduler']}/readyz", "insecure"),
+            "kwok": (f"http://127.0.0.1:{port['kwok']}/healthz", None),
+        }
+        url, tls = probes[name]
+        self._wait_ready(name, url, deadline, tls=tls)
 
     def stop(self, grace: float = 10.0) -> None:
         """Stops every component (TERM, then KILL after `grace`); safe to call twice."""
@@ -555,7 +582,6 @@ class LocalCluster:
             context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
             context.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
         elif tls == "insecure":
-            # Self-signed serving certs of controller-manager and scheduler, loopback only.
             context = ssl.create_default_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE

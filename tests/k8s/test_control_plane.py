@@ -376,3 +376,21 @@ def test_rbac_denies_a_service_account_without_rights(
         with pytest.raises(client.ApiException) as secrets_denied:
             client.CoreV1Api(reader).list_namespaced_secret(k8s_namespace)
         assert secrets_denied.value.status == 403
+
+
+def test_state_survives_an_apiserver_crash_and_restart(
+    k8s_cluster: Any, api: Any, k8s_namespace: str
+) -> None:
+    core = client.CoreV1Api(api)
+    before = core.create_namespaced_config_map(
+        k8s_namespace, {"metadata": {"name": "kept"}, "data": {"k": "v"}}
+    )
+    old_pid = next(p.pid for p in k8s_cluster.local.processes if p.name == "kube-apiserver")
+
+    k8s_cluster.local.restart("kube-apiserver")
+
+    new_pid = next(p.pid for p in k8s_cluster.local.processes if p.name == "kube-apiserver")
+    assert new_pid != old_pid
+    after = core.read_namespaced_config_map("kept", k8s_namespace)
+    assert after.metadata.uid == before.metadata.uid
+    assert after.data == {"k": "v"}
