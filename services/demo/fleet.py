@@ -25,6 +25,12 @@ import services
 
 log = logging.getLogger("tideshift.demo.fleet")
 STOP_GRACE_S = 15.0
+TRAINING_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError):
+        os.nice(TRAINING_NICENESS)
 
 
 @dataclass
@@ -47,7 +53,7 @@ class TrainingFleet:
 
     nats_url: str
     log_dir: Path
-    min_task_seconds: float = 0.5
+    min_task_seconds: float = 1.0
     coordinator_args: Sequence[str] = ("--shards", "48", "--samples-per-shard", "1000")
     data_dir: Path | None = None
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
@@ -93,6 +99,9 @@ class TrainingFleet:
             stdout=managed.log_file,
             stderr=managed.log_file,
             env=self._environment(),
+            # Training is the best-effort tier here as in the cluster: on a busy machine the
+            # control loops (this process) must not wait behind a dozen trainers.
+            preexec_fn=_lower_priority,
         )
         self.processes[name] = managed
         self.started += 1

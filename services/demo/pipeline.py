@@ -199,7 +199,7 @@ async def _start_planner(
     planner_service = _import("services.planner.service")
     settings = planner_service.PlannerSettings(
         health_port=-1,
-        **planner_targets(world, planner_service),
+        **planner_targets(world, planner_service, speed=clock.speed),
         **planner_timing(speed=clock.speed, interval_wall_s=interval_wall_s),
     )
     bus = await connect("planner")
@@ -210,7 +210,12 @@ async def _start_planner(
     stages.tasks.append(asyncio.create_task(planner.run(), name="planner"))
 
 
-def planner_targets(world: WorldShape, planner_service: Any) -> dict[str, Any]:
+# Wall seconds of pipeline delay (forecast -> plan -> command -> executor -> sim) the serving
+# margin absorbs; at 288x five wall seconds are 24 simulated minutes.
+LAG_BUDGET_WALL_S = 5.0
+
+
+def planner_targets(world: WorldShape, planner_service: Any, *, speed: float) -> dict[str, Any]:
     """The planner's `serving` and `training` settings for the demo's world."""
     serving = world.serving
     gib = 2.0**30
@@ -226,7 +231,7 @@ def planner_targets(world: WorldShape, planner_service: Any) -> dict[str, Any]:
                 min_replicas=serving.min_replicas,
                 max_replicas=serving.max_replicas,
                 lead_time_s=serving.startup_delay_s,
-                margin_s=FORECAST_STEP_S,
+                margin_s=max(FORECAST_STEP_S, speed * LAG_BUDGET_WALL_S),
                 stabilization_s=600.0,
                 quantile=0.95,
             )

@@ -44,7 +44,7 @@ class SimDemoConfig:
     world: WorldShape = field(default_factory=WorldShape)
     nats_port: int = 0
     real_trainers: bool = True
-    min_task_seconds: float = 0.5
+    min_task_seconds: float = 1.0
     tick_wall_s: float = 0.1
     progress_every_wall_s: float = 0.5
     plan_interval_wall_s: float = 0.5

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[3]
 def test_a_short_day_trades_training_for_serving(tmp_path: Path) -> None:
     out = tmp_path / "demo-out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    # A day at 1440x: one minute of wall time.
+    # A day at 720x: two minutes of wall time (plus start-up).
     completed = subprocess.run(
         [
             sys.executable,
