@@ -360,7 +360,8 @@ class LocalCluster:
         probes: dict[str, tuple[str, str | None]] = {
             "etcd": (f"{self.etcd_url}/health", None),
             "kube-apiserver": (f"{self.server_url}/readyz", "admin"),
-            # Self-signed serving certificates, loopback only.
+            # Self-signed serving certificates, loopback only. The controller-manager serves
+            # /healthz but no /readyz (404 in v1.36).
             "kube-controller-manager": (
                 f"https://127.0.0.1:{port['controller-manager']}/healthz",
                 "insecure",
