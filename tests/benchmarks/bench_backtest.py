@@ -38,9 +38,7 @@ def run(traces_dir: Path, models: list[str]) -> list[str]:
             started = time.perf_counter()
             cpu_started = time.process_time()
             for name in models:
-                scores[name] = run_backtest(
-                    trace, build_model(name), plan, clock=time.perf_counter
-                )
+                scores[name] = run_backtest(trace, build_model(name), plan, clock=time.perf_counter)
             wall = time.perf_counter() - started
             cpu = time.process_time() - cpu_started
             print(format_table(trace, plan, scores, horizon_s=horizon_s))
