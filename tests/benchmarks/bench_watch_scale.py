@@ -204,6 +204,17 @@ async def bench_scale_latency(bus: Bus, http: KubeHttp, samples: int) -> None:
         latencies.append(seen[desired][before] - started)
     stop.set()
     print(summary("(b) ScaleCommand published -> replicas visible in the apiserver", latencies))
+    # Context: the same machine's apiserver, asked directly (what the executor's path costs
+    # beyond its two apiserver round trips is NATS, KV records and scheduling).
+    direct: list[float] = []
+    scale_path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/bench-web/scale"
+    for i in range(min(samples, 100)):
+        started = time.perf_counter()
+        current = await asyncio.to_thread(http.get, scale_path)
+        current["spec"]["replicas"] = 2 + (i % 2)
+        await asyncio.to_thread(http.json, "PUT", scale_path, body=current)
+        direct.append(time.perf_counter() - started)
+    print(summary("    baseline: GET + PUT of the scale subresource, directly", direct))
 
 
 async def bench_cold_start(restart_watcher: Any, events: PodEvents, names: list[str]) -> None:
