@@ -32,8 +32,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: $(STAMP) system-deps k8s-binaries lint
-	$(BIN)/pytest -ra --ignore=tests/benchmarks
+# Lint and tests both run, so one report shows every failure; either failing fails the target.
+test: $(STAMP) system-deps k8s-binaries
+	@status=0; \
+	$(MAKE) --no-print-directory lint || status=1; \
+	$(BIN)/pytest -ra --ignore=tests/benchmarks || status=1; \
+	exit $$status
 
 demo: $(STAMP)
 	$(BIN)/tideshift demo --out demo-out
