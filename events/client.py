@@ -34,12 +34,26 @@ class EventClient:
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str = "tideshift-events-client", timeout: float = 10.0
+        cls,
+        url: str,
+        *,
+        name: str = "tideshift-events-client",
+        credentials: str | None = None,
+        timeout: float = 10.0,
     ) -> EventClient:
-        """Connect, reconnecting for ever once connected; ConnectionError if never reached."""
+        """Connect, reconnecting for ever once connected; ConnectionError if never reached.
+
+        `credentials` is the path of a NATS .creds file, for servers with authentication.
+        """
         try:
             connection = await asyncio.wait_for(
-                nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=1),
+                nats.connect(
+                    url,
+                    name=name,
+                    user_credentials=credentials,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=1,
+                ),
                 timeout,
             )
         except (TimeoutError, nats.errors.NoServersError, OSError) as error:

@@ -27,7 +27,6 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import aiohttp
-import nats
 
 from events import SCALE_RESULT, ScaleResult
 from events.client import EventClient
@@ -63,19 +62,6 @@ async def post_text(session: aiohttp.ClientSession, url: str, text: str) -> bool
     return True
 
 
-async def connect(nats_url: str, credentials: str | None) -> EventClient:
-    """An events client; with a NATS .creds file (as the Helm chart mounts it) if given."""
-    if not credentials:
-        return await EventClient.connect(nats_url, name="reaction-chat-webhook")
-    connection = await nats.connect(
-        nats_url,
-        name="reaction-chat-webhook",
-        user_credentials=credentials,
-        max_reconnect_attempts=-1,
-    )
-    return EventClient(connection)
-
-
 async def run(
     nats_url: str,
     webhook_url: str,
@@ -88,7 +74,9 @@ async def run(
     timeout = aiohttp.ClientTimeout(total=10)
     async with (
         aiohttp.ClientSession(timeout=timeout) as session,
-        await connect(nats_url, credentials) as client,
+        await EventClient.connect(
+            nats_url, name="reaction-chat-webhook", credentials=credentials
+        ) as client,
     ):
         log.info("listening on %s, posting scale-ups to %s", subject, webhook_url)
         async for event in client.subscribe(subject):
