@@ -374,12 +374,21 @@ async def _loop(
     on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None,
 ) -> None:
     subject = FORECAST.at(namespace=forecaster.spec.namespace, workload=forecaster.spec.name)
+    published = False
     while not context.stopping.is_set():
         started = time.monotonic()
         try:
             event = await forecaster.tick()
             if event is not None:
                 await context.bus.publish(subject, event)
+                if not published:
+                    published = True
+                    log.info(
+                        "%s: first forecast published on %s (model %s)",
+                        forecaster.label,
+                        subject,
+                        event.model,
+                    )
                 if on_forecast is not None:
                     await on_forecast(event)
         except Exception:
