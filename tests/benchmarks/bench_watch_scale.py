@@ -33,6 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+
 from events import POD_CHANGED, SCALE_COMMAND, ScaleCommand, WorkloadRef  # noqa: E402
 from services.cluster.adapters.http import KubeHttp  # noqa: E402
 from services.common.bus import Bus  # noqa: E402
@@ -208,13 +210,22 @@ async def bench_scale_latency(bus: Bus, http: KubeHttp, samples: int) -> None:
     # beyond its two apiserver round trips is NATS, KV records and scheduling).
     direct: list[float] = []
     scale_path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/bench-web/scale"
+    conflicts = 0
     for i in range(min(samples, 100)):
         started = time.perf_counter()
-        current = await asyncio.to_thread(http.get, scale_path)
-        current["spec"]["replicas"] = 2 + (i % 2)
-        await asyncio.to_thread(http.json, "PUT", scale_path, body=current)
+        while True:  # the Deployment controller writes status too: re-read on 409
+            current = await asyncio.to_thread(http.get, scale_path)
+            current["spec"]["replicas"] = 2 + (i % 2)
+            try:
+                await asyncio.to_thread(http.json, "PUT", scale_path, body=current)
+                break
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                conflicts += 1
         direct.append(time.perf_counter() - started)
     print(summary("    baseline: GET + PUT of the scale subresource, directly", direct))
+    print(f"    (baseline re-read after {conflicts} conflicts with the Deployment controller)")
 
 
 async def bench_cold_start(restart_watcher: Any, events: PodEvents, names: list[str]) -> None:
