@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -209,6 +210,48 @@ def wait_http(url: str, *, timeout: float, what: str) -> None:
     raise DemoError(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
+HISTORY_DAYS = 3  # compressed days of demand backfilled into Prometheus before the run
+
+
+def history_openmetrics(
+    profile: RateProfile, *, speed: float, end_wall: float, days: int = HISTORY_DAYS
+) -> str:
+    """The sample app's request counter over the `days` compressed days before `end_wall`.
+
+    A fresh Prometheus knows nothing, and a forecaster fitted on seconds of data guesses
+    wildly; real deployments have weeks of history. Wall time t maps to profile time
+    (t - end_wall) * speed, the same mapping the load generator uses from the start on.
+    """
+    span = days * 86_400.0 / speed
+    step = max(1.0, round(span / 20_000.0))
+    lines = [
+        "# HELP http_requests HTTP requests answered by the sample app (backfilled history)",
+        "# TYPE http_requests counter",
+    ]
+    total = 0.0
+    t = float(math.floor(end_wall - span))
+    while t < end_wall - 1:
+        total += profile.rate((t - end_wall) * speed) * step
+        lines.append(f'http_requests_total{{app="{APP}",code="200"}} {total:.3f} {t:.0f}')
+        t += step
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def backfill_prometheus(promtool: str, data_dir: Path, metrics: str) -> None:
+    source = data_dir.parent / "history.om"
+    source.write_text(metrics)
+    done = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise DemoError(f"promtool could not backfill the demand history: {done.stderr[-300:]}")
+
+
 def prometheus_config(app_port: int) -> str:
     return (
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -221,7 +264,9 @@ def prometheus_config(app_port: int) -> str:
 # ---- the cluster objects ---------------------------------------------------------------------
 
 
-def create_objects(api_client: Any, namespace: str, shape: WorldShape) -> None:
+def create_objects(
+    api_client: Any, namespace: str, shape: WorldShape, *, initial_demand_rps: float
+) -> None:
     from kubernetes import client
 
     # Manifests as plain dicts (the client serialises them as they are): typed as Any.
@@ -251,7 +296,7 @@ def create_objects(api_client: Any, namespace: str, shape: WorldShape) -> None:
                 },
             },
             "spec": {
-                "replicas": serving.min_replicas,
+                "replicas": serving.need(initial_demand_rps),
                 "selector": {"matchLabels": {"app": serving.name}},
                 "template": {
                     "metadata": {"labels": labels},
@@ -321,8 +366,14 @@ def _pod_spec(priority_class: str, cpu: float, memory_gib: float, container: str
 
 
 def _service_argv(
-    name: str, *, nats_url: str, kubeconfig: Path, prometheus_url: str, namespace: str
+    name: str,
+    *,
+    nats_url: str,
+    kubeconfig: Path,
+    prometheus_url: str,
+    shape: WorldShape,
 ) -> list[str]:
+    namespace = shape.serving.namespace
     common = ["--nats-url", nats_url, "--health-port", "0", "--instance", f"demo-{name}"]
     if name in ("watcher", "executor"):
         extra = ["--kubeconfig", str(kubeconfig)]
@@ -340,8 +391,8 @@ def _service_argv(
             prometheus_url=prometheus_url,
             namespace=namespace,
             app=APP,
-            serving=KUBE_SERVING,
-            jobs=KUBE_JOBS,
+            serving=shape.serving,
+            jobs=shape.jobs,
         ),
     )
 
@@ -398,7 +449,9 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
         api_client = kube_config.new_client_from_config(  # type: ignore[no-untyped-call]
             config_file=str(access.kubeconfig)
         )
-        await asyncio.to_thread(create_objects, api_client, namespace, shape)
+        await asyncio.to_thread(
+            create_objects, api_client, namespace, shape, initial_demand_rps=profile.rate(0.0)
+        )
     except Exception as error:
         raise DemoError(
             f"cannot use the cluster in {access.kubeconfig} ({type(error).__name__}: "
@@ -425,6 +478,12 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
     prom_dir = out / "prometheus"
     prom_dir.mkdir(parents=True, exist_ok=True)
     (prom_dir / "prometheus.yml").write_text(prometheus_config(app_port))
+    promtool = shutil.which("promtool") or str(Path(prometheus).with_name("promtool"))
+    backfill_prometheus(
+        promtool,
+        prom_dir / "data",
+        history_openmetrics(profile, speed=speed, end_wall=time.time()),
+    )
     prom_port = free_port()
     children.start(
         "prometheus",
@@ -445,7 +504,7 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
                 nats_url=nats.url,
                 kubeconfig=access.kubeconfig,
                 prometheus_url=prometheus_url,
-                namespace=namespace,
+                shape=shape,
             ),
         )
     event_log = EventLog(out / "events.jsonl")

@@ -11,7 +11,7 @@ import asyncio
 import importlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from services.common.bus import Bus
 from services.common.runtime import ServiceContext
 from services.common.settings import ServiceSettings
 from services.demo.clock import SimClock
-from services.demo.world import WorldShape
+from services.demo.world import JobShape, ServingShape, WorldShape
 
 log = logging.getLogger("tideshift.demo.pipeline")
 
@@ -274,8 +274,8 @@ def kube_service_args(
     prometheus_url: str,
     namespace: str,
     app: str,
-    serving: Any,
-    jobs: Any,
+    serving: ServingShape,
+    jobs: Sequence[JobShape],
 ) -> list[str]:
     """Flags of `tideshift run predictor|planner` for the real-cluster demo (real time).
 
@@ -306,4 +306,37 @@ def kube_service_args(
             "--stale-after-seconds",
             "30",
         ]
-    raise ServiceMissing(f"the {name} service is not wired into the real-cluster demo yet")
+    if name == "planner":
+        planner_service = _import("services.planner.service")
+        world = WorldShape(serving=serving, jobs=tuple(jobs))
+        targets = planner_targets(world, planner_service, speed=1.0)
+        # Real time: pods on kwok nodes start in a second or two; windows are wall seconds.
+        serving_targets = [
+            target.model_copy(
+                update={"lead_time_s": 5.0, "margin_s": 15.0, "stabilization_s": 30.0}
+            ).model_dump()
+            for target in targets["serving"]
+        ]
+        training_targets = [
+            target.model_copy(update={"companion_markers": ("pserver",)}).model_dump()
+            for target in targets["training"]
+        ]
+        return [
+            "--serving",
+            json.dumps(serving_targets),
+            "--training",
+            json.dumps(training_targets),
+            "--tick-seconds",
+            "2",
+            "--debounce-seconds",
+            "0.5",
+            "--forecast-max-age-seconds",
+            "30",
+            "--resend-seconds",
+            "10",
+            "--min-trainer-lifetime-seconds",
+            "10",
+            "--lease-ttl-seconds",
+            "6",
+        ]
+    raise ServiceMissing(f"no real-cluster settings for the {name} service")
