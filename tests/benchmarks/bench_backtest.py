@@ -24,9 +24,9 @@ RIVALS = ("holt_winters", "fft")
 DEFAULT_TRACES_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
-def run(traces_dir: Path, models: list[str]) -> list[str]:
+def run(traces_dir: Path, models: list[str], files: list[str]) -> list[str]:
     verdicts: list[str] = []
-    for file_name in TRACES:
+    for file_name in files:
         path = traces_dir / file_name
         with path.open(encoding="utf-8") as handle:
             trace = parse_trace(handle, source=file_name)
@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES_DIR)
     parser.add_argument("--models", default=",".join(model_names()))
+    parser.add_argument("--files", default=",".join(TRACES), help="trace files in --traces")
     args = parser.parse_args(argv)
-    verdicts = run(args.traces, [name for name in args.models.split(",") if name])
+    models = [name for name in args.models.split(",") if name]
+    verdicts = run(args.traces, models, [name for name in args.files.split(",") if name])
     print("goal check (default model: " + DEFAULT_MODEL + ")")
     print("\n".join(verdicts))
     return 0

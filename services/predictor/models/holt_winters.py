@@ -9,6 +9,7 @@ the point forecast, with the in-sample residual spread growing with the step ahe
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from typing import Literal
 
@@ -119,14 +120,14 @@ class HoltWinters:
         if self._series is None:
             self.fit(timestamps, values)
             return
-        previous_length = self._series.values.shape[0]
-        self._series, added = extend_series(
-            self._series, timestamps, values, max_points=previous_length + 1
+        # Every grid step advances the states once (a gap with its own forecasts), so the
+        # seasonal index stays aligned with the clock.
+        extended, added = extend_series(
+            self._series.tail(1), timestamps, values, max_points=sys.maxsize
         )
-        if added == 0:
-            return
-        for observation in self._series.values[-added:] if added <= previous_length else []:
+        for observation in extended.values[-added:] if added else []:
             self._advance(float(observation))
+        self._series = extended.tail(1)
 
     def _advance(self, observation: float) -> None:
         """One Holt-Winters step; a missing observation is replaced by its own forecast."""

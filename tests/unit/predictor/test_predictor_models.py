@@ -244,3 +244,16 @@ def test_holt_winters_multiplicative_falls_back_to_additive_on_zeros() -> None:
     model = build_model("holt_winters", {"seasonal": "mul", "default_interval_s": STEP_S})
     model.fit(times, values)
     check_invariants(model.predict(12), 12)
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_update_across_a_gap_keeps_the_seasonal_phase(name: str) -> None:
+    times, values = diurnal(16, noise=0.02)
+    model = build_model(name, {"default_interval_s": STEP_S})
+    model.fit(times[: DAY * 14], values[: DAY * 14])
+    # Nothing for half a day, then one observation: forecasts continue from there.
+    resume = DAY * 14 + DAY // 2
+    model.update(times[resume : resume + 1], values[resume : resume + 1])
+    forecast = model.predict(12)
+    assert forecast.timestamps[0] == times[resume + 1]
+    assert mape(forecast.point, values[resume + 1 : resume + 13]) < 0.15
