@@ -1,1 +1,1 @@
-"""Predictor: forecasts serving demand per workload; models/ is pure, service.py does the I/O."""
+"""Predictor: decides expected serving demand per workload; NATS only via services.common.bus."""
