@@ -19,7 +19,8 @@ The model (DESIGN.md, "The planner's model"):
 4. Churn. Removals that only rebalance training (not forced by serving or a higher tier) are
    capped per step, wait until the job's last growth is `min_trainer_lifetime_s` old, and are
    skipped when smaller than `shrink_tolerance` of the job (no ±1 flapping), unless a held
-   trainer would keep another job below its gang minimum.
+   trainer would keep another job below its gang minimum. A running job's growth by at most
+   `grow_tolerance` of its size waits too.
 
 Inputs come in columnar form (`ClusterView`, numpy arrays) so a plan over 5,000 nodes and
 150,000 pods stays well under 100 ms; `ClusterView.build` makes one from plain records.
@@ -168,6 +169,7 @@ class PolicyConfig:
     max_trainer_removals_per_step: int = 64  # voluntary (rebalancing) removals, all jobs
     min_trainer_lifetime_s: float = 60.0  # no voluntary shrink sooner after a job grew
     shrink_tolerance: float = 0.05  # voluntary shrinks of at most this fraction are skipped
+    grow_tolerance: float = 0.05  # growth of a running job by at most this fraction waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -983,6 +985,17 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
             admitted2 = [i for i in order if i not in excluded2]
             final = solver.fill(admitted2, base2)
             excluded = excluded2
+
+        # Small growth of a running job waits until it is worth a membership change: each
+        # change costs the job a restart, and serving's jitter would otherwise make trainers
+        # come and go every few minutes.
+        for i, item in enumerate(tier_jobs):
+            growth = final[i] - item.current
+            if i in excluded or i in held or growth <= 0 or item.current < item.job.floor:
+                continue
+            if growth <= max(1, config.grow_tolerance * item.current):
+                final[i] = item.current
+                held[i] = f"growth by {growth} deferred (within tolerance, avoids flapping)"
 
         # Decisions and the tier's placement.
         for i, item in enumerate(tier_jobs):

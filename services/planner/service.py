@@ -139,6 +139,7 @@ class PlannerSettings(ServiceSettings):
     max_trainer_removals_per_step: int = Field(default=64, ge=1)
     min_trainer_lifetime_seconds: float = Field(default=60.0, ge=0)
     shrink_tolerance: float = Field(default=0.05, ge=0, lt=1)
+    grow_tolerance: float = Field(default=0.05, ge=0, lt=1)
 
 
 def _ref_key(ref: WorkloadRef) -> pol.Target:
@@ -287,6 +288,7 @@ class PlannerState:
                 max_trainer_removals_per_step=settings.max_trainer_removals_per_step,
                 min_trainer_lifetime_s=settings.min_trainer_lifetime_seconds,
                 shrink_tolerance=settings.shrink_tolerance,
+                grow_tolerance=settings.grow_tolerance,
             ),
             cluster_stale=now - self.last_cluster_event > settings.cluster_silence_seconds,
         )

@@ -544,3 +544,23 @@ def test_missing_forecast_holds_serving_and_stops_training_growth() -> None:
     )
     assert decision.desired() == {WEB: 5, JOB_A: 4}
     assert "not growing" in decision.targets[1].reason
+
+
+@pytest.mark.parametrize(
+    ("running", "expected", "reason_part"),
+    [
+        (31, 31, "growth by 1 deferred"),  # room for 32: +1 is within 5 % of 31
+        (20, 32, "tier 0"),  # +12 is worth a membership change
+    ],
+)
+def test_small_growth_of_a_running_job_waits(running: int, expected: int, reason_part: str) -> None:
+    pods = replicas_pods(JOB_A, running // 2, "n0") + replicas_pods(
+        JOB_A, running - running // 2, "n1"
+    )
+    decision, _ = plan(
+        inputs(nodes=cpu_nodes(2), pods=pods, jobs=(job(JOB_A),), current={JOB_A: running}),
+        PlanState(),
+        1000.0,
+    )
+    assert decision.desired() == {JOB_A: expected}
+    assert reason_part in decision.targets[0].reason
