@@ -210,6 +210,7 @@ def wait_http(url: str, *, timeout: float, what: str) -> None:
     raise DemoError(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
+STARTUP_TIMEOUT_S = 180.0
 HISTORY_DAYS = 3  # compressed days of demand backfilled into Prometheus before the run
 
 
@@ -496,6 +497,10 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
     )
     prometheus_url = f"http://127.0.0.1:{prom_port}"
     await asyncio.to_thread(wait_http, prometheus_url + "/-/ready", timeout=60, what="Prometheus")
+    event_log = EventLog(out / "events.jsonl")
+    log_ready = asyncio.Event()
+    log_task = asyncio.create_task(event_log.follow(nats.url, log_ready))
+    await asyncio.wait_for(log_ready.wait(), 10)
     for name in ("watcher", "executor", "predictor", "planner"):
         children.start(
             name,
@@ -507,14 +512,25 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
                 shape=shape,
             ),
         )
-    event_log = EventLog(out / "events.jsonl")
-    log_ready = asyncio.Event()
-    log_task = asyncio.create_task(event_log.follow(nats.url, log_ready))
     fleet = TrainingFleet(nats_url=nats.url, log_dir=out / "logs", data_dir=out / "data")
     for job in jobs:
         await fleet.start_job(job.name, pservers=1)
 
     port = await asyncio.to_thread(KubernetesClusterPort.from_kubeconfig, access.kubeconfig)
+    # The day starts once the pipeline is up: a forecast from Prometheus and a first plan.
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    wanted = ("io.tideshift.forecast.issued.v1", "io.tideshift.plan.decided.v1")
+    while not all(event_log.counts.get(kind) for kind in wanted):
+        failed = children.failed()
+        if failed:
+            raise DemoError("a demo process stopped: " + "; ".join(failed))
+        if time.monotonic() > deadline:
+            raise DemoError(
+                f"the services did not produce a forecast and a plan within "
+                f"{STARTUP_TIMEOUT_S:.0f}s; see the logs in {out / 'logs'}"
+            )
+        progress("starting: waiting for the first forecast and plan")
+        await asyncio.sleep(0.5)
     duration_wall = args.hours * 3600 / speed
     stop = asyncio.Event()
     load = asyncio.create_task(
