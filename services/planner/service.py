@@ -351,15 +351,22 @@ class Planner:
             LEADER.set(0)
 
     async def _follow(self, subject: BoundSubject[T], apply: Callable[[T], None]) -> None:
-        stream: AsyncIterator[Envelope[T]] = self.bus.subscribe(
-            subject, consumer=f"planner-{self.instance}"
-        )
-        async for envelope in stream:
+        while True:  # a broken subscription is re-made; the loop never ends on bad input
             try:
-                apply(envelope.data)
-            except Exception:  # one odd event must not stop the planner
-                SKIPPED.labels(subject.subject.model.__name__).inc()
-                log.exception("skipped an event on %s", subject.value)
+                stream: AsyncIterator[Envelope[T]] = self.bus.subscribe(
+                    subject, consumer=f"planner-{self.instance}"
+                )
+                async for envelope in stream:
+                    try:
+                        apply(envelope.data)
+                    except Exception:  # one odd event must not stop the planner
+                        SKIPPED.labels(subject.subject.model.__name__).inc()
+                        log.exception("skipped an event on %s", subject.value)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning("subscription to %s failed (%s); re-subscribing", subject.value, error)
+                await asyncio.sleep(1.0)
 
     async def _bootstrap(self) -> None:
         """Read the watcher's snapshot once; live events that arrive meanwhile still apply."""
