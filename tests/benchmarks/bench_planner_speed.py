@@ -106,7 +106,8 @@ def main() -> int:
     print(
         f"cluster: {len(inputs.cluster.node_names)} nodes, {len(inputs.cluster.pod_node)} pods, "
         f"{len(inputs.serving)} serving workloads, {len(inputs.jobs)} jobs; "
-        f"ClusterView.build {build_s * 1000:.0f} ms (done once; the service keeps it current)"
+        f"ClusterView.build {build_s * 1000:.0f} ms (not in plan(); the service rebuilds "
+        "it from its event maps before each plan)"
     )
     state = PlanState()
     wall: list[float] = []
