@@ -70,3 +70,111 @@ def view_from_port_objects(nodes: Iterable[Node], pods: Iterable[Pod]) -> Cluste
         if pod.phase in ("Pending", "Running")
     )
     return build_view(nodes, live)
+
+
+class ClusterTable:
+    """The cluster as growable columnar arrays, updated one object at a time.
+
+    The planner service applies each node/pod event in O(1) and takes a `ClusterView` per
+    plan with a few array copies, instead of rebuilding 150,000 records every time. Rows of
+    removed pods are recycled; a node that is removed (or only known from a pod's binding so
+    far) keeps its row with zero allocatable.
+    """
+
+    def __init__(self, pod_capacity: int = 1024) -> None:
+        self._node_row: dict[str, int] = {}
+        self._node_names: list[str] = []
+        self._allocatable = np.zeros((16, 3))
+        self._owner_row: dict[Target, int] = {}
+        self._owners: list[Target] = []
+        self._pod_row: dict[tuple[str, str], int] = {}
+        self._free_rows: list[int] = []
+        self._size = 0
+        self._pod_node = np.full(pod_capacity, -1, dtype=np.int64)
+        self._pod_requests = np.zeros((pod_capacity, 3))
+        self._pod_owner = np.full(pod_capacity, -1, dtype=np.int64)
+        self._pod_replica = np.zeros(pod_capacity, dtype=np.bool_)
+        self._pod_live = np.zeros(pod_capacity, dtype=np.bool_)
+
+    def __len__(self) -> int:
+        return len(self._pod_row)
+
+    def _node(self, name: str) -> int:
+        row = self._node_row.get(name)
+        if row is None:
+            row = len(self._node_names)
+            self._node_row[name] = row
+            self._node_names.append(name)
+            if row >= len(self._allocatable):
+                grown = np.zeros((2 * len(self._allocatable), 3))
+                grown[: len(self._allocatable)] = self._allocatable
+                self._allocatable = grown
+        return row
+
+    def upsert_node(
+        self, name: str, allocatable: tuple[float, float, float], *, schedulable: bool
+    ) -> None:
+        self._allocatable[self._node(name)] = allocatable if schedulable else (0.0, 0.0, 0.0)
+
+    def remove_node(self, name: str) -> None:
+        row = self._node_row.get(name)
+        if row is not None:
+            self._allocatable[row] = 0.0
+
+    def upsert_pod(
+        self,
+        key: tuple[str, str],
+        *,
+        node: str | None,
+        requests: tuple[float, float, float],
+        owner: Target | None,
+        replica: bool,
+    ) -> None:
+        row = self._pod_row.get(key)
+        if row is None:
+            row = self._free_rows.pop() if self._free_rows else self._append_row()
+            self._pod_row[key] = row
+        self._pod_node[row] = -1 if node is None else self._node(node)
+        self._pod_requests[row] = requests
+        if owner is None:
+            self._pod_owner[row] = -1
+        else:
+            owner_row = self._owner_row.get(owner)
+            if owner_row is None:
+                owner_row = self._owner_row[owner] = len(self._owners)
+                self._owners.append(owner)
+            self._pod_owner[row] = owner_row
+        self._pod_replica[row] = replica
+        self._pod_live[row] = True
+
+    def remove_pod(self, key: tuple[str, str]) -> None:
+        row = self._pod_row.pop(key, None)
+        if row is not None:
+            self._pod_live[row] = False
+            self._free_rows.append(row)
+
+    def _append_row(self) -> int:
+        if self._size == len(self._pod_node):
+            capacity = 2 * len(self._pod_node)
+            self._pod_node = np.resize(self._pod_node, capacity)
+            self._pod_requests = np.resize(self._pod_requests, (capacity, 3))
+            self._pod_owner = np.resize(self._pod_owner, capacity)
+            self._pod_replica = np.resize(self._pod_replica, capacity)
+            live = np.zeros(capacity, dtype=np.bool_)
+            live[: self._size] = self._pod_live[: self._size]
+            self._pod_live = live
+        self._size += 1
+        return self._size - 1
+
+    def view(self) -> ClusterView:
+        live = self._pod_live[: self._size]
+        node_count = len(self._node_names)
+        return ClusterView(
+            node_names=tuple(self._node_names),
+            allocatable=self._allocatable[:node_count].copy(),
+            owners=tuple(self._owners),
+            pod_node=self._pod_node[: self._size][live],
+            pod_requests=self._pod_requests[: self._size][live],
+            pod_owner=self._pod_owner[: self._size][live],
+            pod_replica=self._pod_replica[: self._size][live],
+        )

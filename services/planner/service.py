@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
+import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -59,6 +60,7 @@ from services.common.runtime import ServiceContext, run_service
 from services.common.settings import ServiceSettings, parse_settings
 from services.planner import policy as pol
 from services.planner.baselines import POLICIES, Policy, make_policy
+from services.planner.inputs import ClusterTable
 
 log = logging.getLogger("tideshift.planner")
 T = TypeVar("T", bound=EventData)
@@ -169,8 +171,10 @@ class PlannerState:
     """What the planner knows; fed by events, read by `plan_once`."""
 
     settings: PlannerSettings
-    nodes: dict[str, NodeChanged] = field(default_factory=dict)
-    pods: dict[tuple[str, str], PodChanged] = field(default_factory=dict)
+    table: ClusterTable = field(default_factory=ClusterTable)
+    # When each object was last observed: an older event (e.g. from the snapshot) loses.
+    node_seen: dict[str, datetime] = field(default_factory=dict)
+    pod_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
     forecasts: dict[pol.Target, pol.Forecast] = field(default_factory=dict)
     # What each target is known to want: (replicas, since). From our commands and results.
     known: dict[pol.Target, tuple[int, float]] = field(default_factory=dict)
@@ -179,27 +183,57 @@ class PlannerState:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def apply_node(self, event: NodeChanged) -> None:
-        previous = self.nodes.get(event.name)
-        if previous is not None and previous.observed_at > event.observed_at:
-            return  # the snapshot already holds something newer
+        previous = self.node_seen.get(event.name)
+        if previous is not None and previous > event.observed_at:
+            return  # something newer was applied already (live event vs snapshot)
+        self.node_seen[event.name] = event.observed_at
         if event.change == "deleted":
-            self.nodes.pop(event.name, None)
+            self.table.remove_node(event.name)
         else:
-            self.nodes[event.name] = event
+            amount = event.allocatable
+            self.table.upsert_node(
+                event.name,
+                (amount.cpu, amount.memory, float(amount.gpu)),
+                schedulable=event.ready and not event.unschedulable,
+            )
         self.last_cluster_event = time.time()
         self.changed.set()
 
     def apply_pod(self, event: PodChanged) -> None:
         key = (event.namespace, event.name)
-        previous = self.pods.get(key)
-        if previous is not None and previous.observed_at > event.observed_at:
+        previous = self.pod_seen.get(key)
+        if previous is not None and previous > event.observed_at:
             return
-        if event.change == "deleted" or event.phase in ("Succeeded", "Failed"):
-            self.pods.pop(key, None)
+        self.pod_seen[key] = event.observed_at
+        gone = event.change == "deleted" or event.phase in ("Succeeded", "Failed", "Unknown")
+        if gone or event.deleting:
+            self.table.remove_pod(key)
         else:
-            self.pods[key] = event
+            owner = _ref_key(event.owner) if event.owner is not None else None
+            markers = self.companion_markers.get(owner) if owner is not None else None
+            companion = markers is not None and any(m in event.name for m in markers)
+            amount = event.requests
+            self.table.upsert_pod(
+                key,
+                node=event.node,
+                requests=(amount.cpu, amount.memory, float(amount.gpu)),
+                owner=owner,
+                replica=not companion,
+            )
+        if event.change == "deleted":
+            self.pod_seen.pop(key, None)
         self.last_cluster_event = time.time()
         self.changed.set()
+
+    @property
+    def companion_markers(self) -> dict[pol.Target, tuple[str, ...]]:
+        return self._markers
+
+    def __post_init__(self) -> None:
+        self._markers = {
+            pol.Target(j.namespace, j.kind, j.name): j.companion_markers
+            for j in self.settings.training
+        }
 
     def apply_forecast(self, event: ForecastIssued) -> None:
         self.forecasts[_ref_key(event.workload)] = _forecast(event)
@@ -244,41 +278,17 @@ class PlannerState:
             )
             for index, j in enumerate(settings.training)
         )
-        markers = {
-            pol.Target(j.namespace, j.kind, j.name): j.companion_markers for j in settings.training
-        }
-        nodes = [
-            pol.NodeSpec(
-                n.name,
-                (n.allocatable.cpu, n.allocatable.memory, float(n.allocatable.gpu)),
-                schedulable=n.ready and not n.unschedulable,
-            )
-            for n in self.nodes.values()
-        ]
-        pods = []
-        live: dict[pol.Target, int] = {}
-        for pod in self.pods.values():
-            if pod.deleting:
-                continue
-            owner = _ref_key(pod.owner) if pod.owner is not None else None
-            companion = owner in markers and any(m in pod.name for m in markers[owner])
-            pods.append(
-                pol.PodSpec(
-                    (pod.requests.cpu, pod.requests.memory, float(pod.requests.gpu)),
-                    pod.node,
-                    owner,
-                    replica=not companion,
-                )
-            )
-            if owner is not None and not companion:
-                live[owner] = live.get(owner, 0) + 1
+        view = self.table.view()
+        replicas = view.pod_owner[view.pod_replica & (view.pod_owner >= 0)]
+        per_owner = np.bincount(replicas, minlength=len(view.owners))
+        live = {owner: int(per_owner[row]) for row, owner in enumerate(view.owners)}
         current = {}
         for workload in serving:
             current[workload.target] = self.current(workload.target, live)
         for job in jobs:
             current[job.target] = self.current(job.target, live)
         return pol.PlanInputs(
-            cluster=pol.ClusterView.build(nodes, pods),
+            cluster=view,
             serving=serving,
             jobs=jobs,
             forecasts=dict(self.forecasts),

@@ -16,12 +16,14 @@ from events import (
     NODE_CHANGED,
     PLAN_DECIDED,
     PLANNER_STATUS,
+    POD_CHANGED,
     SCALE_COMMAND,
     ForecastIssued,
     ForecastPoint,
     NodeChanged,
     PlanDecided,
     PlannerStatus,
+    PodChanged,
     Resources,
     ScaleCommand,
     WorkloadRef,
@@ -159,11 +161,25 @@ async def test_commands_only_on_real_differences(
     kv = await bus.kv(settings.snapshot_bucket)
     await kv.put(f"node.n-{unique}", node(f"n-{unique}", 16.0))
     async with running(bus, settings, f"a-{unique}") as planner:
+        # The job's parameter server: a fixed companion (by name), not a trainer.
+        pserver = PodChanged(
+            change="added",
+            namespace=unique,
+            name="train-ps-0",
+            phase="Running",
+            node=f"n-{unique}",
+            owner=WorkloadRef(kind="PyTorchJob", namespace=unique, name="train"),
+            role="training",
+            requests=Resources(cpu=1.0, memory=GIB),
+            observed_at=datetime.now(UTC),
+        )
+        await bus.publish(POD_CHANGED.at(namespace=unique, name="train-ps-0"), pserver)
+        await eventually(lambda: len(planner.state.table) == 1)
         await bus.publish(FORECAST.at(namespace=unique, workload="web"), forecast(unique, 500.0))
         commands = collectors["commands"]
         await eventually(lambda: commands_for(commands, "web") and commands_for(commands, "train"))
         assert [c.desired for c in commands_for(commands, "web")] == [5]
-        assert [c.desired for c in commands_for(commands, "train")] == [11]  # 16 - 5 cpu
+        assert [c.desired for c in commands_for(commands, "train")] == [10]  # 16 - 5 - 1 cpu
         assert "forecast" in commands_for(commands, "web")[0].reason
 
         # More plans on unchanged inputs (ticks and a re-sent identical forecast): no command.
@@ -178,7 +194,7 @@ async def test_commands_only_on_real_differences(
         await eventually(lambda: len(commands_for(commands, "web")) == 2)
         await eventually(lambda: len(commands_for(commands, "train")) == 2)
         assert commands_for(commands, "web")[-1].desired == 8
-        assert commands_for(commands, "train")[-1].desired == 8
+        assert commands_for(commands, "train")[-1].desired == 7
         plans = [p for p in collectors["plans"].items if isinstance(p, PlanDecided)]
         assert plans and all(len(p.targets) == 2 for p in plans)
 
