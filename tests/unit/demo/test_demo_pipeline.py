@@ -1,0 +1,54 @@
+"""The settings the demo hands the services are valid for those services (no flag drift)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.settings import parse_settings
+from services.demo import pipeline
+from services.demo.world import JobShape, ServingShape, WorldShape
+from services.planner import service as planner_service
+from services.predictor.service import PredictorSettings
+
+
+def test_planner_targets_describe_the_world() -> None:
+    world = WorldShape()
+    targets = pipeline.planner_targets(world, planner_service, speed=288.0)
+    (serving,) = targets["serving"]
+    assert serving.capacity_rps == pytest.approx(50.0 * 0.8)  # at the target utilisation
+    assert serving.margin_s == pytest.approx(288.0 * pipeline.LAG_BUDGET_WALL_S)
+    assert [t.name for t in targets["training"]] == ["ctr-a", "ctr-b", "ctr-c"]
+    assert all(t.kind == "ElasticJob" and t.max_trainers == 4 for t in targets["training"])
+    # the sim names parameter servers <job>-ps<n>; trainers <job>-t<n> must not match
+    markers = targets["training"][0].companion_markers
+    assert any(m in "ctr-a-ps7" for m in markers)
+    assert not any(m in "ctr-a-t12" for m in markers)
+
+
+def test_planner_timing_runs_the_loop_every_interval_of_wall_time() -> None:
+    timing = pipeline.planner_timing(speed=720.0, interval_wall_s=0.5)
+    assert timing["tick_seconds"] == pytest.approx(360.0)  # clock seconds
+    settings = planner_service.PlannerSettings(health_port=-1, **timing)
+    assert settings.forecast_max_age_seconds >= 720.0 * 5  # several predictor refreshes
+
+
+@pytest.mark.parametrize("name", ["predictor", "planner"])
+def test_real_cluster_flags_parse(name: str) -> None:
+    serving = ServingShape(namespace="demo-x", capacity_rps=10.0, max_replicas=30)
+    jobs = [JobShape("ctr-a", namespace="demo-x", kind="StatefulSet")]
+    argv = pipeline.kube_service_args(
+        name,
+        prometheus_url="http://127.0.0.1:9090",
+        namespace="demo-x",
+        app="web",
+        serving=serving,
+        jobs=jobs,
+    )
+    settings_class = PredictorSettings if name == "predictor" else planner_service.PlannerSettings
+    settings = parse_settings(settings_class, argv, prog=f"tideshift run {name}")
+    if isinstance(settings, PredictorSettings):
+        assert settings.workloads[0].name == "web"
+        assert settings.metric_source == "prometheus"
+    else:
+        assert settings.serving[0].namespace == "demo-x"
+        assert settings.training[0].kind == "StatefulSet"
