@@ -182,6 +182,13 @@ class Trainer:
             TASKS.labels("poison").inc()
             await delivery.term()
             return
+        log.info(
+            "job %s: computing epoch %d shard %d (delivery %d)",
+            self.spec.job,
+            task.epoch,
+            task.shard,
+            delivery.num_delivered,
+        )
         work = asyncio.create_task(self.compute_and_push(task, delivery.num_delivered, stopping))
         heartbeat = asyncio.create_task(self.keep_alive(delivery))
         stop_wait = asyncio.create_task(stopping.wait())

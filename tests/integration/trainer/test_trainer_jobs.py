@@ -374,6 +374,13 @@ async def test_long_shards_heartbeat_and_sigterm_naks_within_grace(
         coordinator = harness.coordinator().start()
         client = PServerClient(bus, await spec_of(bus, harness.job), timeout=2.0)
         await wait_applied(client, 2)
+        # Under load t1 may still be starting: terminate it only once it is mid-task.
+        t1_log = harness.trainer("t1").stderr_path
+
+        async def t1_mid_task() -> bool:
+            return t1_log.exists() and "computing epoch" in t1_log.read_text()
+
+        await wait_until(t1_mid_task, timeout=60, what="t1 to start a task")
         # Bounded: a trainer that overstays its grace period fails here.
         assert await harness.trainer("t1").terminate(timeout=10) == 0
         harness.trainer("t3").start()
