@@ -89,8 +89,16 @@ def build_profile(args: argparse.Namespace) -> tuple[RateProfile, str]:
             trace = read_trace(args.trace)
         except TraceError as error:
             raise DemoError(f"--trace: {error}") from None
+        # Scale the replayed window (not the whole trace) to the peak: a quiet day of a trace
+        # with one launch-day surge should still fill the cluster by day.
+        window_start = trace.timestamps[0] + args.trace_start_hour * 3600
+        window = tuple(
+            count
+            for timestamp, count in zip(trace.timestamps, trace.counts, strict=True)
+            if window_start <= timestamp < window_start + args.hours * 3600
+        )
         try:
-            amplitude = amplitude_for_peak(trace.counts, trace.interval_s, args.peak_rps)
+            amplitude = amplitude_for_peak(window or trace.counts, trace.interval_s, args.peak_rps)
         except ValueError as error:
             raise DemoError(f"--trace {args.trace}: {error}") from None
         replay: RateProfile = TraceProfile(
@@ -100,7 +108,10 @@ def build_profile(args: argparse.Namespace) -> tuple[RateProfile, str]:
             start_s=trace.timestamps[0] + args.trace_start_hour * 3600,
             amplitude=amplitude,
         )
-        return replay, f"trace {args.trace.name} scaled to a {args.peak_rps:g} req/s peak"
+        return replay, (
+            f"trace {args.trace.name} from hour {args.trace_start_hour:g}, "
+            f"scaled to a {args.peak_rps:g} req/s peak"
+        )
     try:
         profile = DiurnalProfile(
             peak_rps=args.peak_rps,
