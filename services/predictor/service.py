@@ -353,6 +353,10 @@ async def run(
         for spec in settings.workloads
     ]
     context.ready.set()
+    if not forecasters:
+        # Idle but healthy (not exiting) so a Deployment without workloads does not crash-loop.
+        await context.stopping.wait()
+        return
     await asyncio.gather(
         *(
             _loop(
