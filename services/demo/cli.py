@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--speed",
         type=float,
         default=None,
-        help="simulated seconds per wall second (default 288 in sim: a day in 5 minutes)",
+        help="simulated seconds per wall second (default 288 in sim: a day in 5 minutes; "
+        "144 against a cluster: a day in 10 minutes of real traffic)",
     )
     parser.add_argument("--trace", type=Path, help="replay a timestamp_s,requests CSV")
     parser.add_argument(
