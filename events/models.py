@@ -81,6 +81,10 @@ class PodChanged(EventData):
     priority_class: str | None = None
     owner: WorkloadRef | None = Field(default=None, description="the scale target owning the pod")
     role: Role = "other"
+    companion: bool = Field(
+        default=False,
+        description="a fixed helper of a training job (parameter server), not a trainer",
+    )
     requests: Resources = Resources()
     deleting: bool = Field(default=False, description="deletionTimestamp is set")
     resource_version: str = ""

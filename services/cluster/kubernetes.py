@@ -54,6 +54,7 @@ from services.cluster.adapters.http import JsonObject, KubeHttp, status_of
 from services.cluster.adapters.kinds import VOLCANO_JOB, qualified_kind
 from services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
 from services.cluster.port import (
+    ROLE_LABEL,
     ChangeType,
     ClusterChange,
     Node,
@@ -68,8 +69,6 @@ from services.cluster.port import (
 
 log = logging.getLogger("tideshift.cluster.kubernetes")
 
-ROLE_KEY = "tideshift.io/role"
-COMPANION_LABEL = "tideshift.io/companion"
 GPU_RESOURCE = "nvidia.com/gpu"
 TRAINING_KINDS = frozenset({"PyTorchJob", VOLCANO_JOB})
 ROLES: frozenset[str] = frozenset({"serving", "training", "other"})
@@ -153,12 +152,12 @@ def role_of(
 ) -> Role:
     """The pod's role: label, then annotation `tideshift.io/role`, then the owner's kind."""
     for source in (labels, annotations):
-        value = source.get(ROLE_KEY)
+        value = source.get(ROLE_LABEL)
         if value is None:
             continue
         if value in ROLES:
             return value  # type: ignore[return-value]
-        log.warning("ignoring %s=%r: expected serving, training or other", ROLE_KEY, value)
+        log.warning("ignoring %s=%r: expected serving, training or other", ROLE_LABEL, value)
     if owner is not None and owner.kind in TRAINING_KINDS:
         return "training"
     return "other"

@@ -11,6 +11,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# Labels users put on pod templates (documented in the README).
+ROLE_LABEL = "tideshift.io/role"  # serving | training | other (also read as an annotation)
+COMPANION_LABEL = "tideshift.io/companion"  # "true": a fixed helper of a job, not a trainer
+
 Role = Literal["serving", "training", "other"]
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 ChangeType = Literal["added", "modified", "deleted"]
@@ -89,6 +93,11 @@ class Pod:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def companion(self) -> bool:
+        """A fixed helper pod of a training job (a parameter server), not an elastic trainer."""
+        return (COMPANION_LABEL, "true") in self.labels
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from services.cluster.port import (
+    COMPANION_LABEL,
     ClusterChange,
     Node,
     Pod,
@@ -72,7 +73,7 @@ class _SimPod:
             node=self.node,
             created_at=self.created_at,
             ready=self.ready,
-            labels=(("tideshift.io/companion", "true"),) if self.companion else (),
+            labels=((COMPANION_LABEL, "true"),) if self.companion else (),
         )
 
 

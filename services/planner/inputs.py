@@ -10,8 +10,6 @@ import numpy as np
 from services.cluster.port import Node, Pod, Resources, TargetRef
 from services.planner.policy import ClusterView, Target
 
-COMPANION_LABEL = "tideshift.io/companion"
-
 
 @lru_cache(maxsize=65_536)
 def to_target(ref: TargetRef) -> Target:
@@ -28,7 +26,7 @@ def vector(resources: Resources) -> tuple[float, float, float]:
 
 def is_companion(pod: Pod) -> bool:
     """A job's fixed helper (parameter server, coordinator): not one of its scaled replicas."""
-    return any(key == COMPANION_LABEL and value == "true" for key, value in pod.labels)
+    return pod.companion
 
 
 def build_view(

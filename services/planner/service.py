@@ -112,7 +112,7 @@ class TrainingTarget(BaseModel):
     priority: int = 0
     weight: float = Field(1.0, gt=0)
     # Pods of the job whose name contains one of these are fixed helpers (parameter servers,
-    # coordinators), not trainers: pod events carry no labels, only names.
+    # coordinators), not trainers, for clusters whose pods lack the tideshift.io/companion label.
     companion_markers: tuple[str, ...] = ("pserver", "-ps-", "coordinator", "master")
 
 
@@ -211,7 +211,9 @@ class PlannerState:
         else:
             owner = _ref_key(event.owner) if event.owner is not None else None
             markers = self.companion_markers.get(owner) if owner is not None else None
-            companion = markers is not None and any(m in event.name for m in markers)
+            companion = event.companion or (
+                markers is not None and any(m in event.name for m in markers)
+            )
             amount = event.requests
             self.table.upsert_pod(
                 key,

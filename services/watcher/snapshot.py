@@ -59,6 +59,7 @@ def pod_event(change: ChangeType, pod: Pod, *, observed_at: datetime) -> PodChan
         priority_class=pod.priority_class,
         owner=to_workload_ref(pod.owner) if pod.owner is not None else None,
         role=pod.role,
+        companion=pod.companion,
         requests=_resources(pod.requests),
         deleting=pod.deleting,
         resource_version=pod.resource_version,

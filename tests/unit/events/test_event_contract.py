@@ -74,6 +74,7 @@ STRATEGIES: dict[type[events.EventData], st.SearchStrategy[events.EventData]] = 
         priority=st.integers(min_value=-(2**31), max_value=2**31 - 1),
         owner=st.none() | workload,
         role=st.sampled_from(["serving", "training", "other"]),
+        companion=st.booleans(),
         requests=resources,
         observed_at=times,
     ),

@@ -232,3 +232,12 @@ def test_pod_event_and_snapshot_keys() -> None:
         "modified", Pod("shop", "web.v2-1", Resources(cpu=0.5), node="n2"), observed_at=AT
     )
     assert not same_state(event, moved)
+
+
+def test_companion_label_reaches_the_pod_event() -> None:
+    labelled = pod_object()
+    labelled["metadata"]["labels"] = {"tideshift.io/companion": "true"}
+    pserver = pod_from_object(labelled, no_lookup)
+    trainer = pod_from_object(pod_object(), no_lookup)
+    assert pod_event("added", pserver, observed_at=AT).companion
+    assert not pod_event("added", trainer, observed_at=AT).companion
