@@ -1,13 +1,14 @@
-"""Reads request-count traces (CSV `timestamp_s,requests`) for `loadgen.profiles.TraceProfile`.
+"""The one reader of request-count traces (CSV `timestamp_s,requests`).
 
-Every row is validated; an error names the file, the line and what was expected, because a
-trace is outside input that people edit by hand.
+Used by trace replay (`loadgen.profiles.TraceProfile`), the simulator's scenarios and the
+forecast backtest. Every row is validated against the format in `../shared/traces/README.md`
+(a header, non-negative counts, a regular grid with no missing rows); an error names the
+file, the line and what was expected, because a trace is outside input people edit by hand.
 """
 
 from __future__ import annotations
 
 import csv
-import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,7 +18,11 @@ HEADER = ["timestamp_s", "requests"]
 
 
 class TraceError(ValueError):
-    """A trace that cannot be used; the message names the line."""
+    """A trace that cannot be used; the message (and `line`, when known) names the line."""
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 @dataclass(frozen=True)
@@ -29,44 +34,53 @@ class Trace:
 
 def parse_trace(lines: Iterable[str], source: str) -> Trace:
     """Parse CSV text lines; `source` names the input in errors."""
-    reader = csv.reader(lines)
+
+    def fail(line: int, message: str) -> TraceError:
+        return TraceError(f"{source} line {line}: {message}", line=line)
+
+    reader = csv.reader(line.lstrip("\ufeff") for line in lines)
     header = next(reader, None)
     if header is None or [cell.strip() for cell in header] != HEADER:
-        raise TraceError(f"{source} line 1: expected the header 'timestamp_s,requests'")
+        raise fail(1, "expected the header 'timestamp_s,requests'")
     timestamps: list[float] = []
     counts: list[float] = []
+    interval = 0.0
     for line_number, row in enumerate(reader, start=2):
         if not row or all(not cell.strip() for cell in row):
             continue
         if len(row) != 2:
-            raise TraceError(
-                f"{source} line {line_number}: expected 2 fields (timestamp_s,requests), "
-                f"got {len(row)}"
-            )
+            raise fail(line_number, f"expected 2 fields (timestamp_s,requests), got {len(row)}")
         try:
             timestamp, count = float(row[0]), float(row[1])
         except ValueError:
-            raise TraceError(
-                f"{source} line {line_number}: expected two numbers, got {','.join(row)!r}"
-            ) from None
+            raise fail(line_number, f"expected two numbers, got {','.join(row)!r}") from None
         if not math.isfinite(timestamp):
-            raise TraceError(f"{source} line {line_number}: timestamp_s must be a finite number")
+            raise fail(line_number, "timestamp_s must be a finite number")
         if not (math.isfinite(count) and count >= 0):
-            raise TraceError(
-                f"{source} line {line_number}: requests must be a finite count >= 0, "
-                f"got {row[1].strip()!r}"
-            )
-        if timestamps and timestamp <= timestamps[-1]:
-            raise TraceError(
-                f"{source} line {line_number}: timestamp_s must increase "
-                f"({timestamp:g} after {timestamps[-1]:g})"
-            )
+            raise fail(line_number, f"requests must be a finite count >= 0, got {row[1].strip()!r}")
+        if timestamps:
+            step = timestamp - timestamps[-1]
+            if step <= 0:
+                raise fail(
+                    line_number,
+                    f"timestamp_s must increase ({timestamp:g} after {timestamps[-1]:g})",
+                )
+            if not interval:
+                interval = step
+            elif not math.isclose(step, interval, rel_tol=1e-9, abs_tol=1e-6):
+                raise fail(
+                    line_number,
+                    f"irregular step: {step:g} s after the previous row, expected {interval:g} s "
+                    "(the grid must be regular with no missing rows)",
+                )
         timestamps.append(timestamp)
         counts.append(count)
     if len(timestamps) < 2:
-        raise TraceError(f"{source}: needs at least 2 data rows, found {len(timestamps)}")
-    gaps = sorted(b - a for a, b in itertools.pairwise(timestamps))
-    return Trace(tuple(timestamps), tuple(counts), gaps[len(gaps) // 2])
+        raise TraceError(
+            f"{source}: needs at least 2 data rows, found {len(timestamps)}",
+            line=len(timestamps) + 2,
+        )
+    return Trace(tuple(timestamps), tuple(counts), interval)
 
 
 def read_trace(path: Path) -> Trace:

@@ -56,9 +56,7 @@ Errors name the field (pydantic's location, e.g. `serving.0.traffic.path`) or th
 
 from __future__ import annotations
 
-import csv
 import itertools
-import math
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -67,6 +65,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from loadgen.traces import TraceError, read_trace
 from services.planner.traffic import (
     ConstantProfile,
     DiurnalProfile,
@@ -318,46 +317,11 @@ def trace_dir_override(flag: str | None) -> Path | None:
 
 
 def load_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-    """Read `timestamp_s,requests` rows: (timestamps, counts, interval_s). Validates each line."""
+    """Read a `timestamp_s,requests` trace: (timestamps, counts, interval_s)."""
+    if not path.is_file():
+        raise ScenarioError(f"trace {path}: not found; set --trace-dir or ${TRACE_DIR_ENV}")
     try:
-        handle = path.open(newline="")
-    except OSError as exc:
-        raise ScenarioError(
-            f"trace {path}: cannot open ({exc.strerror}); set --trace-dir or ${TRACE_DIR_ENV}"
-        ) from exc
-    timestamps: list[float] = []
-    counts: list[float] = []
-    with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header] != ["timestamp_s", "requests"]:
-            raise ScenarioError(f"trace {path} line 1: expected header 'timestamp_s,requests'")
-        for line_number, row in enumerate(reader, start=2):
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) != 2:
-                raise ScenarioError(
-                    f"trace {path} line {line_number}: expected 2 fields, got {len(row)}"
-                )
-            try:
-                timestamp, count = float(row[0]), float(row[1])
-            except ValueError:
-                raise ScenarioError(
-                    f"trace {path} line {line_number}: expected numbers, got {row!r}"
-                ) from None
-            if not math.isfinite(count) or count < 0:
-                raise ScenarioError(
-                    f"trace {path} line {line_number}: requests must be >= 0, got {row[1]!r}"
-                )
-            if timestamps and timestamp <= timestamps[-1]:
-                raise ScenarioError(
-                    f"trace {path} line {line_number}: timestamp_s must increase "
-                    f"({timestamp:g} after {timestamps[-1]:g})"
-                )
-            timestamps.append(timestamp)
-            counts.append(count)
-    if len(timestamps) < 2:
-        raise ScenarioError(f"trace {path}: needs at least 2 rows")
-    steps = sorted(b - a for a, b in itertools.pairwise(timestamps))
-    interval = steps[len(steps) // 2]
-    return tuple(timestamps), tuple(counts), interval
+        trace = read_trace(path)
+    except TraceError as error:
+        raise ScenarioError(f"trace {error}") from None
+    return trace.timestamps, trace.counts, trace.interval_s

@@ -9,11 +9,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from loadgen.traces import TraceError
 from services.predictor.evaluation import (
     BacktestPlan,
     Score,
     Trace,
-    TraceFormatError,
     parse_duration,
     parse_trace,
     plan_backtest,
@@ -88,7 +88,7 @@ def main(argv: Sequence[str]) -> int:
     except OSError as error:
         print(f"tideshift backtest: --trace: cannot read {args.trace}: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except (TraceFormatError, UnicodeDecodeError) as error:
+    except (TraceError, UnicodeDecodeError) as error:
         print(f"tideshift backtest: --trace: {error}", file=sys.stderr)
         return EXIT_USAGE
     if args.duration is not None:

@@ -13,17 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loadgen import traces
 from services.predictor.models.base import FloatArray, Forecaster
-
-TRACE_HEADER = ("timestamp_s", "requests")
-
-
-class TraceFormatError(ValueError):
-    """A malformed trace; the message names the line and what was expected."""
-
-    def __init__(self, source: str, line: int, message: str) -> None:
-        super().__init__(f"{source}:{line}: {message}")
-        self.line = line
 
 
 @dataclass(frozen=True)
@@ -40,67 +31,9 @@ class Trace:
 
 
 def parse_trace(lines: Iterable[str], *, source: str) -> Trace:
-    """Read `timestamp_s,requests` rows on a regular grid of non-negative counts."""
-    timestamps: list[float] = []
-    values: list[float] = []
-    header_seen = False
-    interval = 0.0
-    for number, raw in enumerate(lines, start=1):
-        line = raw.strip().lstrip("\ufeff")
-        if not line:
-            continue
-        fields = [field.strip() for field in line.split(",")]
-        if not header_seen:
-            if tuple(fields) != TRACE_HEADER:
-                raise TraceFormatError(
-                    source, number, f"expected the header 'timestamp_s,requests', got {line!r}"
-                )
-            header_seen = True
-            continue
-        if len(fields) != 2:
-            raise TraceFormatError(
-                source, number, f"expected 2 comma-separated fields, got {len(fields)}"
-            )
-        timestamp = _number(fields[0], source=source, line=number, column="timestamp_s")
-        value = _number(fields[1], source=source, line=number, column="requests")
-        if value < 0:
-            raise TraceFormatError(
-                source, number, f"requests must be a non-negative count, got {fields[1]!r}"
-            )
-        if timestamps:
-            step = timestamp - timestamps[-1]
-            if not interval:
-                if step <= 0:
-                    raise TraceFormatError(
-                        source,
-                        number,
-                        f"timestamp_s must increase, got {fields[0]!r} after {timestamps[-1]:g}",
-                    )
-                interval = step
-            elif not math.isclose(step, interval, rel_tol=1e-9, abs_tol=1e-6):
-                raise TraceFormatError(
-                    source,
-                    number,
-                    f"irregular step: timestamp_s {fields[0]} is {step:g} s after the previous "
-                    f"row, expected {interval:g} s (the grid must be regular with no missing rows)",
-                )
-        timestamps.append(timestamp)
-        values.append(value)
-    if not header_seen:
-        raise TraceFormatError(source, 1, "empty file: expected the header 'timestamp_s,requests'")
-    if len(timestamps) < 2:
-        raise TraceFormatError(source, 2, "expected at least two data rows")
-    return Trace(source, np.asarray(timestamps), np.asarray(values), interval)
-
-
-def _number(text: str, *, source: str, line: int, column: str) -> float:
-    try:
-        number = float(text)
-    except ValueError:
-        raise TraceFormatError(source, line, f"{column} must be a number, got {text!r}") from None
-    if not math.isfinite(number):
-        raise TraceFormatError(source, line, f"{column} must be finite, got {text!r}")
-    return number
+    """Read `timestamp_s,requests` rows (validated by `loadgen.traces`) as arrays."""
+    trace = traces.parse_trace(lines, source)
+    return Trace(source, np.asarray(trace.timestamps), np.asarray(trace.counts), trace.interval_s)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")

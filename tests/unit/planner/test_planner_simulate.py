@@ -68,12 +68,13 @@ def test_not_yaml_is_reported() -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("time,requests\n0,1\n60,2\n", "line 1: expected header"),
-        ("timestamp_s,requests\n0,1\n60,x\n", "line 3: expected numbers"),
-        ("timestamp_s,requests\n0,1\n60,-2\n", "line 3: requests must be >= 0"),
+        ("time,requests\n0,1\n60,2\n", "line 1: expected the header"),
+        ("timestamp_s,requests\n0,1\n60,x\n", "line 3: expected two numbers"),
+        ("timestamp_s,requests\n0,1\n60,-2\n", "line 3: requests must be a finite count >= 0"),
         ("timestamp_s,requests\n0,1\n0,2\n", "line 3: timestamp_s must increase"),
         ("timestamp_s,requests\n0,1,3\n", "line 2: expected 2 fields"),
-        ("timestamp_s,requests\n0,1\n", "at least 2 rows"),
+        ("timestamp_s,requests\n0,1\n", "at least 2 data rows"),
+        ("timestamp_s,requests\n0,1\n60,2\n180,3\n", "line 4: irregular step"),
     ],
 )
 def test_trace_lines_are_validated(tmp_path: Path, content: str, message: str) -> None:
