@@ -138,10 +138,18 @@ class PlannerSettings(ServiceSettings):
         default=120.0, gt=0, description="re-issue a command not confirmed after this long"
     )
     snapshot_bucket: str = Field(default=SNAPSHOT_BUCKET, pattern=r"^[A-Za-z0-9_-]+$")
-    max_trainer_removals_per_step: int = Field(default=64, ge=1)
-    min_trainer_lifetime_seconds: float = Field(default=60.0, ge=0)
-    shrink_tolerance: float = Field(default=0.05, ge=0, lt=1)
-    grow_tolerance: float = Field(default=0.05, ge=0, lt=1)
+    max_trainer_removals_per_step: int = Field(
+        default=64, ge=1, description="at most this many trainers removed per planning step"
+    )
+    min_trainer_lifetime_seconds: float = Field(
+        default=60.0, ge=0, description="never remove a trainer younger than this (checkpoint)"
+    )
+    shrink_tolerance: float = Field(
+        default=0.05, ge=0, lt=1, description="skip shrinking a job for a smaller relative gain"
+    )
+    grow_tolerance: float = Field(
+        default=0.05, ge=0, lt=1, description="skip growing a running job for a smaller gain"
+    )
 
 
 def _ref_key(ref: WorkloadRef) -> pol.Target:
