@@ -543,6 +543,10 @@ class LocalCluster:
             f"--cluster-signing-cert-file={pki_dir / 'ca.crt'}",
             f"--cluster-signing-key-file={pki_dir / 'ca.key'}",
             "--use-service-account-credentials=true",
+            # kwok's heartbeats can lag on a loaded two-core machine; a node briefly marked
+            # NotReady gets its pods marked unready, and kwok never marks them ready again.
+            "--node-monitor-grace-period=3m",
+            "--node-startup-grace-period=3m",
         ]
 
     def _scheduler_args(self) -> list[str]:
@@ -556,6 +560,8 @@ class LocalCluster:
             f"--cidr={POD_CIDR}",
             "--node-ip=127.0.0.1",
             f"--server-address=127.0.0.1:{self._ports['kwok']}",
+            # Heartbeat through node Leases, as kubelets do, not only node status patches.
+            "--node-lease-duration-seconds=40",
         ]
 
     def _spawn(self, name: str, args: list[str]) -> None:
