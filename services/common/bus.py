@@ -123,9 +123,9 @@ class Delivery(Generic[T]):
         await self._msg.term()
 
 
-# What a bus call can raise when NATS is unreachable or refuses: services catch this tuple
-# instead of importing nats themselves.
-BUS_ERRORS: tuple[type[Exception], ...] = (nats.errors.Error, nats.js.errors.Error)
+# JetStream's error code for a compare-and-set that lost (some servers send it as a plain
+# bad request rather than as KeyWrongLastSequenceError).
+WRONG_LAST_SEQUENCE = 10071
 
 
 class KVConflict(RuntimeError):
@@ -209,14 +209,20 @@ class TypedKV:
         return value
 
     async def get_revision(self, key: str, model: type[M]) -> tuple[M | None, int | None]:
-        """The value and the revision to pass to `update` (None, None when absent)."""
+        """The value and the revision to pass to `update`: (None, None) when absent, and
+        (None, revision) when the stored value no longer validates (logged), so a caller can
+        overwrite a damaged value by compare-and-set instead of failing on it."""
         try:
             entry = await self.raw.get(key)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None, None
         if entry.value is None:
             return None, entry.revision
-        return model.model_validate_json(entry.value), entry.revision
+        try:
+            return model.model_validate_json(entry.value), entry.revision
+        except ValueError as error:
+            log.warning("KV %s: unreadable value at %s: %s", self.raw._name, key, error)
+            return None, entry.revision
 
     async def update(self, key: str, value: BaseModel, *, revision: int | None) -> int:
         """Compare-and-set: write only if the key is still at `revision` (None = absent)."""
@@ -225,8 +231,12 @@ class TypedKV:
             if revision is None:
                 return await self.raw.create(key, data)
             return await self.raw.update(key, data, last=revision)
-        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.BadRequestError) as error:
+        except nats.js.errors.KeyWrongLastSequenceError as error:
             raise KVConflict(f"{key}: {error}") from error
+        except nats.js.errors.BadRequestError as error:
+            if error.err_code == WRONG_LAST_SEQUENCE:
+                raise KVConflict(f"{key}: {error}") from error
+            raise
 
     async def delete(self, key: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
@@ -241,11 +251,7 @@ class TypedKV:
     async def items(self, model: type[M]) -> AsyncIterator[tuple[str, M]]:
         """Every current value that still validates; bad values are logged and skipped."""
         for key in await self.keys():
-            try:
-                value = await self.get(key, model)
-            except ValueError as error:
-                log.warning("KV %s: skipping unreadable key %s: %s", self.raw._name, key, error)
-                continue
+            value = await self.get(key, model)
             if value is not None:
                 yield key, value
 

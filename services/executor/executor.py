@@ -21,14 +21,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
-
-from pydantic import ValidationError
+from typing import Literal
 
 from events import ScaleCommand, ScaleResult, encode_token
 from services.cluster.adapters.kinds import to_target
 from services.cluster.port import ClusterPort, TargetRef, UnsupportedTarget
-from services.common.bus import TypedKV
+from services.common.bus import KVConflict, TypedKV
 from services.executor.decision import AppliedRecord, decide, screen
 
 log = logging.getLogger("tideshift.executor")
@@ -46,54 +44,24 @@ def record_key(target: TargetRef) -> str:
     return ".".join(encode_token(part) for part in (target.namespace, target.kind, target.name))
 
 
-# The bus is the only module that imports nats (an import-linter contract): its KV errors
-# are recognised here by name. Wrong-last-sequence is JetStream's compare-and-set failure.
-_ABSENT_ERRORS = frozenset({"KeyNotFoundError", "KeyDeletedError"})
-_LOST_RACE_ERRORS = frozenset({"KeyWrongLastSequenceError"})
-_WRONG_LAST_SEQUENCE = 10071
-
-
-def _is(error: BaseException, names: frozenset[str]) -> bool:
-    return any(cls.__name__ in names for cls in type(error).__mro__)
-
-
 class RecordStore:
     """AppliedRecords in a KV bucket, written by compare-and-set on the revision read."""
 
     def __init__(self, kv: TypedKV) -> None:
-        self.kv: Any = kv.raw
+        self.kv = kv
 
     async def get(self, target: TargetRef) -> tuple[AppliedRecord | None, int | None]:
-        try:
-            entry = await self.kv.get(record_key(target))
-        except Exception as error:
-            if _is(error, _ABSENT_ERRORS):
-                return None, None
-            raise
-        if entry.value is None:
-            return None, int(entry.revision)
-        try:
-            return AppliedRecord.model_validate_json(entry.value), int(entry.revision)
-        except ValidationError as error:
-            log.warning("unreadable record for %s, treating as absent: %s", target, error)
-            return None, int(entry.revision)
+        """The record and its revision; an unreadable record reads as absent (and is logged)."""
+        return await self.kv.get_revision(record_key(target), AppliedRecord)
 
     async def put(
         self, target: TargetRef, record: AppliedRecord, revision: int | None
     ) -> int | None:
         """The new revision, or None if someone else wrote since `revision`."""
-        value = record.model_dump_json().encode()
-        key = record_key(target)
         try:
-            if revision is None:
-                return int(await self.kv.create(key, value))
-            return int(await self.kv.update(key, value, last=revision))
-        except Exception as error:
-            if _is(error, _LOST_RACE_ERRORS):
-                return None
-            if getattr(error, "err_code", None) == _WRONG_LAST_SEQUENCE:
-                return None
-            raise
+            return await self.kv.update(record_key(target), record, revision=revision)
+        except KVConflict:
+            return None
 
 
 class Transient(Exception):
