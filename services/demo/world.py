@@ -51,7 +51,7 @@ class JobShape:
 
     name: str
     namespace: str = "demo"
-    trainer_cpu: float = 8.0  # a whole node: four trainers per job can fill the night
+    trainer_cpu: float = 4.0
     trainer_memory_gib: float = 8.0
     min_trainers: int = 1
     max_trainers: int = 4
@@ -71,8 +71,7 @@ class JobShape:
 @dataclass(frozen=True)
 class WorldShape:
     """Sized so the day matters: at the 6800 req/s peak serving needs ~170 of 192 cores, at
-    the 1200 req/s trough ~30, so training swings between about 1 and 12 one-node trainers
-    (12 real trainer processes at most, which two cores can still run)."""
+    the 1200 req/s trough ~30, so training swings between about 3 and 12 trainers."""
 
     nodes: int = 24
     node_cpu: float = 8.0
