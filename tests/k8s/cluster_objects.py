@@ -322,3 +322,18 @@ COLLECTIONS = {
 
 def collection(kind: str, namespace: str) -> str:
     return COLLECTIONS[kind].format(ns=namespace)
+
+
+def service_kubeconfig(
+    admin: KubeHttp,
+    namespace: str,
+    service: str,
+    make_kubeconfig: Callable[[str, str], Path],
+) -> Path:
+    """A kubeconfig for ServiceAccount `service` bound to exactly its `tideshift-<service>` role
+    (from the chart's RBAC manifest), with the elastic-job CRDs installed."""
+    apply_rbac(admin)
+    install_crds(admin)
+    path = make_kubeconfig(namespace, service)
+    bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
+    return path

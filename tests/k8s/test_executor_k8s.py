@@ -26,14 +26,12 @@ from services.common.bus import Bus
 from services.executor.executor import Executor, RecordStore
 from services.executor.service import consume
 from tests.k8s.cluster_objects import (
-    apply_rbac,
     batch_job,
-    bind_cluster_role,
     collection,
     create,
     deployment,
-    install_crds,
     pytorch_job,
+    service_kubeconfig,
     statefulset,
     volcano_job,
     wait_until,
@@ -45,20 +43,10 @@ T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def admin(k8s_cluster: Any) -> Any:
-    with k8s_cluster.api_client() as api_client:
-        yield KubeHttp(api_client)
-
-
-@pytest.fixture
 def executor_kubeconfig(
     admin: KubeHttp, k8s_namespace: str, k8s_service_account_kubeconfig: Callable[..., Path]
 ) -> Path:
-    apply_rbac(admin)
-    install_crds(admin)
-    path = k8s_service_account_kubeconfig(k8s_namespace, "executor")
-    bind_cluster_role(admin, "tideshift-executor", k8s_namespace, "executor")
-    return path
+    return service_kubeconfig(admin, k8s_namespace, "executor", k8s_service_account_kubeconfig)
 
 
 def executor_port(kubeconfig: Path, namespace: str, **options: Any) -> KubernetesClusterPort:

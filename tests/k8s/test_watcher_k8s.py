@@ -28,14 +28,12 @@ from services.devcluster.cluster import NodeSpec
 from services.watcher.snapshot import node_key, pod_key
 from services.watcher.watcher import Watcher
 from tests.k8s.cluster_objects import (
-    apply_rbac,
-    bind_cluster_role,
     collection,
     create,
     deployment,
-    install_crds,
     pod_template,
     pytorch_job,
+    service_kubeconfig,
     statefulset,
     volcano_job,
     wait_until,
@@ -46,20 +44,10 @@ WAIT = 60.0
 
 
 @pytest.fixture
-def admin(k8s_cluster: Any) -> Any:
-    with k8s_cluster.api_client() as api_client:
-        yield KubeHttp(api_client)
-
-
-@pytest.fixture
 def watcher_kubeconfig(
     admin: KubeHttp, k8s_namespace: str, k8s_service_account_kubeconfig: Callable[..., Path]
 ) -> Path:
-    apply_rbac(admin)
-    install_crds(admin)
-    path = k8s_service_account_kubeconfig(k8s_namespace, "watcher")
-    bind_cluster_role(admin, "tideshift-watcher", k8s_namespace, "watcher")
-    return path
+    return service_kubeconfig(admin, k8s_namespace, "watcher", k8s_service_account_kubeconfig)
 
 
 def watcher_port(kubeconfig: Path, namespace: str, **tuning: Any) -> KubernetesClusterPort:
