@@ -124,7 +124,7 @@ async def start_services(
         )
     )
 
-    # -- predictor and planner (see /work/notes/demo-requests.md for the hooks they expose)
+    # -- predictor and planner, in-process with the simulated clock and metric source injected
     await _start_predictor(
         stages,
         connect=connect,
