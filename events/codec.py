@@ -15,20 +15,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
-from events.models import (
-    DeadLetter,
-    EventData,
-    ForecastIssued,
-    JobProgress,
-    NodeChanged,
-    PlanDecided,
-    PlannerStatus,
-    PodChanged,
-    ScaleCommand,
-    ScaleResult,
-    ShardTask,
-    TrainerMembership,
-)
+from events.models import EventData
+from events.subjects import ALL_SUBJECTS
 
 T = TypeVar("T", bound=EventData)
 
@@ -36,22 +24,10 @@ SPEC_VERSION = "1.0"
 CONTENT_TYPE = "application/json"
 DEFAULT_MAX_BYTES = 1024 * 1024
 
-# Explicit registry of every model a decoder accepts, by its versioned CloudEvents type.
+# Every model a decoder accepts, by its versioned CloudEvents type: exactly the models the
+# subjects carry (each subject binds one model, so a model cannot be on the bus unregistered).
 EVENT_MODELS: dict[str, type[EventData]] = {
-    model.event_type(): model
-    for model in (
-        NodeChanged,
-        PodChanged,
-        ForecastIssued,
-        PlanDecided,
-        PlannerStatus,
-        ScaleCommand,
-        ScaleResult,
-        ShardTask,
-        JobProgress,
-        TrainerMembership,
-        DeadLetter,
-    )
+    subject.model.event_type(): subject.model for subject in ALL_SUBJECTS
 }
 _REQUIRED = ("specversion", "id", "source", "type", "data")
 
