@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# mypy and import-linter read packages from directories, not through setuptools' editable
+# finder: they see `tideshift` through this tree of symlinks to events/, services/, loadgen/.
+LINT_ROOT := $(VENV)/lint-root
 
 .PHONY: demo test lint install system-deps k8s-binaries
 
@@ -13,6 +16,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(LINT_ROOT)/tideshift: $(STAMP)
+	mkdir -p $@
+	for folder in events services loadgen; do ln -sfn ../../../$$folder $@/$$folder; done
 
 # Debian packages the tests start for real (Prometheus); skipped when already present.
 system-deps:
@@ -26,11 +33,11 @@ system-deps:
 k8s-binaries:
 	bash tests/cluster/build.sh
 
-lint: $(STAMP)
+lint: $(STAMP) $(LINT_ROOT)/tideshift
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	PYTHONPATH=$(LINT_ROOT) $(BIN)/lint-imports
 
 # Lint and tests both run, so one report shows every failure; either failing fails the target.
 test: $(STAMP) system-deps k8s-binaries

@@ -1,12 +1,12 @@
 """Tideshift's event contract: models, subjects and the CloudEvents codec.
 
 Decides what travels on the bus and how it is spelled. Imports nothing of ours (no
-`services`, no `loadgen`); `events.client` is the one module here that talks to NATS, so
+`services`, no `loadgen`); `tideshift.events.client` is the one module here that talks to NATS, so
 users can react to events with this package alone.
 """
 
-from events.codec import Envelope, EventRejected, decode, encode
-from events.models import (
+from tideshift.events.codec import Envelope, EventRejected, decode, encode
+from tideshift.events.models import (
     DeadLetter,
     EventData,
     ForecastIssued,
@@ -24,7 +24,7 @@ from events.models import (
     TrainerMembership,
     WorkloadRef,
 )
-from events.subjects import (
+from tideshift.events.subjects import (
     ALL_SUBJECTS,
     DEAD_LETTER,
     FORECAST,
@@ -41,7 +41,7 @@ from events.subjects import (
     Subject,
     mqtt_topic_filter,
 )
-from events.tokens import decode_token, encode_token
+from tideshift.events.tokens import decode_token, encode_token
 
 __all__ = [
     "ALL_SUBJECTS",

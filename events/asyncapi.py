@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from events.codec import CONTENT_TYPE, SPEC_VERSION
-from events.subjects import ALL_SUBJECTS, Subject, mqtt_topic_filter
+from tideshift.events.codec import CONTENT_TYPE, SPEC_VERSION
+from tideshift.events.subjects import ALL_SUBJECTS, Subject, mqtt_topic_filter
 
 
 def _channel_name(subject: Subject[Any]) -> str:

@@ -5,7 +5,7 @@
             print(event.data.target, event.data.desired, event.data.reason)
 
 Messages that are not valid events are skipped (and reported to `on_reject`), never raised
-into the user's loop. Services use `services.common.bus`, which adds JetStream, acks and
+into the user's loop. Services use `tideshift.services.common.bus`, which adds JetStream, acks and
 dead-lettering; this module is for scripts that only need to listen.
 """
 
@@ -20,9 +20,9 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
-from events.codec import DEFAULT_MAX_BYTES, Envelope, EventRejected, decode
-from events.models import EventData
-from events.subjects import ROOT, BoundSubject
+from tideshift.events.codec import DEFAULT_MAX_BYTES, Envelope, EventRejected, decode
+from tideshift.events.models import EventData
+from tideshift.events.subjects import ROOT, BoundSubject
 
 T = TypeVar("T", bound=EventData)
 RejectHandler = Callable[[str, bytes, EventRejected], None]

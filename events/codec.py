@@ -15,8 +15,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
-from events.models import EventData
-from events.subjects import ALL_SUBJECTS
+from tideshift.events.models import EventData
+from tideshift.events.subjects import ALL_SUBJECTS
 
 T = TypeVar("T", bound=EventData)
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from events.models import (
+from tideshift.events.models import (
     DeadLetter,
     EventData,
     ForecastIssued,
@@ -25,7 +25,7 @@ from events.models import (
     ShardTask,
     TrainerMembership,
 )
-from events.tokens import decode_token, encode_token
+from tideshift.events.tokens import decode_token, encode_token
 
 T = TypeVar("T", bound=EventData)
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from loadgen.driver import (
+from tideshift.loadgen.driver import (
     DriverConfig,
     LoadStats,
     TargetRefused,
@@ -26,14 +26,14 @@ from loadgen.driver import (
     drive,
     in_cluster_names,
 )
-from loadgen.profiles import (
+from tideshift.loadgen.profiles import (
     DiurnalProfile,
     RateProfile,
     Surge,
     TraceProfile,
     amplitude_for_peak,
 )
-from loadgen.traces import TraceError, read_trace
+from tideshift.loadgen.traces import TraceError, read_trace
 
 
 def _surge(text: str) -> Surge:

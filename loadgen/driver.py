@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from loadgen.profiles import RateProfile
+from tideshift.loadgen.profiles import RateProfile
 
 # When the rate is zero, look again this often (profile time moves on meanwhile).
 IDLE_POLL_S = 0.05

@@ -8,7 +8,7 @@ Two shapes:
 * `DiurnalProfile`: a synthetic day (trough at night, peak in the afternoon), optionally a
   weekend dip, reproducible noise and surges.
 * `TraceProfile`: a recorded request-count trace (`timestamp_s,requests` rows, read by
-  `loadgen.traces`) replayed as a rate, compressed in time and scaled in amplitude.
+  `tideshift.loadgen.traces`) replayed as a rate, compressed in time and scaled in amplitude.
 """
 
 from __future__ import annotations

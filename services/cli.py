@@ -14,19 +14,34 @@ from collections.abc import Callable, Sequence
 # returns a process exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "nats": (
-        "services.common.embedded_nats:main",
+        "tideshift.services.common.embedded_nats:main",
         "run the bundled nats-server (JetStream + MQTT)",
     ),
-    "events": ("services.common.events_cli:main", "tail events or print the AsyncAPI schema"),
-    "run": ("services.runner:main", "run one service: watcher, predictor, planner, executor, ..."),
-    "scale": ("services.executor.scale_cli:main", "manual scale override through the bus"),
-    "backtest": ("services.predictor.backtest:main", "rolling-origin backtest of forecasters"),
-    "simulate": ("services.planner.simulate:main", "run policies side by side on the sim cluster"),
-    "loadgen": ("loadgen.cli:main", "open-loop HTTP load generator"),
-    "serve-sample": ("loadgen.sample_app:main", "sample serving app with fixed capacity"),
-    "demo": ("services.demo.cli:main", "a whole day and night in minutes"),
+    "events": (
+        "tideshift.services.common.events_cli:main",
+        "tail events or print the AsyncAPI schema",
+    ),
+    "run": (
+        "tideshift.services.runner:main",
+        "run one service: watcher, predictor, planner, executor, ...",
+    ),
+    "scale": (
+        "tideshift.services.executor.scale_cli:main",
+        "manual scale override through the bus",
+    ),
+    "backtest": (
+        "tideshift.services.predictor.backtest:main",
+        "rolling-origin backtest of forecasters",
+    ),
+    "simulate": (
+        "tideshift.services.planner.simulate:main",
+        "run policies side by side on the sim cluster",
+    ),
+    "loadgen": ("tideshift.loadgen.cli:main", "open-loop HTTP load generator"),
+    "serve-sample": ("tideshift.loadgen.sample_app:main", "sample serving app with fixed capacity"),
+    "demo": ("tideshift.services.demo.cli:main", "a whole day and night in minutes"),
     "dev": (
-        "services.devcluster.cli:main",
+        "tideshift.services.devcluster.cli:main",
         "local Kubernetes control plane: dev cluster up|down|env",
     ),
 }

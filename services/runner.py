@@ -10,13 +10,13 @@ import sys
 from collections.abc import Sequence
 
 SERVICES: dict[str, str] = {
-    "watcher": "services.watcher.service",
-    "executor": "services.executor.service",
-    "predictor": "services.predictor.service",
-    "planner": "services.planner.service",
-    "coordinator": "services.trainer.coordinator",
-    "pserver": "services.trainer.pserver",
-    "trainer": "services.trainer.worker",
+    "watcher": "tideshift.services.watcher.service",
+    "executor": "tideshift.services.executor.service",
+    "predictor": "tideshift.services.predictor.service",
+    "planner": "tideshift.services.planner.service",
+    "coordinator": "tideshift.services.trainer.coordinator",
+    "pserver": "tideshift.services.trainer.pserver",
+    "trainer": "tideshift.services.trainer.worker",
 }
 
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import aiohttp
 
-from events import SCALE_RESULT, ScaleResult
-from events.client import EventClient
+from tideshift.events import SCALE_RESULT, ScaleResult
+from tideshift.events.client import EventClient
 
 log = logging.getLogger("reaction.chat_webhook")
 SERVING_KINDS = ("Deployment", "StatefulSet")

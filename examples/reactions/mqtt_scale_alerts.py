@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 import aiomqtt
 
-from events import SCALE_RESULT, EventRejected, ScaleResult, decode
+from tideshift.events import SCALE_RESULT, EventRejected, ScaleResult, decode
 
 log = logging.getLogger("reaction.mqtt_scale_alerts")
 SERVING_KINDS = ("Deployment", "StatefulSet")

@@ -24,7 +24,7 @@ Labels and annotations read (on pods, set them in the pod template):
 * `tideshift.io/companion: "true"` (label): a fixed helper pod of a training job
   (a parameter server), not one of its elastic trainers.
 
-On scale targets (see `services.cluster.adapters.targets`): `tideshift.io/min-replicas`,
+On scale targets (see `tideshift.services.cluster.adapters.targets`): `tideshift.io/min-replicas`,
 `tideshift.io/max-replicas`, and for Volcano Jobs `tideshift.io/scale-task`.
 """
 
@@ -50,10 +50,10 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 from prometheus_client import Counter
 
-from services.cluster.adapters.http import JsonObject, KubeHttp, status_of
-from services.cluster.adapters.kinds import VOLCANO_JOB, qualified_kind
-from services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
-from services.cluster.port import (
+from tideshift.services.cluster.adapters.http import JsonObject, KubeHttp, status_of
+from tideshift.services.cluster.adapters.kinds import VOLCANO_JOB, qualified_kind
+from tideshift.services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
+from tideshift.services.cluster.port import (
     ROLE_LABEL,
     ChangeType,
     ClusterChange,

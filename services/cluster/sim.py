@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.cluster.port import (
+from tideshift.services.cluster.port import (
     COMPANION_LABEL,
     ClusterChange,
     Node,

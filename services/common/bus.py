@@ -40,8 +40,15 @@ from nats.js.object_store import ObjectStore
 from prometheus_client import Counter
 from pydantic import BaseModel
 
-from events import DEAD_LETTER, BoundSubject, DeadLetter, Envelope, EventData, EventRejected
-from events.codec import decode, encode
+from tideshift.events import (
+    DEAD_LETTER,
+    BoundSubject,
+    DeadLetter,
+    Envelope,
+    EventData,
+    EventRejected,
+)
+from tideshift.events.codec import decode, encode
 
 log = logging.getLogger("tideshift.bus")
 T = TypeVar("T", bound=EventData)

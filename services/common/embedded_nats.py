@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from services.common.ports import free_port, port_in_use
+from tideshift.services.common.ports import free_port, port_in_use
 
 
 class NatsServerError(RuntimeError):

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from urllib.parse import urlparse
 
-from events import Envelope, EventData, EventRejected, decode, mqtt_topic_filter
-from events.asyncapi import asyncapi_document
-from events.client import EventClient
-from events.subjects import ROOT
+from tideshift.events import Envelope, EventData, EventRejected, decode, mqtt_topic_filter
+from tideshift.events.asyncapi import asyncapi_document
+from tideshift.events.client import EventClient
+from tideshift.events.subjects import ROOT
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_MQTT_URL = "mqtt://127.0.0.1:1883"

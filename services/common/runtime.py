@@ -22,9 +22,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.common.bus import Bus
-from services.common.embedded_nats import EmbeddedNats, NatsServerError
-from services.common.settings import ServiceSettings
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.embedded_nats import EmbeddedNats, NatsServerError
+from tideshift.services.common.settings import ServiceSettings
 
 log = logging.getLogger("tideshift.runtime")
 SHUTDOWN_GRACE_SECONDS = 20.0

@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadgen.profiles import DiurnalProfile, RateProfile, TraceProfile, amplitude_for_peak
-from loadgen.traces import TraceError, read_trace
-from services.common.embedded_nats import NatsServerError
-from services.common.ports import port_in_use
-from services.demo.errors import DemoError
+from tideshift.loadgen.profiles import DiurnalProfile, RateProfile, TraceProfile, amplitude_for_peak
+from tideshift.loadgen.traces import TraceError, read_trace
+from tideshift.services.common.embedded_nats import NatsServerError
+from tideshift.services.common.ports import port_in_use
+from tideshift.services.demo.errors import DemoError
 
 SIM_PEAK_RPS, SIM_TROUGH_RPS = 6800.0, 1200.0
 # Real HTTP from this machine to the sample app (see services/demo/kubedemo.py).
@@ -214,9 +214,9 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _run_sim(args: argparse.Namespace, profile: RateProfile, profile_name: str) -> int:
-    from services.demo.pipeline import ServiceMissing
-    from services.demo.report import format_table, plot, write_json
-    from services.demo.simdemo import SimDemoConfig, run_sim_demo
+    from tideshift.services.demo.pipeline import ServiceMissing
+    from tideshift.services.demo.report import format_table, plot, write_json
+    from tideshift.services.demo.simdemo import SimDemoConfig, run_sim_demo
 
     speed = args.speed or 288.0
     config = SimDemoConfig(
@@ -260,7 +260,7 @@ def _run_kube(args: argparse.Namespace, profile: RateProfile, profile_name: str)
         raise DemoError(
             f"--cluster {kubeconfig}: no such kubeconfig file; pass `sim`, `kubeconfig` or a path"
         )
-    from services.demo.kubedemo import run_kube_demo
+    from tideshift.services.demo.kubedemo import run_kube_demo
 
     show, done = _progress_printer(args.quiet)
     try:

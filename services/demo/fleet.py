@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import services
-
 log = logging.getLogger("tideshift.demo.fleet")
 STOP_GRACE_S = 15.0
 TRAINING_NICENESS = 10
@@ -62,20 +60,14 @@ class TrainingFleet:
     crashed: int = 0
 
     def _environment(self) -> dict[str, str]:
-        # The children import the same code as this process, wherever it was started from.
-        root = str(Path(services.__file__).resolve().parent.parent)
-        path = os.environ.get("PYTHONPATH")
-        return {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": root if not path else root + os.pathsep + path,
-        }
+        # Children run this interpreter, so they import the same installed `tideshift`.
+        return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def _command(self, service: str, job: str, extra: Iterable[str]) -> list[str]:
         return [
             sys.executable,
             "-m",
-            "services.cli",
+            "tideshift.services.cli",
             "run",
             service,
             "--job",

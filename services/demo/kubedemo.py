@@ -35,17 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import services
-from loadgen.driver import DriverConfig, LoadStats, drive
-from loadgen.profiles import RateProfile
-from services.common.embedded_nats import EmbeddedNats
-from services.common.ports import free_port
-from services.demo.clock import DEFAULT_START
-from services.demo.errors import DemoError
-from services.demo.fleet import TrainingFleet
-from services.demo.report import format_table, plot, summarize, write_json
-from services.demo.simdemo import EventLog
-from services.demo.world import JobShape, ListedFigures, Meter, ServingShape, WorldShape
+from tideshift.loadgen.driver import DriverConfig, LoadStats, drive
+from tideshift.loadgen.profiles import RateProfile
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.common.ports import free_port
+from tideshift.services.demo.clock import DEFAULT_START
+from tideshift.services.demo.errors import DemoError
+from tideshift.services.demo.fleet import TrainingFleet
+from tideshift.services.demo.report import format_table, plot, summarize, write_json
+from tideshift.services.demo.simdemo import EventLog
+from tideshift.services.demo.world import JobShape, ListedFigures, Meter, ServingShape, WorldShape
 
 log = logging.getLogger("tideshift.demo.kube")
 
@@ -100,7 +99,7 @@ def resolve_cluster(kubeconfig: str | None) -> ClusterAccess:
     env = os.environ.get("KUBECONFIG")
     if env and Path(env.split(os.pathsep)[0]).exists():
         return ClusterAccess(Path(env.split(os.pathsep)[0]))
-    from services.devcluster.cluster import (
+    from tideshift.services.devcluster.cluster import (
         ADMIN_KUBECONFIG,
         ClusterOptions,
         ClusterStartError,
@@ -110,7 +109,7 @@ def resolve_cluster(kubeconfig: str | None) -> ClusterAccess:
         record_alive,
         state_processes,
     )
-    from services.devcluster.versions import (
+    from tideshift.services.devcluster.versions import (
         MissingBinariesError,
         cache_root,
         default_bin_dir,
@@ -161,11 +160,8 @@ class Children:
     def start(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         handle = (self.log_dir / f"{name}.log").open("ab")
-        root = str(Path(services.__file__).resolve().parent.parent)
+        # Children run this interpreter, so they import the same installed `tideshift`.
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        environment["PYTHONPATH"] = root + (
-            os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""
-        )
         process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=handle, stderr=handle, env=environment
         )
@@ -194,7 +190,7 @@ class Children:
 
 
 def tideshift(*args: str) -> list[str]:
-    return [sys.executable, "-m", "services.cli", *args]
+    return [sys.executable, "-m", "tideshift.services.cli", *args]
 
 
 def wait_http(url: str, *, timeout: float, what: str) -> None:
@@ -381,7 +377,7 @@ def _service_argv(
         if name == "watcher":
             extra += ["--namespace", namespace, "--resync-seconds", "30"]
         return tideshift("run", name, *common, *extra)
-    from services.demo import pipeline
+    from tideshift.services.demo import pipeline
 
     return tideshift(
         "run",
@@ -439,7 +435,7 @@ async def _run(  # noqa: PLR0917 - one call site, every value distinct
 ) -> str:
     from kubernetes import config as kube_config
 
-    from services.cluster.kubernetes import KubernetesClusterPort
+    from tideshift.services.cluster.kubernetes import KubernetesClusterPort
 
     out: Path = args.out
     namespace = f"tideshift-demo-{uuid.uuid4().hex[:6]}"

@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadgen.profiles import RateProfile
-from services.cluster.port import ClusterPort
-from services.common.bus import Bus
-from services.common.runtime import ServiceContext
-from services.common.settings import ServiceSettings
-from services.demo.clock import SimClock
-from services.demo.world import JobShape, ServingShape, WorldShape
+from tideshift.loadgen.profiles import RateProfile
+from tideshift.services.cluster.port import ClusterPort
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.runtime import ServiceContext
+from tideshift.services.common.settings import ServiceSettings
+from tideshift.services.demo.clock import SimClock
+from tideshift.services.demo.world import JobShape, ServingShape, WorldShape
 
 log = logging.getLogger("tideshift.demo.pipeline")
 
@@ -92,14 +92,14 @@ async def start_services(
         return ctx
 
     # -- watcher: sim cluster -> cluster events and the snapshot
-    watcher_module = _import("services.watcher.watcher")
+    watcher_module = _import("tideshift.services.watcher.watcher")
     watcher_bus = await connect("watcher")
     watcher = watcher_module.Watcher(port, watcher_bus, clock=clock.datetime)
     watcher_context = context("watcher", watcher_bus)
     stages.tasks.append(asyncio.create_task(watcher.run(watcher_context.ready), name="watcher"))
 
     # -- executor: scale commands -> the sim cluster -> scale results
-    executor_service = _import("services.executor.service")
+    executor_service = _import("tideshift.services.executor.service")
     executor_bus = await connect("executor")
     executor = await executor_service.build_executor(
         executor_bus,
@@ -156,8 +156,8 @@ async def _start_predictor(
     interval_wall_s: float,
 ) -> None:
     """The predictor reads demand from the traffic profile at simulated time (its `sim` source)."""
-    predictor_service = _import("services.predictor.service")
-    sources = _import("services.predictor.sources")
+    predictor_service = _import("tideshift.services.predictor.service")
+    sources = _import("tideshift.services.predictor.sources")
     serving = world.serving
     settings = predictor_service.PredictorSettings(
         health_port=-1,
@@ -196,7 +196,7 @@ async def _start_planner(
     interval_wall_s: float,
 ) -> None:
     """The planner, with the world's serving workload and elastic jobs as its settings."""
-    planner_service = _import("services.planner.service")
+    planner_service = _import("tideshift.services.planner.service")
     settings = planner_service.PlannerSettings(
         health_port=-1,
         **planner_targets(world, planner_service, speed=clock.speed),
@@ -307,7 +307,7 @@ def kube_service_args(
             "30",
         ]
     if name == "planner":
-        planner_service = _import("services.planner.service")
+        planner_service = _import("tideshift.services.planner.service")
         world = WorldShape(serving=serving, jobs=tuple(jobs))
         targets = planner_targets(world, planner_service, speed=1.0)
         # Real time: pods on kwok nodes start in a second or two; windows are wall seconds.

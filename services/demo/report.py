@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.demo.world import Meter
+from tideshift.services.demo.world import Meter
 
 NIGHT_HOURS = (0.0, 6.0)  # hours of the simulated day with the least serving demand
 DAY_HOURS = (10.0, 18.0)  # with the most

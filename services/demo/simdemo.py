@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from events.client import EventClient
-from events.subjects import ROOT
-from loadgen.profiles import RateProfile
-from services.cluster.sim import SimCluster, SimClusterPort
-from services.common.bus import Bus
-from services.common.embedded_nats import EmbeddedNats
-from services.demo import pipeline
-from services.demo.clock import SimClock
-from services.demo.fleet import TrainingFleet
-from services.demo.report import DemoSummary, summarize
-from services.demo.world import Meter, WorldShape, build_cluster
+from tideshift.events.client import EventClient
+from tideshift.events.subjects import ROOT
+from tideshift.loadgen.profiles import RateProfile
+from tideshift.services.cluster.sim import SimCluster, SimClusterPort
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.demo import pipeline
+from tideshift.services.demo.clock import SimClock
+from tideshift.services.demo.fleet import TrainingFleet
+from tideshift.services.demo.report import DemoSummary, summarize
+from tideshift.services.demo.world import Meter, WorldShape, build_cluster
 
 log = logging.getLogger("tideshift.demo")
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.cluster.port import Node, Pod, Resources, TargetRef
-from services.cluster.sim import SimCluster, SimWorkload
+from tideshift.services.cluster.port import Node, Pod, Resources, TargetRef
+from tideshift.services.cluster.sim import SimCluster, SimWorkload
 
 GIB = float(2**30)
 SERVING_KIND = "Deployment"

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.devcluster.cluster import (
+from tideshift.services.devcluster.cluster import (
     ADMIN_KUBECONFIG,
     STATE_FILE,
     ClusterOptions,
@@ -28,7 +28,7 @@ from services.devcluster.cluster import (
     state_processes,
     terminate_processes,
 )
-from services.devcluster.versions import (
+from tideshift.services.devcluster.versions import (
     K8S_VERSION,
     MissingBinariesError,
     cache_root,

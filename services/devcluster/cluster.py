@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from services.devcluster import pki
-from services.devcluster.versions import K8S_VERSION, require_binaries
+from tideshift.services.devcluster import pki
+from tideshift.services.devcluster.versions import K8S_VERSION, require_binaries
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_LABEL = "type"

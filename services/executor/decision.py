@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from services.cluster.port import ScaleState
+from tideshift.services.cluster.port import ScaleState
 
 
 class AppliedRecord(BaseModel):

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from events import ScaleCommand, ScaleResult, encode_token
-from services.cluster.adapters.kinds import to_target
-from services.cluster.port import ClusterPort, TargetRef, UnsupportedTarget
-from services.common.bus import KVConflict, TypedKV
-from services.executor.decision import AppliedRecord, decide, screen
+from tideshift.events import ScaleCommand, ScaleResult, encode_token
+from tideshift.services.cluster.adapters.kinds import to_target
+from tideshift.services.cluster.port import ClusterPort, TargetRef, UnsupportedTarget
+from tideshift.services.common.bus import KVConflict, TypedKV
+from tideshift.services.executor.decision import AppliedRecord, decide, screen
 
 log = logging.getLogger("tideshift.executor")
 

@@ -17,9 +17,9 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, ScaleResult, WorkloadRef
-from services.cluster.adapters.kinds import ALIASES, normalise_kind, split_kind
-from services.common.bus import Bus
+from tideshift.events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, ScaleResult, WorkloadRef
+from tideshift.services.cluster.adapters.kinds import ALIASES, normalise_kind, split_kind
+from tideshift.services.common.bus import Bus
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"

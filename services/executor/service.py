@@ -1,7 +1,7 @@
 """`tideshift run executor`: scale commands from a durable consumer -> Kubernetes -> results.
 
 Several executors may share the durable consumer: each command goes to one of them, and the
-per-target records (see `services.executor.executor`) keep two of them from acting on one
+per-target records (see `tideshift.services.executor.executor`) keep two of them from acting on one
 target at once. A result is published (JetStream) before the command is acked, so a crash
 in between redelivers the command, which then finds its work done and reports a no-op.
 """
@@ -18,13 +18,13 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter, Histogram
 from pydantic import Field
 
-from events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
-from services.cluster.kubernetes import KubernetesClusterPort
-from services.cluster.port import ClusterPort
-from services.common.bus import SCALE_STREAM, Bus, Delivery
-from services.common.runtime import ServiceContext, run_service
-from services.common.settings import ServiceSettings, parse_settings
-from services.executor.executor import RECORD_BUCKET, Executor, RecordStore
+from tideshift.events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
+from tideshift.services.cluster.kubernetes import KubernetesClusterPort
+from tideshift.services.cluster.port import ClusterPort
+from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery
+from tideshift.services.common.runtime import ServiceContext, run_service
+from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.executor.executor import RECORD_BUCKET, Executor, RecordStore
 
 log = logging.getLogger("tideshift.executor")
 

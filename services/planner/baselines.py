@@ -24,7 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from services.planner.policy import (
+from tideshift.services.planner.policy import (
     Decision,
     PlanInputs,
     PlanState,

@@ -7,8 +7,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from services.cluster.port import Node, Pod, Resources, TargetRef
-from services.planner.policy import ClusterView, Target
+from tideshift.services.cluster.port import Node, Pod, Resources, TargetRef
+from tideshift.services.planner.policy import ClusterView, Target
 
 
 @lru_cache(maxsize=65_536)

@@ -65,8 +65,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from loadgen.traces import TraceError, read_trace
-from services.planner.traffic import (
+from tideshift.loadgen.traces import TraceError, read_trace
+from tideshift.services.planner.traffic import (
     ConstantProfile,
     DiurnalProfile,
     PointsProfile,

@@ -34,7 +34,7 @@ import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
-from events import (
+from tideshift.events import (
     FORECAST,
     NODE_CHANGED,
     PLAN_DECIDED,
@@ -54,13 +54,13 @@ from events import (
     ScaleResult,
     WorkloadRef,
 )
-from events.models import TargetDecision as EventTargetDecision
-from services.common.bus import Bus
-from services.common.runtime import ServiceContext, run_service
-from services.common.settings import ServiceSettings, parse_settings
-from services.planner import policy as pol
-from services.planner.baselines import POLICIES, Policy, make_policy
-from services.planner.inputs import ClusterTable
+from tideshift.events.models import TargetDecision as EventTargetDecision
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.runtime import ServiceContext, run_service
+from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.planner import policy as pol
+from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
+from tideshift.services.planner.inputs import ClusterTable
 
 log = logging.getLogger("tideshift.planner")
 T = TypeVar("T", bound=EventData)

@@ -35,12 +35,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from services.cluster.port import Node, Resources, TargetRef
-from services.cluster.sim import SimCluster, SimWorkload
-from services.planner import policy as pol
-from services.planner.baselines import POLICIES, Policy, make_policy
-from services.planner.inputs import build_view, to_ref, to_target
-from services.planner.scenario import (
+from tideshift.services.cluster.port import Node, Resources, TargetRef
+from tideshift.services.cluster.sim import SimCluster, SimWorkload
+from tideshift.services.planner import policy as pol
+from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
+from tideshift.services.planner.inputs import build_view, to_ref, to_target
+from tideshift.services.planner.scenario import (
     GIB,
     JobGroup,
     Scenario,
@@ -49,7 +49,7 @@ from services.planner.scenario import (
     load_scenario,
     trace_dir_override,
 )
-from services.planner.traffic import RateProfile
+from tideshift.services.planner.traffic import RateProfile
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
@@ -109,7 +109,7 @@ class ModelForecaster:
     def _ensure_fitted(self) -> None:
         if self._model is not None:
             return
-        from services.predictor.models import DEFAULT_MODEL, build_model
+        from tideshift.services.predictor.models import DEFAULT_MODEL, build_model
 
         self._model = build_model(self.model_name or DEFAULT_MODEL)
         count = max(2, int(self.history_s // self.interval_s))

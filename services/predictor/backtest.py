@@ -9,8 +9,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from loadgen.traces import TraceError
-from services.predictor.evaluation import (
+from tideshift.loadgen.traces import TraceError
+from tideshift.services.predictor.evaluation import (
     BacktestPlan,
     Score,
     Trace,
@@ -19,7 +19,7 @@ from services.predictor.evaluation import (
     plan_backtest,
     run_backtest,
 )
-from services.predictor.models import DEFAULT_MODEL, MODELS, build_model
+from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS, build_model
 
 EXIT_USAGE = 2
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loadgen import traces
-from services.predictor.models.base import FloatArray, Forecaster
+from tideshift.loadgen import traces
+from tideshift.services.predictor.models.base import FloatArray, Forecaster
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Trace:
 
 
 def parse_trace(lines: Iterable[str], *, source: str) -> Trace:
-    """Read `timestamp_s,requests` rows (validated by `loadgen.traces`) as arrays."""
+    """Read `timestamp_s,requests` rows (validated by `tideshift.loadgen.traces`) as arrays."""
     trace = traces.parse_trace(lines, source)
     return Trace(source, np.asarray(trace.timestamps), np.asarray(trace.counts), trace.interval_s)
 

@@ -26,12 +26,18 @@ import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from events.models import ForecastIssued, ForecastPoint, WorkloadRef
-from events.subjects import FORECAST
-from services.common.runtime import ServiceContext, run_service
-from services.common.settings import ServiceSettings, parse_settings
-from services.predictor.models import DEFAULT_MODEL, MODELS, Forecast, Forecaster, build_model
-from services.predictor.sources import (
+from tideshift.events.models import ForecastIssued, ForecastPoint, WorkloadRef
+from tideshift.events.subjects import FORECAST
+from tideshift.services.common.runtime import ServiceContext, run_service
+from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.predictor.models import (
+    DEFAULT_MODEL,
+    MODELS,
+    Forecast,
+    Forecaster,
+    build_model,
+)
+from tideshift.services.predictor.sources import (
     MetricSource,
     MetricSourceError,
     PrometheusSource,
@@ -328,7 +334,7 @@ def _iso(timestamp: float) -> str:
 
 def build_source(settings: PredictorSettings) -> MetricSource:
     if settings.metric_source == "sim":
-        from loadgen.profiles import DiurnalProfile
+        from tideshift.loadgen.profiles import DiurnalProfile
 
         profile = DiurnalProfile(peak_rps=settings.sim_peak_rps, trough_rps=settings.sim_trough_rps)
         return SimMetricSource(profile.rate)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from events import SHARD_TASK
-from events.subjects import PSERVER_RPC
-from events.tokens import encode_token
-from services.common.bus import TRAINING_TASK_STREAM, Bus
+from tideshift.events import SHARD_TASK
+from tideshift.events.subjects import PSERVER_RPC
+from tideshift.events.tokens import encode_token
+from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus
 
 PServerOp = Literal["params", "push", "status"]
 JOBS_BUCKET = "tideshift_trainer_jobs"  # job spec and coordinator state per job

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.trainer.model import KeyRange, OptimizerState
-from services.trainer.protocol import PServerState
-from services.trainer.wire import WireError, header_int, header_str, pack, unpack
+from tideshift.services.trainer.model import KeyRange, OptimizerState
+from tideshift.services.trainer.protocol import PServerState
+from tideshift.services.trainer.wire import WireError, header_int, header_str, pack, unpack
 
 FORMAT_VERSION = 1
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from events import (
+from tideshift.events import (
     JOB_PROGRESS,
     SHARD_TASK,
     TRAINER_MEMBERSHIP,
@@ -31,11 +31,11 @@ from events import (
     ShardTask,
     TrainerMembership,
 )
-from events.tokens import decode_token, encode_token
-from services.common.bus import Bus, Lease, RequestFailed, TypedKV
-from services.common.runtime import ServiceContext, run_service
-from services.common.settings import ServiceSettings, parse_settings
-from services.trainer.busport import (
+from tideshift.events.tokens import decode_token, encode_token
+from tideshift.services.common.bus import Bus, Lease, RequestFailed, TypedKV
+from tideshift.services.common.runtime import ServiceContext, run_service
+from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.trainer.busport import (
     JOBS_BUCKET,
     MEMBER_TTL_SECONDS,
     MEMBERS_BUCKET,
@@ -43,11 +43,16 @@ from services.trainer.busport import (
     member_prefix,
     queued_tasks,
 )
-from services.trainer.dataset import default_data_dir, ensure_dataset, holdout_path, load_shard
-from services.trainer.jobs import read_spec, sleep_unless
-from services.trainer.jobspec import JobSpec, PersistedCoordinator
-from services.trainer.model import log_loss
-from services.trainer.protocol import (
+from tideshift.services.trainer.dataset import (
+    default_data_dir,
+    ensure_dataset,
+    holdout_path,
+    load_shard,
+)
+from tideshift.services.trainer.jobs import read_spec, sleep_unless
+from tideshift.services.trainer.jobspec import JobSpec, PersistedCoordinator
+from tideshift.services.trainer.model import log_loss
+from tideshift.services.trainer.protocol import (
     CoordinatorState,
     Decision,
     Observation,
@@ -56,7 +61,7 @@ from services.trainer.protocol import (
     resume_coordinator,
     step,
 )
-from services.trainer.pserver_client import PServerClient
+from tideshift.services.trainer.pserver_client import PServerClient
 
 log = logging.getLogger("tideshift.coordinator")
 PROGRESS_EVERY_SECONDS = 2.0

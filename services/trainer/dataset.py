@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.trainer.model import (
+from tideshift.services.trainer.model import (
     DatasetSpec,
     InvalidShard,
     ShardData,

@@ -8,9 +8,9 @@ import logging
 
 from pydantic import ValidationError
 
-from services.common.bus import Bus
-from services.trainer.busport import JOBS_BUCKET, job_key
-from services.trainer.jobspec import JobSpec
+from tideshift.services.common.bus import Bus
+from tideshift.services.trainer.busport import JOBS_BUCKET, job_key
+from tideshift.services.trainer.jobspec import JobSpec
 
 log = logging.getLogger("tideshift.trainer")
 SPEC_POLL_SECONDS = 0.5

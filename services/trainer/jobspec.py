@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from services.trainer.model import DatasetSpec, KeyRange, ModelSpec, partition_keys
+from tideshift.services.trainer.model import DatasetSpec, KeyRange, ModelSpec, partition_keys
 
 
 class JobSpec(BaseModel):

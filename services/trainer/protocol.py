@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from services.trainer.model import (
+from tideshift.services.trainer.model import (
     FloatArray,
     GradientRejected,
     KeyRange,

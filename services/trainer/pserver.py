@@ -17,23 +17,23 @@ import numpy as np
 from prometheus_client import Counter, Gauge
 from pydantic import Field
 
-from events.tokens import encode_token
-from services.common.bus import Bus
-from services.common.runtime import ServiceContext, run_service
-from services.common.settings import ServiceSettings, parse_settings
-from services.trainer.busport import load_object, pserver_subject, store_object
-from services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
-from services.trainer.jobs import sleep_unless, wait_for_spec
-from services.trainer.jobspec import JobSpec
-from services.trainer.model import KeyRange, initial_state
-from services.trainer.protocol import (
+from tideshift.events.tokens import encode_token
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.runtime import ServiceContext, run_service
+from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.trainer.busport import load_object, pserver_subject, store_object
+from tideshift.services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
+from tideshift.services.trainer.jobs import sleep_unless, wait_for_spec
+from tideshift.services.trainer.jobspec import JobSpec
+from tideshift.services.trainer.model import KeyRange, initial_state
+from tideshift.services.trainer.protocol import (
     GradientPush,
     PServerState,
     PushOutcome,
     PushResult,
     handle_push,
 )
-from services.trainer.wire import WireError, header_int, header_str, pack, unpack
+from tideshift.services.trainer.wire import WireError, header_int, header_str, pack, unpack
 
 log = logging.getLogger("tideshift.pserver")
 

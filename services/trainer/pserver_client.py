@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.common.bus import Bus, RequestFailed
-from services.trainer.busport import pserver_subject
-from services.trainer.jobspec import JobSpec
-from services.trainer.model import FloatArray
-from services.trainer.wire import WireError, header_int, pack, unpack
+from tideshift.services.common.bus import Bus, RequestFailed
+from tideshift.services.trainer.busport import pserver_subject
+from tideshift.services.trainer.jobspec import JobSpec
+from tideshift.services.trainer.model import FloatArray
+from tideshift.services.trainer.wire import WireError, header_int, pack, unpack
 
 
 @dataclass(frozen=True)

@@ -22,21 +22,21 @@ from typing import Literal, TypeVar
 from prometheus_client import Counter
 from pydantic import Field
 
-from events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask, TrainerMembership
-from services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery, RequestFailed
-from services.common.runtime import ServiceContext, run_service
-from services.common.settings import ServiceSettings, parse_settings
-from services.trainer.busport import (
+from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask, TrainerMembership
+from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery, RequestFailed
+from tideshift.services.common.runtime import ServiceContext, run_service
+from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.trainer.busport import (
     MEMBER_TTL_SECONDS,
     MEMBERS_BUCKET,
     member_key,
     task_durable,
 )
-from services.trainer.dataset import load_shard, shard_path
-from services.trainer.jobs import sleep_unless, wait_for_spec
-from services.trainer.jobspec import JobSpec, MemberBeat
-from services.trainer.model import InvalidShard, ShardData, compute_gradient
-from services.trainer.pserver_client import PServerClient
+from tideshift.services.trainer.dataset import load_shard, shard_path
+from tideshift.services.trainer.jobs import sleep_unless, wait_for_spec
+from tideshift.services.trainer.jobspec import JobSpec, MemberBeat
+from tideshift.services.trainer.model import InvalidShard, ShardData, compute_gradient
+from tideshift.services.trainer.pserver_client import PServerClient
 
 log = logging.getLogger("tideshift.trainer")
 R = TypeVar("R")

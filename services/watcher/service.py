@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from services.cluster.kubernetes import KubernetesClusterPort, WatchTuning
-from services.common.runtime import ServiceContext, run_service
-from services.common.settings import ServiceSettings, parse_settings
-from services.watcher.snapshot import SNAPSHOT_BUCKET
-from services.watcher.watcher import Watcher
+from tideshift.services.cluster.kubernetes import KubernetesClusterPort, WatchTuning
+from tideshift.services.common.runtime import ServiceContext, run_service
+from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.watcher.snapshot import SNAPSHOT_BUCKET
+from tideshift.services.watcher.watcher import Watcher
 
 log = logging.getLogger("tideshift.watcher")
 

@@ -6,7 +6,7 @@ the latest `NodeChanged` or `PodChanged` for it:
 * `node.<name>` for nodes,
 * `pod.<namespace>.<name>` for pods,
 
-each name encoded with `events.encode_token` (dots in names become `_2E`). A planner that
+each name encoded with `tideshift.events.encode_token` (dots in names become `_2E`). A planner that
 starts late reads every key once and then follows the live subjects. Pure: no I/O.
 """
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from events import NodeChanged, PodChanged, Resources, encode_token
-from services.cluster.adapters.kinds import to_workload_ref
-from services.cluster.port import ChangeType, Node, Pod
-from services.cluster.port import Resources as PortResources
+from tideshift.events import NodeChanged, PodChanged, Resources, encode_token
+from tideshift.services.cluster.adapters.kinds import to_workload_ref
+from tideshift.services.cluster.port import ChangeType, Node, Pod
+from tideshift.services.cluster.port import Resources as PortResources
 
 SNAPSHOT_BUCKET = "tideshift_cluster"
 

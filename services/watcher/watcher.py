@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
-from events import NODE_CHANGED, POD_CHANGED, NodeChanged, PodChanged
-from services.cluster.port import ChangeType, ClusterChange, ClusterPort, Node, Pod
-from services.common.bus import Bus, TypedKV
-from services.watcher.snapshot import (
+from tideshift.events import NODE_CHANGED, POD_CHANGED, NodeChanged, PodChanged
+from tideshift.services.cluster.port import ChangeType, ClusterChange, ClusterPort, Node, Pod
+from tideshift.services.common.bus import Bus, TypedKV
+from tideshift.services.watcher.snapshot import (
     SNAPSHOT_BUCKET,
     node_event,
     node_key,

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.planner.baselines import POLICIES
-from services.planner.simulate import (
+from tideshift.services.planner.baselines import POLICIES
+from tideshift.services.planner.simulate import (
     PolicyResult,
     format_table,
     load_profiles,

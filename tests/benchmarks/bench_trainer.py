@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from trainer_harness import JobHarness, wait_until
 
-from services.common.bus import Bus, RequestFailed
-from services.common.embedded_nats import EmbeddedNats
-from services.trainer.jobs import read_spec
-from services.trainer.pserver_client import PServerClient, PServerStatus
+from tideshift.services.common.bus import Bus, RequestFailed
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.trainer.jobs import read_spec
+from tideshift.services.trainer.pserver_client import PServerClient, PServerStatus
 
 SHARDS = 32
 SAMPLES_PER_SHARD = 25_000

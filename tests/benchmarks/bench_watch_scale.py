@@ -35,13 +35,13 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
-from events import POD_CHANGED, SCALE_COMMAND, ScaleCommand, WorkloadRef  # noqa: E402
-from services.cluster.adapters.http import KubeHttp  # noqa: E402
-from services.common.bus import Bus  # noqa: E402
-from services.common.embedded_nats import EmbeddedNats  # noqa: E402
-from services.devcluster.cluster import ClusterOptions, LocalCluster, default_nodes  # noqa: E402
-from services.devcluster.versions import default_bin_dir  # noqa: E402
 from tests.k8s.cluster_objects import create, deployment, pod_template, wait_until  # noqa: E402
+from tideshift.events import POD_CHANGED, SCALE_COMMAND, ScaleCommand, WorkloadRef  # noqa: E402
+from tideshift.services.cluster.adapters.http import KubeHttp  # noqa: E402
+from tideshift.services.common.bus import Bus  # noqa: E402
+from tideshift.services.common.embedded_nats import EmbeddedNats  # noqa: E402
+from tideshift.services.devcluster.cluster import ClusterOptions, LocalCluster, default_nodes  # noqa: E402
+from tideshift.services.devcluster.versions import default_bin_dir  # noqa: E402
 
 NAMESPACE = "bench"
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from services.cluster.adapters.http import MERGE_PATCH, KubeHttp
+from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
 
 RBAC_MANIFEST = Path(__file__).resolve().parents[2] / "charts" / "tideshift" / "files" / "rbac.yaml"
 

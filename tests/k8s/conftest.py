@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from services.cluster.adapters.http import KubeHttp
+from tideshift.services.cluster.adapters.http import KubeHttp
 
 
 @pytest.fixture

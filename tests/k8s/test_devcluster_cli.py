@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster import cli
-from services.devcluster.cluster import NodeSpec, load_state, pid_alive, state_processes
-from services.devcluster.versions import (
+from tideshift.services.devcluster import cli
+from tideshift.services.devcluster.cluster import NodeSpec, load_state, pid_alive, state_processes
+from tideshift.services.devcluster.versions import (
     BINARY_VERSIONS,
     ETCD_VERSION,
     HELM_VERSION,
@@ -135,7 +135,7 @@ def test_up_refuses_a_foreign_non_empty_state_dir(
 
 def _tideshift(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args],
+        [sys.executable, "-m", "tideshift.services.cli", *args],
         capture_output=True,
         text=True,
         timeout=180,

@@ -17,14 +17,6 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, WorkloadRef
-from services.cluster.adapters.http import MERGE_PATCH, KubeHttp
-from services.cluster.adapters.kinds import split_kind
-from services.cluster.kubernetes import SCALE_CONFLICTS, KubernetesClusterPort
-from services.cluster.port import TargetRef
-from services.common.bus import Bus
-from services.executor.executor import Executor, RecordStore
-from services.executor.service import consume
 from tests.k8s.cluster_objects import (
     batch_job,
     collection,
@@ -36,6 +28,14 @@ from tests.k8s.cluster_objects import (
     volcano_job,
     wait_until,
 )
+from tideshift.events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, WorkloadRef
+from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
+from tideshift.services.cluster.adapters.kinds import split_kind
+from tideshift.services.cluster.kubernetes import SCALE_CONFLICTS, KubernetesClusterPort
+from tideshift.services.cluster.port import TargetRef
+from tideshift.services.common.bus import Bus
+from tideshift.services.executor.executor import Executor, RecordStore
+from tideshift.services.executor.service import consume
 
 pytestmark = pytest.mark.k8s
 WAIT = 60.0

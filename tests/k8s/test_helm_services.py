@@ -25,9 +25,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from services.common.embedded_nats import EmbeddedNats
-from services.common.ports import free_port
-from tests.unit.chart.chart_support import CHART, REPO, SERVICES, run_helm, values_args
+from tests.unit.chart.chart_support import CHART, SERVICES, run_helm, values_args
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.common.ports import free_port
 
 pytestmark = pytest.mark.k8s
 
@@ -56,7 +56,6 @@ def process_environment(
         for name, value in os.environ.items()
         if not name.startswith("TIDESHIFT_") and name != "KUBECONFIG"
     }
-    env["PYTHONPATH"] = str(REPO)
     for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
         if "value" in item:
             env[item["name"]] = item["value"]
@@ -87,7 +86,7 @@ def ready(port: int) -> bool:
 def running(service: str, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "run", service],
+            [sys.executable, "-m", "tideshift.services.cli", "run", service],
             env=env,
             stdout=output,
             stderr=subprocess.STDOUT,

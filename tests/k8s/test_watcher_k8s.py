@@ -19,14 +19,6 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from events import NODE_CHANGED, POD_CHANGED, NodeChanged, PodChanged
-from services.cluster.adapters.http import KubeHttp
-from services.cluster.kubernetes import RELISTS, WATCH_ERRORS, KubernetesClusterPort, WatchTuning
-from services.cluster.port import ClusterChange, Pod
-from services.common.bus import Bus
-from services.devcluster.cluster import NodeSpec
-from services.watcher.snapshot import node_key, pod_key
-from services.watcher.watcher import Watcher
 from tests.k8s.cluster_objects import (
     collection,
     create,
@@ -38,6 +30,19 @@ from tests.k8s.cluster_objects import (
     volcano_job,
     wait_until,
 )
+from tideshift.events import NODE_CHANGED, POD_CHANGED, NodeChanged, PodChanged
+from tideshift.services.cluster.adapters.http import KubeHttp
+from tideshift.services.cluster.kubernetes import (
+    RELISTS,
+    WATCH_ERRORS,
+    KubernetesClusterPort,
+    WatchTuning,
+)
+from tideshift.services.cluster.port import ClusterChange, Pod
+from tideshift.services.common.bus import Bus
+from tideshift.services.devcluster.cluster import NodeSpec
+from tideshift.services.watcher.snapshot import node_key, pod_key
+from tideshift.services.watcher.watcher import Watcher
 
 pytestmark = pytest.mark.k8s
 WAIT = 60.0

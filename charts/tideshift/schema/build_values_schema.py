@@ -23,15 +23,15 @@ CHART = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = CHART / "values.schema.json"
 SERVICES = ("watcher", "predictor", "planner", "executor")
 SETTINGS_CLASSES = {
-    "watcher": "services.watcher.service:WatcherSettings",
-    "predictor": "services.predictor.service:PredictorSettings",
-    "planner": "services.planner.service:PlannerSettings",
-    "executor": "services.executor.service:ExecutorSettings",
+    "watcher": "tideshift.services.watcher.service:WatcherSettings",
+    "predictor": "tideshift.services.predictor.service:PredictorSettings",
+    "planner": "tideshift.services.planner.service:PlannerSettings",
+    "executor": "tideshift.services.executor.service:ExecutorSettings",
 }
 # Settings validated in code against a registry: the schema lists the registry's names.
 REGISTRY_ENUMS = {
-    ("planner", "policy"): "services.planner.service:POLICIES",
-    ("predictor", "model"): "services.predictor.service:MODELS",
+    ("planner", "policy"): "tideshift.services.planner.service:POLICIES",
+    ("predictor", "model"): "tideshift.services.predictor.service:MODELS",
 }
 # Settings the chart sets itself: NATS from the Secret, the pod name, the probe port.
 CHART_MANAGED_SETTINGS = frozenset(
@@ -55,7 +55,7 @@ def settings_class(service: str) -> Any | None:
 
 
 def shared_settings_class() -> Any:
-    from services.common.settings import ServiceSettings
+    from tideshift.services.common.settings import ServiceSettings
 
     return ServiceSettings
 

@@ -8,8 +8,8 @@ plus `api_version` (`WorkloadRef`); these functions convert between the two spel
 
 from __future__ import annotations
 
-from events import WorkloadRef
-from services.cluster.port import TargetRef
+from tideshift.events import WorkloadRef
+from tideshift.services.cluster.port import TargetRef
 
 # The group a kind belongs to when nothing else is said (kubectl's own defaults for these).
 DEFAULT_GROUP: dict[str, str] = {

@@ -17,9 +17,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from services.cluster.adapters.http import MERGE_PATCH, JsonObject, KubeHttp
-from services.cluster.adapters.kinds import VOLCANO_JOB
-from services.cluster.port import ScaleState, TargetRef, UnsupportedTarget
+from tideshift.services.cluster.adapters.http import MERGE_PATCH, JsonObject, KubeHttp
+from tideshift.services.cluster.adapters.kinds import VOLCANO_JOB
+from tideshift.services.cluster.port import ScaleState, TargetRef, UnsupportedTarget
 
 log = logging.getLogger("tideshift.cluster.adapters")
 

@@ -1,7 +1,12 @@
 """Forecasting models: decide expected demand and its quantiles. No I/O, clocks or asyncio."""
 
-from services.predictor.models.base import QUANTILE_LEVELS, Forecast, Forecaster
-from services.predictor.models.registry import DEFAULT_MODEL, MODELS, build_model, model_names
+from tideshift.services.predictor.models.base import QUANTILE_LEVELS, Forecast, Forecaster
+from tideshift.services.predictor.models.registry import (
+    DEFAULT_MODEL,
+    MODELS,
+    build_model,
+    model_names,
+)
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.predictor.models.base import (
+from tideshift.services.predictor.models.base import (
     QUANTILE_LEVELS,
     SECONDS_PER_DAY,
     SECONDS_PER_WEEK,

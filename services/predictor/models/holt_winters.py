@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy.stats import norm
 from statsmodels.tsa.holtwinters import ExponentialSmoothing
 
-from services.predictor.models.base import (
+from tideshift.services.predictor.models.base import (
     QUANTILE_LEVELS,
     SECONDS_PER_DAY,
     FloatArray,

@@ -11,11 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from services.predictor.models.base import Forecaster
-from services.predictor.models.fft import FftConfig, FftForecaster
-from services.predictor.models.holt_winters import HoltWinters, HoltWintersConfig
-from services.predictor.models.seasonal_naive import SeasonalNaive, SeasonalNaiveConfig
-from services.predictor.models.tidal import Tidal, TidalConfig
+from tideshift.services.predictor.models.base import Forecaster
+from tideshift.services.predictor.models.fft import FftConfig, FftForecaster
+from tideshift.services.predictor.models.holt_winters import HoltWinters, HoltWintersConfig
+from tideshift.services.predictor.models.seasonal_naive import SeasonalNaive, SeasonalNaiveConfig
+from tideshift.services.predictor.models.tidal import Tidal, TidalConfig
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict, Field
 from scipy.signal import lfilter
 
-from services.predictor.models.base import (
+from tideshift.services.predictor.models.base import (
     QUANTILE_LEVELS,
     SECONDS_PER_DAY,
     SECONDS_PER_WEEK,

@@ -12,8 +12,8 @@ import aiomqtt
 import pytest
 from prometheus_client import REGISTRY
 
-import events
-from services.common.bus import (
+from tideshift import events
+from tideshift.services.common.bus import (
     DEAD_LETTER_STREAM,
     SCALE_STREAM,
     TRAINING_TASK_STREAM,
@@ -21,7 +21,7 @@ from services.common.bus import (
     KVConflict,
     RequestFailed,
 )
-from services.common.embedded_nats import EmbeddedNats
+from tideshift.services.common.embedded_nats import EmbeddedNats
 
 T = TypeVar("T")
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

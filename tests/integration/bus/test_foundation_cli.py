@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-import events
-from services.common.bus import Bus
-from services.common.embedded_nats import EmbeddedNats
-from services.common.ports import free_port
+from tideshift import events
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.common.ports import free_port
 
-TIDESHIFT = [sys.executable, "-m", "services.cli"]
+TIDESHIFT = [sys.executable, "-m", "tideshift.services.cli"]
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -154,8 +154,8 @@ def test_events_tail_says_what_to_do_when_nats_is_down() -> None:
 SERVICE = textwrap.dedent(
     """
     import sys
-    from services.common.runtime import ServiceContext, run_service
-    from services.common.settings import ServiceSettings, parse_settings
+    from tideshift.services.common.runtime import ServiceContext, run_service
+    from tideshift.services.common.settings import ServiceSettings, parse_settings
 
     async def body(context: ServiceContext) -> None:
         context.ready.set()

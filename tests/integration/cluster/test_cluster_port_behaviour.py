@@ -15,8 +15,15 @@ from typing import Any, Protocol
 
 import pytest
 
-from services.cluster.port import ClusterChange, ClusterPort, Node, Pod, Resources, TargetRef
-from services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
+from tideshift.services.cluster.port import (
+    ClusterChange,
+    ClusterPort,
+    Node,
+    Pod,
+    Resources,
+    TargetRef,
+)
+from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
 
 WAIT = 60.0
 
@@ -69,8 +76,8 @@ class SimHarness:
 
 class KubernetesHarness:
     def __init__(self, k8s_cluster: Any, namespace: str) -> None:
-        from services.cluster.adapters.http import KubeHttp
-        from services.cluster.kubernetes import KubernetesClusterPort
+        from tideshift.services.cluster.adapters.http import KubeHttp
+        from tideshift.services.cluster.kubernetes import KubernetesClusterPort
 
         self.k8s = k8s_cluster
         self.namespace = namespace
@@ -82,7 +89,7 @@ class KubernetesHarness:
         self.nodes: set[str] = set()
 
     async def add_node(self, name: str, cpu: float) -> None:
-        from services.devcluster.cluster import NodeSpec
+        from tideshift.services.devcluster.cluster import NodeSpec
 
         spec = NodeSpec(name=name, cpu=str(int(cpu)), memory="64Gi")
         self.nodes.add(name)

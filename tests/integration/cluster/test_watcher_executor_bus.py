@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from events import (
+from tideshift.events import (
     POD_CHANGED,
     SCALE_COMMAND,
     SCALE_RESULT,
@@ -24,14 +24,14 @@ from events import (
     ScaleResult,
     WorkloadRef,
 )
-from services.cluster.port import Node, Resources, TargetRef
-from services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
-from services.common.bus import Bus
-from services.executor.executor import Executor, RecordStore
-from services.executor.scale_cli import scale
-from services.executor.service import consume
-from services.watcher.snapshot import pod_key
-from services.watcher.watcher import Watcher
+from tideshift.services.cluster.port import Node, Resources, TargetRef
+from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
+from tideshift.services.common.bus import Bus
+from tideshift.services.executor.executor import Executor, RecordStore
+from tideshift.services.executor.scale_cli import scale
+from tideshift.services.executor.service import consume
+from tideshift.services.watcher.snapshot import pod_key
+from tideshift.services.watcher.watcher import Watcher
 
 WAIT = 20.0
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

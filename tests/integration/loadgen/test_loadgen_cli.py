@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+ENV = dict(os.environ)
 
 
 def _free_port() -> int:
@@ -31,7 +31,7 @@ def sample_app() -> Iterator[int]:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "tideshift.services.cli",
             "serve-sample",
             "--port",
             str(port),
@@ -70,7 +70,7 @@ def test_trace_replay_through_the_cli(sample_app: int, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "tideshift.services.cli",
             "loadgen",
             "--target",
             f"http://127.0.0.1:{sample_app}/",
@@ -109,7 +109,7 @@ def test_cli_reports_a_bad_trace_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "tideshift.services.cli",
             "loadgen",
             "--target",
             "http://127.0.0.1:9/",

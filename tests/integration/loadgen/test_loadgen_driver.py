@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from loadgen.driver import DriverConfig, drive
-from loadgen.profiles import ConstantProfile, DiurnalProfile
-from loadgen.sample_app import SampleAppConfig, start_sample_app
+from tideshift.loadgen.driver import DriverConfig, drive
+from tideshift.loadgen.profiles import ConstantProfile, DiurnalProfile
+from tideshift.loadgen.sample_app import SampleAppConfig, start_sample_app
 
 
 @pytest.fixture

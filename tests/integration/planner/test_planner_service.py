@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from events import (
+from tideshift.events import (
     FORECAST,
     NODE_CHANGED,
     PLAN_DECIDED,
@@ -28,8 +28,13 @@ from events import (
     ScaleCommand,
     WorkloadRef,
 )
-from services.common.bus import Bus
-from services.planner.service import Planner, PlannerSettings, ServingTarget, TrainingTarget
+from tideshift.services.common.bus import Bus
+from tideshift.services.planner.service import (
+    Planner,
+    PlannerSettings,
+    ServingTarget,
+    TrainingTarget,
+)
 
 GIB = 2**30
 

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from events.models import ForecastIssued
-from events.subjects import FORECAST
-from services.common.bus import Bus
-from services.common.runtime import ServiceContext
-from services.predictor.service import PredictorSettings, run
 from tests.fixtures.prometheus import PrometheusServer, RateExporter
+from tideshift.events.models import ForecastIssued
+from tideshift.events.subjects import FORECAST
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.runtime import ServiceContext
+from tideshift.services.predictor.service import PredictorSettings, run
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(420)]
 

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-import events
+from tideshift import events
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "reactions"
 AT = datetime(2026, 3, 1, 22, 0, tzinfo=UTC)

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-import events
-from services.common.bus import Bus
-from services.common.embedded_nats import EmbeddedNats
+from tideshift import events
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.embedded_nats import EmbeddedNats
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples" / "reactions"
 # The scripts import `events` as an installed package would be; point at this checkout so a
 # stale editable install cannot shadow it.
-SCRIPT_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+SCRIPT_ENV = dict(os.environ)
 AT = datetime(2026, 3, 1, 7, 30, tzinfo=UTC)
 WAIT = 20.0
 

@@ -16,21 +16,21 @@ import numpy as np
 import pytest
 from trainer_harness import JobHarness, wait_until
 
-from events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask
-from services.common.bus import Bus, RequestFailed
-from services.common.embedded_nats import EmbeddedNats
-from services.trainer.busport import pserver_subject
-from services.trainer.jobs import read_spec
-from services.trainer.jobspec import JobSpec
-from services.trainer.model import (
+from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask
+from tideshift.services.common.bus import Bus, RequestFailed
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.trainer.busport import pserver_subject
+from tideshift.services.trainer.jobs import read_spec
+from tideshift.services.trainer.jobspec import JobSpec
+from tideshift.services.trainer.model import (
     DatasetSpec,
     generate_holdout,
     ground_truth,
     log_loss,
     train_serially,
 )
-from services.trainer.pserver_client import PServerClient
-from services.trainer.wire import pack, unpack
+from tideshift.services.trainer.pserver_client import PServerClient
+from tideshift.services.trainer.wire import pack, unpack
 
 pytestmark = pytest.mark.timeout(420)
 

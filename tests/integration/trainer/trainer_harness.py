@@ -40,7 +40,7 @@ class ServiceProcess:
         self.starts += 1
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "run", *self.args],
+                [sys.executable, "-m", "tideshift.services.cli", "run", *self.args],
                 cwd=REPO,
                 env=self.env,
                 stdout=out,
@@ -112,7 +112,6 @@ class JobHarness:
                 "TIDESHIFT_NATS_URL": self.nats_url,
                 "TIDESHIFT_HEALTH_PORT": "-1",
                 "TIDESHIFT_LOG_LEVEL": "INFO",
-                "PYTHONPATH": str(REPO),
             }
         )
         return env

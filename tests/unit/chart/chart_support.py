@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from services.devcluster.versions import BUILD_HINT, HELM_VERSION, default_bin_dir, stale_binaries
+from tideshift.services.devcluster.versions import (
+    BUILD_HINT,
+    HELM_VERSION,
+    default_bin_dir,
+    stale_binaries,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "tideshift"

@@ -11,7 +11,6 @@ import pytest
 import yaml
 from pydantic import TypeAdapter
 
-from services.common.settings import ServiceSettings
 from tests.unit.chart.chart_support import (
     CHART,
     SERVICES,
@@ -21,6 +20,7 @@ from tests.unit.chart.chart_support import (
     load_schema_builder,
     render,
 )
+from tideshift.services.common.settings import ServiceSettings
 
 BUILDER = load_schema_builder()
 VALUES: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from services.cluster.port import ClusterChange, ClusterPort, Node, Resources, TargetRef
-from services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
+from tideshift.services.cluster.port import ClusterChange, ClusterPort, Node, Resources, TargetRef
+from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
 
 GIB = 2**30
 WEB = TargetRef("prod", "Deployment", "web")

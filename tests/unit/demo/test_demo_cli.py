@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.demo.cli import main
+from tideshift.services.demo.cli import main
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_flags_are_validated(
 def test_real_cluster_mode_without_binaries_says_how_to_build_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from services.demo import kubedemo
+    from tideshift.services.demo import kubedemo
 
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no dev cluster state

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.settings import parse_settings
-from services.demo import pipeline
-from services.demo.world import JobShape, ServingShape, WorldShape
-from services.planner import service as planner_service
-from services.predictor.service import PredictorSettings
+from tideshift.services.common.settings import parse_settings
+from tideshift.services.demo import pipeline
+from tideshift.services.demo.world import JobShape, ServingShape, WorldShape
+from tideshift.services.planner import service as planner_service
+from tideshift.services.predictor.service import PredictorSettings
 
 
 def test_planner_targets_describe_the_world() -> None:

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import events
-from events.asyncapi import asyncapi_document
-from events.codec import EVENT_MODELS
+from tideshift import events
+from tideshift.events.asyncapi import asyncapi_document
+from tideshift.events.codec import EVENT_MODELS
 
 # Valid Kubernetes names: DNS-1123 subdomains (lower-case alphanumerics, '-' and '.').
 label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)

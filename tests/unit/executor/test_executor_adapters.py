@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from events import WorkloadRef
-from services.cluster.adapters.kinds import (
+from tideshift.events import WorkloadRef
+from tideshift.services.cluster.adapters.kinds import (
     VOLCANO_JOB,
     normalise_kind,
     qualified_kind,
@@ -15,7 +15,7 @@ from services.cluster.adapters.kinds import (
     to_target,
     to_workload_ref,
 )
-from services.cluster.adapters.targets import (
+from tideshift.services.cluster.adapters.targets import (
     BatchJobAdapter,
     DeploymentAdapter,
     PyTorchJobAdapter,
@@ -23,7 +23,7 @@ from services.cluster.adapters.targets import (
     annotation_bounds,
     default_adapters,
 )
-from services.cluster.port import TargetRef, UnsupportedTarget
+from tideshift.services.cluster.port import TargetRef, UnsupportedTarget
 
 
 def meta(**annotations: str) -> dict[str, Any]:

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.cluster.port import ScaleState, TargetRef
-from services.executor.decision import AppliedRecord, decide, screen
+from tideshift.services.cluster.port import ScaleState, TargetRef
+from tideshift.services.executor.decision import AppliedRecord, decide, screen
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 TARGET = TargetRef("ns", "Deployment", "web")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.profiles import (
+from tideshift.loadgen.profiles import (
     ConstantProfile,
     DiurnalProfile,
     Surge,

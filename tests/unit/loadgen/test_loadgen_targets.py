@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.cli import main
-from loadgen.driver import TargetRefused, check_target, in_cluster_names
+from tideshift.loadgen.cli import main
+from tideshift.loadgen.driver import TargetRefused, check_target, in_cluster_names
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.traces import TraceError, parse_trace, read_trace
+from tideshift.loadgen.traces import TraceError, parse_trace, read_trace
 
 SHARED_TRACES = Path("/work/shared/traces")
 

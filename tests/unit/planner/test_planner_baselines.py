@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.planner.baselines import (
+from tideshift.services.planner.baselines import (
     POLICIES,
     EdlPolicy,
     HpaPolicy,
     StaticPolicy,
     make_policy,
 )
-from services.planner.policy import (
+from tideshift.services.planner.policy import (
     ClusterView,
     NodeSpec,
     PlanInputs,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.planner.inputs import ClusterTable
-from services.planner.policy import ClusterView, NodeSpec, PodSpec, Target
+from tideshift.services.planner.inputs import ClusterTable
+from tideshift.services.planner.policy import ClusterView, NodeSpec, PodSpec, Target
 
 
 def test_incremental_table_matches_a_full_rebuild() -> None:

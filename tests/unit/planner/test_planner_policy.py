@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from services.planner.policy import (
+from tideshift.services.planner.policy import (
     ClusterView,
     Forecast,
     NodeSpec,

@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.traces import TraceError
-from services.predictor.backtest import main
-from services.predictor.evaluation import (
+from tideshift.loadgen.traces import TraceError
+from tideshift.services.predictor.backtest import main
+from tideshift.services.predictor.evaluation import (
     parse_duration,
     parse_trace,
     plan_backtest,
     run_backtest,
     score,
 )
-from services.predictor.models import DEFAULT_MODEL, build_model
+from tideshift.services.predictor.models import DEFAULT_MODEL, build_model
 
 TRACES_DIR = Path(
     os.environ.get(

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from services.predictor.models import DEFAULT_MODEL, MODELS, QUANTILE_LEVELS, build_model
-from services.predictor.models.base import (
+from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS, QUANTILE_LEVELS, build_model
+from tideshift.services.predictor.models.base import (
     autocorrelation,
     detect_periods,
     dominant_fft_periods,
     regularize,
 )
-from services.predictor.models.tidal import Tidal
+from tideshift.services.predictor.models.tidal import Tidal
 
 STEP_S = 300.0  # 5-minute grid: 288 steps a day
 DAY = 288

@@ -9,8 +9,17 @@ import math
 import numpy as np
 import pytest
 
-from services.predictor.service import PredictorSettings, WorkloadForecaster, WorkloadQuery
-from services.predictor.sources import MetricSourceError, Samples, SimMetricSource, parse_matrix
+from tideshift.services.predictor.service import (
+    PredictorSettings,
+    WorkloadForecaster,
+    WorkloadQuery,
+)
+from tideshift.services.predictor.sources import (
+    MetricSourceError,
+    Samples,
+    SimMetricSource,
+    parse_matrix,
+)
 
 START = 1_699_999_980.0  # a multiple of 60: steps land on whole minutes
 
@@ -184,7 +193,7 @@ def test_settings_reject_unknown_models_and_bad_workloads() -> None:
 
 
 def test_main_reports_a_bad_flag(capsys) -> None:
-    from services.predictor.service import main
+    from tideshift.services.predictor.service import main
 
     with pytest.raises(SystemExit) as caught:
         main(["--workloads", "not json"])

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.trainer import coordinator, pserver, worker
-from services.trainer.dataset import ensure_dataset, holdout_path, load_shard, shard_path
-from services.trainer.jobspec import JobSpec
-from services.trainer.model import DatasetSpec, InvalidShard, generate_shard
+from tideshift.services.trainer import coordinator, pserver, worker
+from tideshift.services.trainer.dataset import ensure_dataset, holdout_path, load_shard, shard_path
+from tideshift.services.trainer.jobspec import JobSpec
+from tideshift.services.trainer.model import DatasetSpec, InvalidShard, generate_shard
 
 SPEC = DatasetSpec(seed=1, num_shards=3, samples_per_shard=100, holdout_samples=50)
 

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from services.trainer.model import (
+from tideshift.services.trainer.model import (
     DatasetSpec,
     GradientRejected,
     InvalidShard,

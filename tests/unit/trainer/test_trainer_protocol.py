@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
-from services.trainer.model import KeyRange, initial_state
-from services.trainer.protocol import (
+from tideshift.services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
+from tideshift.services.trainer.model import KeyRange, initial_state
+from tideshift.services.trainer.protocol import (
     CoordinatorState,
     GradientPush,
     Observation,
@@ -24,7 +24,7 @@ from services.trainer.protocol import (
     resume_coordinator,
     step,
 )
-from services.trainer.wire import WireError, pack, unpack
+from tideshift.services.trainer.wire import WireError, pack, unpack
 
 
 def keys(epoch: int, shards: range | list[int]) -> frozenset[tuple[int, int]]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.cluster.kubernetes import (
+from tideshift.services.cluster.kubernetes import (
     Informer,
     WatchTuning,
     diff,
@@ -18,8 +18,8 @@ from services.cluster.kubernetes import (
     pod_requests,
     role_of,
 )
-from services.cluster.port import Node, Pod, Resources, TargetRef
-from services.watcher.snapshot import node_key, pod_event, pod_key, same_state
+from tideshift.services.cluster.port import Node, Pod, Resources, TargetRef
+from tideshift.services.watcher.snapshot import node_key, pod_event, pod_key, same_state
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
