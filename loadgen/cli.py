@@ -15,7 +15,7 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tideshift.loadgen.driver import (
@@ -147,6 +147,27 @@ def progress_line(stats: LoadStats, profile_time_s: float) -> str:
 def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
+    _check_arguments(parser, args)
+    try:
+        profile = build_profile(args)
+    except TraceError as error:
+        print(f"tideshift loadgen: --trace: {error}", file=sys.stderr)
+        return 2
+    except ValueError as error:
+        parser.error(str(error))
+    tty = sys.stderr.isatty()
+    show = _ProgressLine(tty=tty, quiet=args.quiet)
+    stats = asyncio.run(
+        _drive_until_signalled(
+            profile, driver_config(args), show=show, progress_every_s=1.0 if tty else 5.0
+        )
+    )
+    show.finish()
+    return _emit_report(stats, args.report)
+
+
+def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit through `parser.error` on an out-of-range flag or a refused target."""
     checks = [
         (args.duration > 0, "--duration: expected seconds > 0"),
         (args.speed > 0, "--speed: expected > 0"),
@@ -164,14 +185,10 @@ def main(argv: Sequence[str]) -> int:
         check_target(args.target, allowed_hosts=allowed)
     except TargetRefused as error:
         parser.error(str(error))
-    try:
-        profile = build_profile(args)
-    except TraceError as error:
-        print(f"tideshift loadgen: --trace: {error}", file=sys.stderr)
-        return 2
-    except ValueError as error:
-        parser.error(str(error))
-    config = DriverConfig(
+
+
+def driver_config(args: argparse.Namespace) -> DriverConfig:
+    return DriverConfig(
         target=args.target,
         duration_s=args.duration,
         max_in_flight=args.max_in_flight,
@@ -180,39 +197,58 @@ def main(argv: Sequence[str]) -> int:
         profile_start_s=args.start_hour * 3600,
         seed=args.seed,
     )
-    tty = sys.stderr.isatty()
 
-    def show(stats: LoadStats, profile_time_s: float) -> None:
-        if args.quiet:
+
+class _ProgressLine:
+    """The progress line on stderr: redrawn in place on a terminal, one line per tick if not."""
+
+    def __init__(self, *, tty: bool, quiet: bool) -> None:
+        self._tty = tty
+        self._quiet = quiet
+
+    def __call__(self, stats: LoadStats, profile_time_s: float) -> None:
+        if self._quiet:
             return
         line = progress_line(stats, profile_time_s)
-        print(("\r" + line + "\x1b[K") if tty else line, end="" if tty else "\n", file=sys.stderr)
+        if self._tty:
+            print("\r" + line + "\x1b[K", end="", file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
         sys.stderr.flush()
 
-    async def run() -> LoadStats:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        return await drive(
-            profile,
-            config,
-            on_progress=show,
-            progress_every_s=1.0 if tty else 5.0,
-            stop=stop,
-        )
+    def finish(self) -> None:
+        """End the redrawn line so what follows starts on its own line."""
+        if self._tty and not self._quiet:
+            print(file=sys.stderr)
 
-    stats = asyncio.run(run())
-    if tty and not args.quiet:
-        print(file=sys.stderr)
+
+async def _drive_until_signalled(
+    profile: RateProfile,
+    config: DriverConfig,
+    *,
+    show: Callable[[LoadStats, float], None],
+    progress_every_s: float,
+) -> LoadStats:
+    """Drive the load; SIGTERM or SIGINT ends it early with the report still written."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return await drive(
+        profile, config, on_progress=show, progress_every_s=progress_every_s, stop=stop
+    )
+
+
+def _emit_report(stats: LoadStats, path: Path | None) -> int:
+    """The JSON report to `path`, or stdout (also when `path` cannot be written: exit 1)."""
     report = json.dumps(stats.summary(), indent=2)
-    if args.report is not None:
-        try:
-            args.report.write_text(report + "\n")
-        except OSError as error:
-            print(f"tideshift loadgen: cannot write --report: {error.strerror}", file=sys.stderr)
-            print(report)
-            return 1
-    else:
+    if path is None:
         print(report)
+        return 0
+    try:
+        path.write_text(report + "\n")
+    except OSError as error:
+        print(f"tideshift loadgen: cannot write --report: {error.strerror}", file=sys.stderr)
+        print(report)
+        return 1
     return 0

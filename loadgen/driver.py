@@ -87,6 +87,10 @@ class LoadStats:
     def offered(self) -> int:
         return self.sent + self.dropped
 
+    def count_failure(self, kind: str) -> None:
+        self.failed += 1
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+
     def percentile(self, fraction: float) -> float | None:
         if not self.latencies_s:
             return None
@@ -145,97 +149,123 @@ async def drive(
     exponential with the current rate (a piecewise-constant Poisson process, exact while the
     rate is steady over a gap). `on_progress(stats, profile_time)` is called periodically.
     """
-    loop = asyncio.get_running_loop()
-    randomness = random.Random(config.seed)
-    stats = LoadStats()
-    tasks: set[asyncio.Task[None]] = set()
     connector = aiohttp.TCPConnector(limit=config.max_in_flight, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=config.timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        run = _OpenLoopRun(profile, config, session)
+        await run.until_done(on_progress, progress_every_s, stop)
+        await run.settle_outstanding()
+    return run.stats
 
-    async def one_request(session: aiohttp.ClientSession) -> None:
-        started = loop.time()
-        try:
-            async with session.request(config.method, config.target) as response:
-                await response.read()
-                if 200 <= response.status < 300:
-                    stats.succeeded += 1
-                    stats.latencies_s.append(loop.time() - started)
-                else:
-                    stats.failed += 1
-                    key = str(response.status)
-                    stats.failures[key] = stats.failures.get(key, 0) + 1
-        except TimeoutError:
-            stats.failed += 1
-            stats.failures["timeout"] = stats.failures.get("timeout", 0) + 1
-        except aiohttp.ClientError as error:
-            stats.failed += 1
-            key = type(error).__name__
-            stats.failures[key] = stats.failures.get(key, 0) + 1
-        except asyncio.CancelledError:
-            stats.failed += 1
-            stats.failures["unfinished"] = stats.failures.get("unfinished", 0) + 1
-            raise
-        finally:
-            stats.in_flight -= 1
 
-    def profile_time(elapsed: float) -> float:
-        return config.profile_start_s + config.speed * elapsed
+class _OpenLoopRun:
+    """One run of the driver: the arrival schedule, the requests in flight and their stats."""
 
-    def wall_rate(elapsed: float) -> float:
+    def __init__(
+        self, profile: RateProfile, config: DriverConfig, session: aiohttp.ClientSession
+    ) -> None:
+        self._profile = profile
+        self._config = config
+        self._session = session
+        self._loop = asyncio.get_running_loop()
+        self._randomness = random.Random(config.seed)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = self._loop.time()
+        self._next_arrival = 0.0  # wall seconds since start
+        self._last_expected_at = 0.0
+        self.stats = LoadStats()
+
+    def profile_time(self, elapsed: float) -> float:
+        return self._config.profile_start_s + self._config.speed * elapsed
+
+    def wall_rate(self, elapsed: float) -> float:
         # rate(t) is per profile second of traffic shape but per wall second of requests: the
         # speed compresses the day, not the request rate (amplitude does that).
-        return max(0.0, profile.rate(profile_time(elapsed)))
+        return max(0.0, self._profile.rate(self.profile_time(elapsed)))
 
-    started = loop.time()
-    next_progress = progress_every_s
-    last_expected_at = 0.0
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        next_arrival = 0.0  # wall seconds since start
+    async def until_done(
+        self,
+        on_progress: Callable[[LoadStats, float], None] | None,
+        progress_every_s: float,
+        stop: asyncio.Event | None,
+    ) -> None:
+        """Fire arrivals as they fall due until the duration is over or `stop` is set."""
+        duration = self._config.duration_s
+        next_progress = progress_every_s
         while True:
-            elapsed = loop.time() - started
-            if elapsed >= config.duration_s or (stop is not None and stop.is_set()):
+            elapsed = self._loop.time() - self._started
+            if elapsed >= duration or (stop is not None and stop.is_set()):
                 break
-            # Fire every arrival that is due (catch up in a burst if the loop fell behind).
-            while next_arrival <= elapsed and next_arrival < config.duration_s:
-                if stats.in_flight >= config.max_in_flight:
-                    stats.dropped += 1
-                else:
-                    stats.sent += 1
-                    stats.in_flight += 1
-                    task = asyncio.create_task(one_request(session))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                rate = wall_rate(next_arrival)
-                if rate <= 0:
-                    next_arrival += IDLE_POLL_S
-                    while next_arrival < config.duration_s and wall_rate(next_arrival) <= 0:
-                        next_arrival += IDLE_POLL_S
-                    # A fresh exponential gap from the moment the rate turns positive.
-                    rate = wall_rate(next_arrival)
-                    if rate > 0:
-                        next_arrival += randomness.expovariate(rate)
-                else:
-                    next_arrival += randomness.expovariate(rate)
-            # Integrate the target rate as we go (midpoint of each slice).
-            midpoint = (last_expected_at + elapsed) / 2
-            stats.expected += wall_rate(midpoint) * (elapsed - last_expected_at)
-            last_expected_at = elapsed
-            stats.elapsed_s = elapsed
+            self._fire_due_arrivals(elapsed)
+            self._integrate_expected(elapsed)
             if on_progress is not None and elapsed >= next_progress:
                 next_progress += progress_every_s
-                on_progress(stats, profile_time(elapsed))
-            wake_in = min(next_arrival, config.duration_s, next_progress) - elapsed
+                on_progress(self.stats, self.profile_time(elapsed))
+            wake_in = min(self._next_arrival, duration, next_progress) - elapsed
             await asyncio.sleep(max(0.0, wake_in))
-        end = min(loop.time() - started, config.duration_s)
-        midpoint = (last_expected_at + end) / 2
-        stats.expected += wall_rate(midpoint) * max(0.0, end - last_expected_at)
-        stats.elapsed_s = end
-        # Outstanding requests finish (or time out) so every sent request is accounted for.
+        self._integrate_expected(min(self._loop.time() - self._started, duration))
+
+    def _fire_due_arrivals(self, elapsed: float) -> None:
+        """Every arrival that is due (a catch-up burst if the loop fell behind)."""
+        while self._next_arrival <= elapsed and self._next_arrival < self._config.duration_s:
+            if self.stats.in_flight >= self._config.max_in_flight:
+                self.stats.dropped += 1
+            else:
+                self.stats.sent += 1
+                self.stats.in_flight += 1
+                task = asyncio.create_task(self._one_request())
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            self._next_arrival = self._arrival_after(self._next_arrival)
+
+    def _arrival_after(self, arrival: float) -> float:
+        rate = self.wall_rate(arrival)
+        if rate > 0:
+            return arrival + self._randomness.expovariate(rate)
+        arrival += IDLE_POLL_S
+        while arrival < self._config.duration_s and self.wall_rate(arrival) <= 0:
+            arrival += IDLE_POLL_S
+        # A fresh exponential gap from the moment the rate turns positive.
+        rate = self.wall_rate(arrival)
+        if rate > 0:
+            arrival += self._randomness.expovariate(rate)
+        return arrival
+
+    def _integrate_expected(self, elapsed: float) -> None:
+        """Integrate the target rate up to `elapsed` (midpoint of each slice)."""
+        midpoint = (self._last_expected_at + elapsed) / 2
+        self.stats.expected += self.wall_rate(midpoint) * max(0.0, elapsed - self._last_expected_at)
+        self._last_expected_at = elapsed
+        self.stats.elapsed_s = elapsed
+
+    async def settle_outstanding(self) -> None:
+        """Outstanding requests finish (or time out) so every sent request is accounted for."""
+        tasks = self._tasks
         if tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait(set(tasks), timeout=config.timeout_s + 1.0)
+                await asyncio.wait(set(tasks), timeout=self._config.timeout_s + 1.0)
         for task in list(tasks):
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-    return stats
+
+    async def _one_request(self) -> None:
+        stats = self.stats
+        started = self._loop.time()
+        try:
+            async with self._session.request(self._config.method, self._config.target) as response:
+                await response.read()
+                if 200 <= response.status < 300:
+                    stats.succeeded += 1
+                    stats.latencies_s.append(self._loop.time() - started)
+                else:
+                    stats.count_failure(str(response.status))
+        except TimeoutError:
+            stats.count_failure("timeout")
+        except aiohttp.ClientError as error:
+            stats.count_failure(type(error).__name__)
+        except asyncio.CancelledError:
+            stats.count_failure("unfinished")
+            raise
+        finally:
+            stats.in_flight -= 1

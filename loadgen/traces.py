@@ -34,45 +34,22 @@ class Trace:
 
 def parse_trace(lines: Iterable[str], source: str) -> Trace:
     """Parse CSV text lines; `source` names the input in errors."""
-
-    def fail(line: int, message: str) -> TraceError:
-        return TraceError(f"{source} line {line}: {message}", line=line)
-
     reader = csv.reader(line.lstrip("\ufeff") for line in lines)
     header = next(reader, None)
     if header is None or [cell.strip() for cell in header] != HEADER:
-        raise fail(1, "expected the header 'timestamp_s,requests'")
+        raise _line_error(source, 1, "expected the header 'timestamp_s,requests'")
     timestamps: list[float] = []
     counts: list[float] = []
     interval = 0.0
     for line_number, row in enumerate(reader, start=2):
         if not row or all(not cell.strip() for cell in row):
             continue
-        if len(row) != 2:
-            raise fail(line_number, f"expected 2 fields (timestamp_s,requests), got {len(row)}")
         try:
-            timestamp, count = float(row[0]), float(row[1])
-        except ValueError:
-            raise fail(line_number, f"expected two numbers, got {','.join(row)!r}") from None
-        if not math.isfinite(timestamp):
-            raise fail(line_number, "timestamp_s must be a finite number")
-        if not (math.isfinite(count) and count >= 0):
-            raise fail(line_number, f"requests must be a finite count >= 0, got {row[1].strip()!r}")
-        if timestamps:
-            step = timestamp - timestamps[-1]
-            if step <= 0:
-                raise fail(
-                    line_number,
-                    f"timestamp_s must increase ({timestamp:g} after {timestamps[-1]:g})",
-                )
-            if not interval:
-                interval = step
-            elif not math.isclose(step, interval, rel_tol=1e-9, abs_tol=1e-6):
-                raise fail(
-                    line_number,
-                    f"irregular step: {step:g} s after the previous row, expected {interval:g} s "
-                    "(the grid must be regular with no missing rows)",
-                )
+            timestamp, count = _parse_row(row)
+            if timestamps:
+                interval = _checked_step(timestamps[-1], timestamp, interval)
+        except ValueError as error:
+            raise _line_error(source, line_number, str(error)) from None
         timestamps.append(timestamp)
         counts.append(count)
     if len(timestamps) < 2:
@@ -81,6 +58,40 @@ def parse_trace(lines: Iterable[str], source: str) -> Trace:
             line=len(timestamps) + 2,
         )
     return Trace(tuple(timestamps), tuple(counts), interval)
+
+
+def _line_error(source: str, line: int, message: str) -> TraceError:
+    return TraceError(f"{source} line {line}: {message}", line=line)
+
+
+def _parse_row(row: list[str]) -> tuple[float, float]:
+    """(timestamp, count) of one data row; ValueError saying what was expected."""
+    if len(row) != 2:
+        raise ValueError(f"expected 2 fields (timestamp_s,requests), got {len(row)}")
+    try:
+        timestamp, count = float(row[0]), float(row[1])
+    except ValueError:
+        raise ValueError(f"expected two numbers, got {','.join(row)!r}") from None
+    if not math.isfinite(timestamp):
+        raise ValueError("timestamp_s must be a finite number")
+    if not (math.isfinite(count) and count >= 0):
+        raise ValueError(f"requests must be a finite count >= 0, got {row[1].strip()!r}")
+    return timestamp, count
+
+
+def _checked_step(previous: float, timestamp: float, interval: float) -> float:
+    """The grid step after a row at `timestamp`; 0 `interval` means not yet known."""
+    step = timestamp - previous
+    if step <= 0:
+        raise ValueError(f"timestamp_s must increase ({timestamp:g} after {previous:g})")
+    if not interval:
+        return step
+    if not math.isclose(step, interval, rel_tol=1e-9, abs_tol=1e-6):
+        raise ValueError(
+            f"irregular step: {step:g} s after the previous row, expected {interval:g} s "
+            "(the grid must be regular with no missing rows)"
+        )
+    return interval
 
 
 def read_trace(path: Path) -> Trace:
