@@ -276,62 +276,100 @@ class Meter:
             cluster = SimFigures(cluster)
         if self.last is None:
             self.last = min(self.start, now)
-        dt = now - self.last
-        serving = self.shape.serving
-        ready = cluster.ready_count(serving.ref)
-        capacity = ready * serving.capacity_rps
         allocatable = cluster.allocatable_total()
         bound = cluster.bound_requests_total()
-        alloc = (allocatable.cpu, allocatable.memory, float(allocatable.gpu))
-        used = (bound.cpu, bound.memory, float(bound.gpu))
-        if dt > 0:
-            self.elapsed_s += dt
-            for i in range(3):
-                if alloc[i] > 0:
-                    self.util_seconds[i] += used[i] / alloc[i] * dt
-            self.demand_requests += demand_rps * dt
-            missing = max(0.0, demand_rps - capacity)
-            if missing > 1e-9:
-                self.shortfall_requests += missing * dt
-                first = math.floor((self.last - self.start) / 60)
-                last = math.floor((now - self.start - 1e-9) / 60)
-                self.shortfall_minutes.update(range(first, last + 1))
-            training_cpu = 0.0
-            for job in self.shape.jobs:
-                training_cpu += (
-                    cluster.bound_count(job.ref) * job.trainer_cpu
-                    + cluster.bound_companions(job.ref) * job.pserver_cpu
-                )
-                trainers = cluster.ready_count(job.ref)
-                meter = self.jobs.get(job.name)
-                if meter is None:  # first sight: the job's current trainer set is no restart
-                    meter = self.jobs[job.name] = _JobMeter(last_ready=trainers)
-                if trainers != meter.last_ready:
-                    # The change happened somewhere in [last, now): count it from the start.
-                    meter.paused_until = self.last + self.shape.restart_cost_s
-                    meter.last_ready = trainers
-                if cluster.job_running(job.ref):
-                    if meter.started_at is None:
-                        meter.started_at = self.last
-                    productive = now - max(self.last, meter.paused_until)
-                    if productive > 0:
-                        meter.work += trainers**self.shape.speedup_exponent * productive
-            serving_bound_cpu = cluster.bound_count(serving.ref) * serving.cpu
-            other_cpu = bound.cpu - training_cpu - serving_bound_cpu
-            spare = max(0.0, allocatable.cpu - serving.need(demand_rps) * serving.cpu - other_cpu)
-            self.spare_cpu_seconds += spare * dt
-            self.training_cpu_seconds += min(training_cpu, spare) * dt
+        ready = cluster.ready_count(self.shape.serving.ref)
+        capacity = ready * self.shape.serving.capacity_rps
+        if now > self.last:
+            dt = now - self.last
+            self._account_utilization(allocatable, bound, dt)
+            self._account_demand((self.last, now), demand_rps, capacity)
+            training_cpu = self._account_jobs((self.last, now), cluster)
+            self._account_spare(
+                dt,
+                cluster,
+                demand_rps=demand_rps,
+                training_cpu=training_cpu,
+                allocatable=allocatable,
+                bound=bound,
+            )
         self.last = now
         if now >= self._next_sample:
             self._next_sample = now + self.sample_every_s
-            series = self.series
-            series["t"].append(now - self.start)
-            series["demand"].append(demand_rps)
-            series["capacity"].append(capacity)
-            series["replicas"].append(ready)
-            series["util_cpu"].append(used[0] / alloc[0] if alloc[0] else 0.0)
+            self.series["t"].append(now - self.start)
+            self.series["demand"].append(demand_rps)
+            self.series["capacity"].append(capacity)
+            self.series["replicas"].append(ready)
+            self.series["util_cpu"].append(bound.cpu / allocatable.cpu if allocatable.cpu else 0.0)
             for job in self.shape.jobs:
-                series["trainers"].setdefault(job.name, []).append(cluster.ready_count(job.ref))
+                self.series["trainers"].setdefault(job.name, []).append(
+                    cluster.ready_count(job.ref)
+                )
+
+    def _account_utilization(self, allocatable: Resources, bound: Resources, dt: float) -> None:
+        self.elapsed_s += dt
+        alloc = (allocatable.cpu, allocatable.memory, float(allocatable.gpu))
+        used = (bound.cpu, bound.memory, float(bound.gpu))
+        for i in range(3):
+            if alloc[i] > 0:
+                self.util_seconds[i] += used[i] / alloc[i] * dt
+
+    def _account_demand(
+        self, interval: tuple[float, float], demand_rps: float, capacity: float
+    ) -> None:
+        """Demand served or not over the interval, and the run-minutes it touched short."""
+        begin, now = interval
+        dt = now - begin
+        self.demand_requests += demand_rps * dt
+        missing = max(0.0, demand_rps - capacity)
+        if missing > 1e-9:
+            self.shortfall_requests += missing * dt
+            first = math.floor((begin - self.start) / 60)
+            last = math.floor((now - self.start - 1e-9) / 60)
+            self.shortfall_minutes.update(range(first, last + 1))
+
+    def _account_jobs(self, interval: tuple[float, float], cluster: ClusterFigures) -> float:
+        """Each job's training work over the interval; returns the CPU its pods hold."""
+        begin, now = interval
+        training_cpu = 0.0
+        for job in self.shape.jobs:
+            training_cpu += (
+                cluster.bound_count(job.ref) * job.trainer_cpu
+                + cluster.bound_companions(job.ref) * job.pserver_cpu
+            )
+            trainers = cluster.ready_count(job.ref)
+            meter = self.jobs.get(job.name)
+            if meter is None:  # first sight: the job's current trainer set is no restart
+                meter = self.jobs[job.name] = _JobMeter(last_ready=trainers)
+            if trainers != meter.last_ready:
+                # The change happened somewhere in [begin, now): count it from the start.
+                meter.paused_until = begin + self.shape.restart_cost_s
+                meter.last_ready = trainers
+            if cluster.job_running(job.ref):
+                if meter.started_at is None:
+                    meter.started_at = begin
+                productive = now - max(begin, meter.paused_until)
+                if productive > 0:
+                    meter.work += trainers**self.shape.speedup_exponent * productive
+        return training_cpu
+
+    def _account_spare(
+        self,
+        dt: float,
+        cluster: ClusterFigures,
+        *,
+        demand_rps: float,
+        training_cpu: float,
+        allocatable: Resources,
+        bound: Resources,
+    ) -> None:
+        """Spare CPU (beyond serving's need and other pods) and the part training used."""
+        serving = self.shape.serving
+        serving_bound_cpu = cluster.bound_count(serving.ref) * serving.cpu
+        other_cpu = bound.cpu - training_cpu - serving_bound_cpu
+        spare = max(0.0, allocatable.cpu - serving.need(demand_rps) * serving.cpu - other_cpu)
+        self.spare_cpu_seconds += spare * dt
+        self.training_cpu_seconds += min(training_cpu, spare) * dt
 
     def utilization(self) -> dict[str, float]:
         names = ("cpu", "memory", "gpu")
