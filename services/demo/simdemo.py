@@ -134,135 +134,177 @@ async def run_sim_demo(
 ) -> tuple[DemoSummary, Meter, EventLog]:
     """Run the demo to the end; returns what it measured (outputs are written by the caller)."""
     started_wall = time.monotonic()
-    shape = config.world
-    nats = EmbeddedNats(port=config.nats_port)
-    await asyncio.to_thread(nats.start)
-    stopping = asyncio.Event()
-    tasks: list[asyncio.Task[None]] = []
-    buses: list[Bus] = []
-    fleet: TrainingFleet | None = None
-    event_log = EventLog(config.out / "events.jsonl")
+    run = _SimDemoRun(config, progress)
+    await asyncio.to_thread(run.nats.start)
     try:
-        # The world before the clock starts: serving sized for midnight, pods ready at t = 0.
-        warmup = max([shape.serving.startup_delay_s] + [j.startup_delay_s for j in shape.jobs])
-        clock = SimClock(config.speed, frozen=True)
-        cluster = build_cluster(
-            shape, now=clock.start - warmup - 1, initial_demand_rps=config.profile.rate(0.0)
-        )
-        cluster.step(clock.start - warmup - 1)
-        cluster.step(clock.start)
+        summary, meter = await run.measure_the_day()
+    finally:
+        await run.shut_down()
+    summary.wall_s = time.monotonic() - started_wall
+    run.add_training_figures(summary)
+    return summary, meter, run.event_log
 
+
+def _cluster_ready_at_start(
+    shape: WorldShape, *, start: float, initial_demand_rps: float
+) -> SimCluster:
+    """The world before the clock starts: serving sized for midnight, pods ready at `start`."""
+    warmup = max([shape.serving.startup_delay_s] + [j.startup_delay_s for j in shape.jobs])
+    cluster = build_cluster(shape, now=start - warmup - 1, initial_demand_rps=initial_demand_rps)
+    cluster.step(start - warmup - 1)
+    cluster.step(start)
+    return cluster
+
+
+class _SimDemoRun:
+    """One run of the sim demo: the embedded NATS, the services, the trainer fleet, the log."""
+
+    def __init__(self, config: SimDemoConfig, progress: Callable[[str], None]) -> None:
+        self.config = config
+        self.progress = progress
+        self.nats = EmbeddedNats(port=config.nats_port)
+        self.event_log = EventLog(config.out / "events.jsonl")
+        self.fleet: TrainingFleet | None = None
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._buses: list[Bus] = []
+
+    async def measure_the_day(self) -> tuple[DemoSummary, Meter]:
+        """Start everything with time frozen, then run the simulated hours and measure them."""
+        config, shape = self.config, self.config.world
+        clock = SimClock(config.speed, frozen=True)
+        cluster = _cluster_ready_at_start(
+            shape, start=clock.start, initial_demand_rps=config.profile.rate(0.0)
+        )
+        await self._start_event_log()
+        await self._start_services(cluster, clock)
+        if config.real_trainers:
+            await self._start_training(cluster)
+        clock.run()
+        meter = Meter(shape, start=clock.start, sample_every_s=max(60.0, config.hours * 3600 / 600))
+        end = clock.start + config.hours * 3600.0
+        await self._run_until(end, clock=clock, cluster=cluster, meter=meter)
+        counters = cluster.counters
+        churn = counters.pods_bound.get("training", 0) + counters.pods_stopped.get("training", 0)
+        return summarize(meter, end=end, trainer_churn=churn, wall_s=0.0), meter
+
+    async def _start_event_log(self) -> None:
         log_ready = asyncio.Event()
-        tasks.append(asyncio.create_task(event_log.follow(nats.url, log_ready)))
+        self._tasks.append(asyncio.create_task(self.event_log.follow(self.nats.url, log_ready)))
         await asyncio.wait_for(log_ready.wait(), 10)
 
-        async def connect(name: str) -> Bus:
-            bus = await Bus.connect(nats.url, name=f"demo-{name}")
-            await bus.ensure_streams()
-            buses.append(bus)
-            return bus
+    async def _connect(self, name: str) -> Bus:
+        bus = await Bus.connect(self.nats.url, name=f"demo-{name}")
+        await bus.ensure_streams()
+        self._buses.append(bus)
+        return bus
 
-        port = SimClusterPort(cluster)
+    async def _start_services(self, cluster: SimCluster, clock: SimClock) -> None:
+        config = self.config
         stages = await pipeline.start_services(
-            connect=connect,
-            port=port,
+            connect=self._connect,
+            port=SimClusterPort(cluster),
             clock=clock,
             profile=config.profile,
-            world=shape,
-            stopping=stopping,
+            world=config.world,
+            stopping=self._stopping,
             plan_interval_wall_s=config.plan_interval_wall_s,
             forecast_interval_wall_s=config.forecast_interval_wall_s,
         )
-        tasks.extend(stages.tasks)
+        self._tasks.extend(stages.tasks)
         await stages.wait_ready(timeout=60.0)
 
-        if config.real_trainers:
-            fleet = TrainingFleet(
-                nats_url=nats.url,
-                log_dir=config.out / "logs",
-                min_task_seconds=config.min_task_seconds,
-                data_dir=config.out / "data",
+    async def _start_training(self, cluster: SimCluster) -> None:
+        """Start a trainer process per ready trainer pod; wait (bounded) until every job trains."""
+        config = self.config
+        fleet = self.fleet = TrainingFleet(
+            nats_url=self.nats.url,
+            log_dir=config.out / "logs",
+            min_task_seconds=config.min_task_seconds,
+            data_dir=config.out / "data",
+        )
+        for job in config.world.jobs:
+            await fleet.start_job(job.name, pservers=job.pservers)
+        for job_name, pods in ready_trainer_pods(cluster, config.world).items():
+            await fleet.reconcile(job_name, pods)
+        # Time starts once every job trains (Python processes take seconds to start on a
+        # busy machine; a frozen clock keeps that out of the simulated day).
+        jobs = config.world.jobs
+        deadline = time.monotonic() + config.trainer_start_timeout_wall_s
+        while time.monotonic() < deadline:
+            running = sum(
+                1
+                for job in jobs
+                if self.event_log.job_progress.get(job.name, {}).get("applied_total", 0) > 0
             )
-            for job in shape.jobs:
-                await fleet.start_job(job.name, pservers=job.pservers)
-            for job_name, pods in ready_trainer_pods(cluster, shape).items():
-                await fleet.reconcile(job_name, pods)
-            # Time starts once every job trains (Python processes take seconds to start on a
-            # busy machine; a frozen clock keeps that out of the simulated day).
-            deadline = time.monotonic() + config.trainer_start_timeout_wall_s
-            while time.monotonic() < deadline:
-                running = sum(
-                    1
-                    for job in shape.jobs
-                    if event_log.job_progress.get(job.name, {}).get("applied_total", 0) > 0
-                )
-                progress(f"starting: {running}/{len(shape.jobs)} training jobs running")
-                if running == len(shape.jobs):
-                    break
-                fleet.reap()
-                if fleet.crashed:
-                    raise RuntimeError(
-                        f"a training process exited at start; see {config.out / 'logs'}"
-                    )
-                await asyncio.sleep(0.5)
+            self.progress(f"starting: {running}/{len(jobs)} training jobs running")
+            if running == len(jobs):
+                break
+            fleet.reap()
+            if fleet.crashed:
+                raise RuntimeError(f"a training process exited at start; see {config.out / 'logs'}")
+            await asyncio.sleep(0.5)
 
-        clock.run()
-        meter = Meter(shape, start=clock.start, sample_every_s=max(60.0, config.hours * 3600 / 600))
-        duration = config.hours * 3600.0
+    async def _run_until(
+        self, end: float, *, clock: SimClock, cluster: SimCluster, meter: Meter
+    ) -> None:
+        """Tick: step the cluster, measure, follow the trainer pods, report progress."""
+        config = self.config
         next_progress = 0.0
         while True:
-            now = min(clock.now(), clock.start + duration)
+            now = min(clock.now(), end)
             cluster.step(now)
             demand = config.profile.rate(now - clock.start)
             meter.record(now, cluster, demand)
-            if fleet is not None:
-                fleet.reap()
-                for job_name, pods in ready_trainer_pods(cluster, shape).items():
-                    await fleet.reconcile(job_name, pods)
+            if self.fleet is not None:
+                self.fleet.reap()
+                for job_name, pods in ready_trainer_pods(cluster, config.world).items():
+                    await self.fleet.reconcile(job_name, pods)
             wall = time.monotonic()
             if wall >= next_progress:
                 next_progress = wall + config.progress_every_wall_s
-                progress(
+                self.progress(
                     progress_line(
                         now - clock.start,
                         demand=demand,
                         cluster=cluster,
-                        shape=shape,
+                        shape=config.world,
                         meter=meter,
-                        fleet=fleet,
+                        fleet=self.fleet,
                     )
                 )
-            for task in tasks:
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    raise RuntimeError(f"a demo service failed: {task.exception()!r}")
-            if now >= clock.start + duration:
+            self._raise_if_a_service_failed()
+            if now >= end:
                 break
             await asyncio.sleep(config.tick_wall_s)
 
-        churn = cluster.counters.pods_bound.get("training", 0) + cluster.counters.pods_stopped.get(
-            "training", 0
-        )
-        summary = summarize(meter, end=clock.start + duration, trainer_churn=churn, wall_s=0.0)
-    finally:
-        stopping.set()
-        if fleet is not None:
-            await fleet.stop_all()
-        for task in tasks:
+    def _raise_if_a_service_failed(self) -> None:
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise RuntimeError(f"a demo service failed: {task.exception()!r}")
+
+    async def shut_down(self) -> None:
+        """Stop trainers, services, connections and NATS, whatever state the run reached."""
+        self._stopping.set()
+        if self.fleet is not None:
+            await self.fleet.stop_all()
+        for task in self._tasks:
             task.cancel()
-        for task in tasks:
+        for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
-        for bus in buses:
+        for bus in self._buses:
             with contextlib.suppress(Exception):
                 await bus.close()
-        await asyncio.to_thread(nats.stop)
-    summary.wall_s = time.monotonic() - started_wall
-    summary.training = dict(event_log.job_progress)
-    summary.events = dict(sorted(event_log.counts.items()))
-    if fleet is not None:
-        summary.processes = {
-            "started": fleet.started,
-            "stopped": fleet.stopped,
-            "crashed": fleet.crashed,
-        }
-    return summary, meter, event_log
+        await asyncio.to_thread(self.nats.stop)
+
+    def add_training_figures(self, summary: DemoSummary) -> None:
+        """What the event log saw and what the fleet's processes did."""
+        summary.training = dict(self.event_log.job_progress)
+        summary.events = dict(sorted(self.event_log.counts.items()))
+        if self.fleet is not None:
+            summary.processes = {
+                "started": self.fleet.started,
+                "stopped": self.fleet.stopped,
+                "crashed": self.fleet.crashed,
+            }
