@@ -94,7 +94,7 @@ class EventLog:
 def ready_trainer_pods(cluster: SimCluster, shape: WorldShape) -> dict[str, list[str]]:
     pods: dict[str, list[str]] = {job.name: [] for job in shape.jobs}
     names = {job.ref: job.name for job in shape.jobs}
-    for pod in cluster.pods_raw():
+    for pod in cluster.pods():
         job = names.get(pod.owner)
         if job is not None and pod.ready and not pod.companion:
             pods[job].append(pod.name)

@@ -168,10 +168,6 @@ class SimFigures:
         return self.cluster.job_running(ref)
 
 
-def _is_companion(pod: Pod) -> bool:
-    return ("tideshift.io/companion", "true") in pod.labels
-
-
 class ListedFigures:
     """Figures from a listing of nodes and pods (a real cluster through its ClusterPort)."""
 
@@ -214,13 +210,13 @@ class ListedFigures:
         return pod.ready
 
     def ready_count(self, ref: TargetRef) -> int:
-        return sum(1 for pod in self._owned(ref) if self.is_ready(pod) and not _is_companion(pod))
+        return sum(1 for pod in self._owned(ref) if self.is_ready(pod) and not pod.companion)
 
     def bound_count(self, ref: TargetRef) -> int:
-        return sum(1 for pod in self._owned(ref) if pod.node is not None and not _is_companion(pod))
+        return sum(1 for pod in self._owned(ref) if pod.node is not None and not pod.companion)
 
     def bound_companions(self, ref: TargetRef) -> int:
-        return sum(1 for pod in self._owned(ref) if pod.node is not None and _is_companion(pod))
+        return sum(1 for pod in self._owned(ref) if pod.node is not None and pod.companion)
 
     def job_running(self, ref: TargetRef) -> bool:
         return self.ready_count(ref) >= self.gang_min
