@@ -1,21 +1,21 @@
-"""Service settings: one pydantic-settings class per service, mapped onto CLI flags.
+"""Service settings: one pydantic-settings class per service, parsed by pydantic-settings' CLI.
 
 Every field is settable by a flag (`--nats-url`) or an environment variable with the
-`TIDESHIFT_` prefix (`TIDESHIFT_NATS_URL`); flags win. Lists and mappings are given as JSON.
-`parse_settings` turns a validation failure into one line naming the flag and what was
-expected, which is what `tideshift run <service>` prints before exiting 2.
+`TIDESHIFT_` prefix (`TIDESHIFT_NATS_URL`); flags win. Lists and mappings are given as JSON;
+booleans are plain flags (`--dry-run`, `--no-dry-run`). `parse_settings` turns a validation
+failure into one line naming the flag, the environment variable and what was expected, which is
+what `tideshift run <service>` prints before exiting 2. Imports no service.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import re
 import sys
 from collections.abc import Sequence
-from typing import Any, TypeVar, get_origin
+from typing import NoReturn, TypeVar
 
 from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 S = TypeVar("S", bound="ServiceSettings")
 
@@ -23,7 +23,17 @@ S = TypeVar("S", bound="ServiceSettings")
 class ServiceSettings(BaseSettings):
     """Settings every service shares."""
 
-    model_config = SettingsConfigDict(env_prefix="TIDESHIFT_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="TIDESHIFT_",
+        extra="forbid",
+        frozen=True,
+        # How pydantic-settings' CLI source renders the fields when `parse_settings` parses argv
+        # (constructing a settings object directly reads no argv).
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_hide_none_type=True,
+        cli_show_env_vars=True,
+    )
 
     nats_url: str | None = Field(
         default=None,
@@ -46,61 +56,44 @@ class ServiceSettings(BaseSettings):
     )
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
 
 
-def _is_structured(annotation: Any) -> bool:
-    origin = get_origin(annotation)
-    return origin in (list, dict, tuple, set) or (
-        isinstance(annotation, type) and hasattr(annotation, "model_fields")
+def _exit_invalid(prog: str, field: str, reason: str, *, where: str = "") -> NoReturn:
+    print(
+        f"{prog}: invalid {_flag(field)} (env TIDESHIFT_{field.upper()})"
+        f"{' at ' + where if where else ''}: {reason}",
+        file=sys.stderr,
     )
+    raise SystemExit(2) from None
 
 
-def build_parser(settings_class: type[ServiceSettings], prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=(settings_class.__doc__ or "").strip(),
-        epilog="Every option can also be set as TIDESHIFT_<OPTION> in the environment.",
-    )
-    for name, info in settings_class.model_fields.items():
-        default = info.default if info.default_factory is None else info.default_factory()  # type: ignore[call-arg]
-        shown = json.dumps(default) if _is_structured(info.annotation) else default
-        parser.add_argument(
-            _flag(name),
-            dest=name,
-            default=None,
-            metavar="JSON" if _is_structured(info.annotation) else name.split("_")[-1].upper(),
-            help=f"{info.description or ''} (default: {shown}; env TIDESHIFT_{name.upper()})",
-        )
-    return parser
+def _field_named_in(message: str, settings_class: type[ServiceSettings]) -> str | None:
+    """The setting a pydantic-settings parse error names (it quotes it in several styles)."""
+    for word in re.findall(r"[a-z][a-z0-9_]*", message):
+        if word in settings_class.model_fields:
+            return word
+    return None
 
 
 def parse_settings(settings_class: type[S], argv: Sequence[str], *, prog: str) -> S:
-    """Flags over environment over defaults; exits 2 with a one-line reason when invalid."""
-    parser = build_parser(settings_class, prog)
-    namespace = parser.parse_args(list(argv))
-    overrides: dict[str, Any] = {}
-    for name, info in settings_class.model_fields.items():
-        raw = getattr(namespace, name)
-        if raw is None:
-            continue
-        if _is_structured(info.annotation):
-            try:
-                overrides[name] = json.loads(raw)
-            except json.JSONDecodeError as error:
-                parser.error(f"{_flag(name)}: expected JSON ({error.msg} at column {error.colno})")
-        else:
-            overrides[name] = raw
+    """Flags over environment over defaults; exits 2 with a one-line reason when invalid.
+
+    `--help` prints every setting with its description, default and environment variable.
+    """
     try:
-        return settings_class(**overrides)
+        return settings_class(_cli_parse_args=list(argv), _cli_prog_name=prog)
     except ValidationError as error:
         first = error.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "?"
         where = ".".join(str(part) for part in first["loc"][1:])
-        print(
-            f"{prog}: invalid {_flag(field)} (env TIDESHIFT_{field.upper()})"
-            f"{' at ' + where if where else ''}: {first['msg']}",
-            file=sys.stderr,
-        )
-        raise SystemExit(2) from None
+        _exit_invalid(prog, field, first["msg"], where=where)
+    except SettingsError as error:
+        # Malformed JSON in a list or mapping setting, from a flag or the environment.
+        reason = str(error.__cause__ or error)
+        field = _field_named_in(str(error), settings_class)
+        if field is None:
+            print(f"{prog}: {reason}", file=sys.stderr)
+            raise SystemExit(2) from None
+        _exit_invalid(prog, field, f"expected JSON ({reason})")

@@ -71,7 +71,7 @@ WAIT_LOG_EVERY_SECONDS = 30.0
 class CoordinatorSettings(ServiceSettings):
     """Coordinator of one elastic training job: shards the data, hands out tasks per epoch."""
 
-    job: str = Field(min_length=1, max_length=253, description="training job name (required)")
+    job: str = Field(min_length=1, max_length=253, description="training job name")
     epochs: int | None = Field(
         default=None, gt=0, description="stop after this many epochs; unset = until stopped"
     )

@@ -45,7 +45,7 @@ CHECKPOINTS = Counter("tideshift_pserver_checkpoints_total", "Checkpoints writte
 class PServerSettings(ServiceSettings):
     """Parameter server of one elastic training job (one key range of its model)."""
 
-    job: str = Field(min_length=1, max_length=253, description="training job name (required)")
+    job: str = Field(min_length=1, max_length=253, description="training job name")
     index: int = Field(default=0, ge=0, description="which key range this pserver owns (0-based)")
     checkpoint_seconds: float = Field(
         default=5.0, gt=0, description="seconds between checkpoints while gradients arrive"

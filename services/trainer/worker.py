@@ -53,7 +53,7 @@ BACKOFF_MAX_SECONDS = 1.0
 class TrainerSettings(ServiceSettings):
     """Elastic trainer of one training job: pulls shard tasks, pushes gradients."""
 
-    job: str = Field(min_length=1, max_length=253, description="training job name (required)")
+    job: str = Field(min_length=1, max_length=253, description="training job name")
     data_dir: str | None = Field(
         default=None, description="shard directory; default: the one in the job spec"
     )
