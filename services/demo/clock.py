@@ -42,12 +42,5 @@ class SimClock:
             return self.start
         return self.start + (self._monotonic() - self._wall_start) * self.speed
 
-    def elapsed(self) -> float:
-        """Simulated seconds since the start."""
-        return self.now() - self.start
-
     def datetime(self) -> datetime:
         return datetime.fromtimestamp(self.now(), tz=UTC)
-
-    def wall_seconds(self, simulated_seconds: float) -> float:
-        return simulated_seconds / self.speed
