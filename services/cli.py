@@ -7,6 +7,7 @@ and a missing optional dependency of one subcommand cannot break the others.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 
@@ -49,7 +50,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(len(name) for name in SUBCOMMANDS)
-    lines = ["usage: tideshift <command> [options]", "", "commands:"]
+    lines = ["usage: tideshift [--version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
     lines += ["", "Run `tideshift <command> --help` for a command's options."]
     return "\n".join(lines)
@@ -67,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in {"-h", "--help"}:
         print(_usage())
+        return 0
+    if args[0] == "--version":
+        print(f"tideshift {importlib.metadata.version('tideshift')}")
         return 0
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import signal
@@ -89,6 +90,14 @@ def test_nats_command_explains_a_taken_port(nats_server: EmbeddedNats) -> None:
     assert result.returncode == 1
     assert f"port {nats_server.port}" in result.stderr
     assert "already in use" in result.stderr
+
+
+def test_version_prints_the_installed_version() -> None:
+    result = subprocess.run(
+        [*TIDESHIFT, "--version"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"tideshift {importlib.metadata.version('tideshift')}"
 
 
 def test_events_schema_prints_asyncapi() -> None:
