@@ -95,7 +95,7 @@ def ready_trainer_pods(cluster: SimCluster, shape: WorldShape) -> dict[str, list
     pods: dict[str, list[str]] = {job.name: [] for job in shape.jobs}
     names = {job.ref: job.name for job in shape.jobs}
     for pod in cluster.pods():
-        job = names.get(pod.owner)
+        job = names.get(pod.owner) if pod.owner is not None else None
         if job is not None and pod.ready and not pod.companion:
             pods[job].append(pod.name)
     return pods
