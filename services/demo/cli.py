@@ -214,7 +214,6 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _run_sim(args: argparse.Namespace, profile: RateProfile, profile_name: str) -> int:
-    from tideshift.services.demo.pipeline import ServiceMissing
     from tideshift.services.demo.report import format_table, plot, write_json
     from tideshift.services.demo.simdemo import SimDemoConfig, run_sim_demo
 
@@ -236,11 +235,7 @@ def _run_sim(args: argparse.Namespace, profile: RateProfile, profile_name: str) 
         f"{len(config.world.jobs)} elastic jobs; output in {args.out}/",
         file=sys.stderr,
     )
-    try:
-        summary, meter, _ = asyncio.run(run_sim_demo(config, progress=show))
-    except ServiceMissing as error:
-        done()
-        raise DemoError(str(error)) from None
+    summary, meter, _ = asyncio.run(run_sim_demo(config, progress=show))
     done()
     table = format_table(summary)
     png = plot(meter, args.out / "demo.png", title=f"tideshift demo: {profile_name}")

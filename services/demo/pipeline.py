@@ -1,14 +1,12 @@
 """Starts the production services in-process with the demo's ports (sim cluster, sim clock).
 
 Each service gets its own bus connection and its own `ServiceContext`, and runs the same
-component its `tideshift run <service>` runs; only the adapters differ. A service module that
-is missing (not installed or not written yet) stops the demo with one line naming it.
+component its `tideshift run <service>` runs; only the adapters differ.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +20,11 @@ from tideshift.services.common.runtime import ServiceContext
 from tideshift.services.common.settings import ServiceSettings
 from tideshift.services.demo.clock import SimClock
 from tideshift.services.demo.world import JobShape, ServingShape, WorldShape
+from tideshift.services.executor import service as executor_service
+from tideshift.services.planner import service as planner_service
+from tideshift.services.predictor import service as predictor_service
+from tideshift.services.predictor import sources
+from tideshift.services.watcher import watcher as watcher_module
 
 log = logging.getLogger("tideshift.demo.pipeline")
 
@@ -31,19 +34,6 @@ FORECAST_STEP_S = 300.0
 FORECAST_HORIZON_S = 2 * 3600.0
 FORECAST_HISTORY_S = 7 * 86400.0
 FORECAST_REFIT_S = 6 * 3600.0
-
-
-class ServiceMissing(RuntimeError):
-    """A service the demo wires is not available in this installation."""
-
-
-def _import(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as error:
-        raise ServiceMissing(
-            f"{module} is not available ({error}); reinstall Tideshift with `pip install -e .`"
-        ) from None
 
 
 @dataclass
@@ -92,14 +82,12 @@ async def start_services(
         return ctx
 
     # -- watcher: sim cluster -> cluster events and the snapshot
-    watcher_module = _import("tideshift.services.watcher.watcher")
     watcher_bus = await connect("watcher")
     watcher = watcher_module.Watcher(port, watcher_bus, clock=clock.datetime)
     watcher_context = context("watcher", watcher_bus)
     stages.tasks.append(asyncio.create_task(watcher.run(watcher_context.ready), name="watcher"))
 
     # -- executor: scale commands -> the sim cluster -> scale results
-    executor_service = _import("tideshift.services.executor.service")
     executor_bus = await connect("executor")
     executor = await executor_service.build_executor(
         executor_bus,
@@ -156,8 +144,6 @@ async def _start_predictor(
     interval_wall_s: float,
 ) -> None:
     """The predictor reads demand from the traffic profile at simulated time (its `sim` source)."""
-    predictor_service = _import("tideshift.services.predictor.service")
-    sources = _import("tideshift.services.predictor.sources")
     serving = world.serving
     settings = predictor_service.PredictorSettings(
         health_port=-1,
@@ -196,7 +182,6 @@ async def _start_planner(
     interval_wall_s: float,
 ) -> None:
     """The planner, with the world's serving workload and elastic jobs as its settings."""
-    planner_service = _import("tideshift.services.planner.service")
     settings = planner_service.PlannerSettings(
         health_port=-1,
         **planner_targets(world, planner_service, speed=clock.speed),
@@ -307,7 +292,6 @@ def kube_service_args(
             "30",
         ]
     if name == "planner":
-        planner_service = _import("tideshift.services.planner.service")
         world = WorldShape(serving=serving, jobs=tuple(jobs))
         targets = planner_targets(world, planner_service, speed=1.0)
         # Real time: pods on kwok nodes start in a second or two; windows are wall seconds.
@@ -339,4 +323,4 @@ def kube_service_args(
             "--lease-ttl-seconds",
             "6",
         ]
-    raise ServiceMissing(f"no real-cluster settings for the {name} service")
+    raise ValueError(f"no real-cluster settings for the {name} service")
