@@ -35,7 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "rolling-origin backtest of forecasters",
     ),
     "simulate": (
-        "tideshift.services.planner.simulate:main",
+        "tideshift.services.simulator.cli:main",
         "run policies side by side on the sim cluster",
     ),
     "loadgen": ("tideshift.loadgen.cli:main", "open-loop HTTP load generator"),

@@ -18,14 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tideshift.services.planner.baselines import POLICIES
-from tideshift.services.planner.simulate import (
-    PolicyResult,
-    format_table,
-    load_profiles,
-    load_scenario,
-    plot,
-    run_policy,
-)
+from tideshift.services.simulator.cli import load_profiles
+from tideshift.services.simulator.report import format_table, plot
+from tideshift.services.simulator.run import PolicyResult, run_policy
+from tideshift.services.simulator.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "loadgen" / "scenarios"
 NAMES = ("edl-training-only", "edl-mixed-nginx", "day-night-nasa")

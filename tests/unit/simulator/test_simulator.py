@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tideshift.services.planner import simulate
-from tideshift.services.planner.scenario import ScenarioError, load_trace, parse_scenario
+from tideshift.services.simulator import cli as simulate
+from tideshift.services.simulator.scenario import ScenarioError, load_trace, parse_scenario
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = sorted((REPO / "loadgen" / "scenarios").glob("*.yaml"))

@@ -1,0 +1,66 @@
+"""The simulator's output: a comparison table and one plot per policy (matplotlib, lazily)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tideshift.services.simulator.run import PolicyResult
+from tideshift.services.simulator.scenario import Scenario
+
+
+def format_table(results: Sequence[PolicyResult]) -> str:
+    header = (
+        f"{'policy':<10} {'util cpu':>8} {'util mem':>8} {'util gpu':>8} {'short min':>9} "
+        f"{'short %':>8} {'train work':>11} {'spare %':>7} {'pend mean':>9} {'pend p95':>9} "
+        f"{'churn':>6} {'jobs':>9} {'wall s':>6}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        gpu = r.utilization.get("gpu")
+        lines.append(
+            f"{r.name:<10} {r.utilization.get('cpu', 0):>8.1%} "
+            f"{r.utilization.get('memory', 0):>8.1%} "
+            f"{(f'{gpu:.1%}' if gpu is not None else '-'):>8} "
+            f"{r.shortfall_minutes:>9d} {r.shortfall_fraction:>8.3%} {r.training_work:>11.0f} "
+            f"{r.training_share_of_spare:>7.1%} {r.pending_mean_s:>9.1f} {r.pending_p95_s:>9.1f} "
+            f"{r.trainer_churn:>6d} {f'{r.jobs_started}/{r.jobs_total}':>9} {r.wall_s:>6.1f}"
+        )
+    return "\n".join(lines)
+
+
+def plot(result: PolicyResult, scenario: Scenario, out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = result.series
+    hours = np.array(series["t"]) / 3600.0
+    figure, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    axes[0].plot(hours, series["demand"], label="demand (req/s)", color="tab:red", lw=1)
+    axes[0].plot(
+        hours, series["capacity"], label="serving capacity (req/s)", color="tab:blue", lw=1
+    )
+    axes[0].legend(loc="upper right")
+    axes[0].set_title(f"{scenario.name} - {result.name}")
+    trainers = series["trainers"]
+    if trainers:
+        names = sorted(trainers)
+        stacked = np.array([np.pad(trainers[n], (len(hours) - len(trainers[n]), 0)) for n in names])
+        axes[1].stackplot(hours, stacked, labels=names if len(names) <= 12 else ())
+        if len(names) <= 12:
+            axes[1].legend(loc="upper right", fontsize="small", ncol=3)
+    axes[1].set_ylabel("ready trainers per job")
+    axes[2].plot(hours, np.array(series["util_cpu"]) * 100, color="tab:green", lw=1)
+    axes[2].set_ylabel("cpu requested / allocatable (%)")
+    axes[2].set_ylim(0, 105)
+    axes[2].set_xlabel("simulated hours")
+    figure.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{scenario.name}-{result.name}.png"
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
