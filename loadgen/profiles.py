@@ -4,7 +4,9 @@ No I/O, no clock: the driver (or the demo, or a test) passes the time in. Profil
 0 at the beginning of a run; `t` may also be negative (history before the run) and every profile
 is defined there too.
 
-Two shapes:
+Shapes:
+* `ConstantProfile`: one rate.
+* `PointsProfile`: (time, rate) points, stepped or linear between them, optionally periodic.
 * `DiurnalProfile`: a synthetic day (trough at night, peak in the afternoon), optionally a
   weekend dip, reproducible noise and surges.
 * `TraceProfile`: a recorded request-count trace (`timestamp_s,requests` rows, read by
@@ -18,6 +20,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import numpy as np
 
 DAY_S = 86_400.0
 WEEK_S = 7 * DAY_S
@@ -39,6 +43,41 @@ class ConstantProfile:
 
     def rate(self, t: float) -> float:
         return self.rps
+
+
+@dataclass(frozen=True)
+class PointsProfile:
+    """Piecewise constant (`linear=False`) or linear between (time, rate) points.
+
+    Before the first point and after the last the end rates hold; with `repeat_s` the points
+    repeat with that period from the first point's time.
+    """
+
+    times: tuple[float, ...]
+    rates: tuple[float, ...]
+    linear: bool = False
+    repeat_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.times) != len(self.rates) or not self.times:
+            raise ValueError("points need as many times as rates, at least one")
+        if any(b <= a for a, b in itertools.pairwise(self.times)):
+            raise ValueError("point times must increase strictly")
+        if any(not rate >= 0 for rate in self.rates):
+            raise ValueError("point rates must be >= 0")
+        if self.repeat_s is not None and not self.repeat_s > 0:
+            raise ValueError(f"repeat_s must be > 0, got {self.repeat_s!r}")
+
+    def rate(self, t: float) -> float:
+        if self.repeat_s:
+            t = self.times[0] + (t - self.times[0]) % self.repeat_s
+        if t <= self.times[0]:
+            return self.rates[0]
+        if t >= self.times[-1]:
+            return self.rates[-1]
+        if self.linear:
+            return float(np.interp(t, self.times, self.rates))
+        return self.rates[bisect.bisect_right(self.times, t) - 1]
 
 
 @dataclass(frozen=True)

@@ -65,13 +65,13 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tideshift.loadgen.traces import TraceError, read_trace
-from tideshift.services.planner.traffic import (
+from tideshift.loadgen.profiles import (
     ConstantProfile,
     DiurnalProfile,
     PointsProfile,
     TraceProfile,
 )
+from tideshift.loadgen.traces import TraceError, read_trace
 
 GIB = 2**30
 TRACE_DIR_ENV = "TIDESHIFT_TRACE_DIR"
@@ -144,15 +144,23 @@ class DiurnalTraffic(_Model):
     noise_step_s: float = Field(60.0, gt=0)
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _peak_above_base(self) -> DiurnalTraffic:
+        if self.peak_rps < self.base_rps:
+            raise ValueError("peak_rps must be >= base_rps")
+        return self
+
     def profile(self, base_dir: Path, trace_dir: Path | None) -> DiurnalProfile:
+        # loadgen's day: its length is the period, the peak an hour of it, the noise smooth.
+        peak_hour = (self.peak_at_s % self.period_s) / self.period_s * 24.0
         return DiurnalProfile(
-            self.base_rps,
-            self.peak_rps,
-            period_s=self.period_s,
-            peak_at_s=self.peak_at_s,
+            peak_rps=self.peak_rps,
+            trough_rps=self.base_rps,
+            peak_hour=peak_hour,
             noise=self.noise,
             noise_step_s=self.noise_step_s,
             seed=self.seed,
+            day_s=self.period_s,
         )
 
 
@@ -181,13 +189,16 @@ class TraceTraffic(_Model):
             ends = np.arange(1, len(counts) + 1)
             starts = np.maximum(ends - window, 0)
             counts = tuple(float(v) for v in (running[ends] - running[starts]) / (ends - starts))
+        # A scenario's time_scale replays the trace's requests faster (the rate grows with
+        # it); loadgen's compression keeps the rate, so the amplitude carries the factor.
         return TraceProfile(
             timestamps,
             counts,
             interval,
             start_s=self.start_s,
-            time_scale=self.time_scale,
-            amplitude=self.amplitude,
+            compression=self.time_scale,
+            amplitude=self.amplitude * self.time_scale,
+            loop=False,
         )
 
 

@@ -7,6 +7,7 @@ import pytest
 from tideshift.loadgen.profiles import (
     ConstantProfile,
     DiurnalProfile,
+    PointsProfile,
     Surge,
     TraceProfile,
     amplitude_for_peak,
@@ -142,3 +143,20 @@ def test_expected_requests_integrates_the_rate() -> None:
     day = DiurnalProfile(peak_rps=100, trough_rps=20)
     # The cosine averages to the middle over a whole day.
     assert expected_requests(day, 0.0, DAY, 60.0) == pytest.approx(60.0 * DAY, rel=1e-6)
+
+
+def test_points_step_linear_and_repeat() -> None:
+    stepped = PointsProfile((0.0, 100.0), (10.0, 30.0))
+    assert [stepped.rate(t) for t in (-5.0, 0.0, 50.0, 100.0, 500.0)] == [10, 10, 10, 30, 30]
+    linear = PointsProfile((0.0, 100.0), (10.0, 30.0), linear=True)
+    assert linear.rate(50.0) == pytest.approx(20.0)
+    repeating = PointsProfile((0.0, 90.0), (40.0, 20.0), repeat_s=180.0)
+    assert [repeating.rate(t) for t in (0.0, 90.0, 180.0, 270.0)] == [40, 20, 40, 20]
+
+
+@pytest.mark.parametrize(
+    ("times", "rates"), [((), ()), ((0.0, 0.0), (1.0, 1.0)), ((0.0,), (-1.0,)), ((0.0,), ())]
+)
+def test_points_reject_bad_input(times: tuple[float, ...], rates: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError):
+        PointsProfile(times, rates)
