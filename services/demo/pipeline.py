@@ -218,7 +218,6 @@ def planner_targets(world: WorldShape, planner_service: Any, *, speed: float) ->
                 lead_time_s=serving.startup_delay_s,
                 margin_s=max(FORECAST_STEP_S, speed * LAG_BUDGET_WALL_S),
                 stabilization_s=600.0,
-                quantile=0.95,
             )
         ],
         "training": [

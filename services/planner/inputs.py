@@ -1,14 +1,25 @@
-"""Turns the cluster port's objects into the policy's columnar inputs (wiring, not policy)."""
+"""Turns cluster state, targets and forecasts into the policy's `PlanInputs` (wiring, not
+policy); pure: no I/O, no clock, nothing but the cluster port's value types."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from functools import lru_cache
 
 import numpy as np
 
-from tideshift.services.cluster.port import Node, Pod, Resources, TargetRef
-from tideshift.services.planner.policy import ClusterView, Target
+from tideshift.services.cluster.port import Node, Resources, TargetRef
+from tideshift.services.planner.policy import (
+    ClusterView,
+    Forecast,
+    NodeSpec,
+    PlanInputs,
+    PodSpec,
+    PolicyConfig,
+    ServingWorkload,
+    Target,
+    TrainingJob,
+)
 
 
 @lru_cache(maxsize=65_536)
@@ -24,50 +35,54 @@ def vector(resources: Resources) -> tuple[float, float, float]:
     return (resources.cpu, resources.memory, float(resources.gpu))
 
 
-def is_companion(pod: Pod) -> bool:
-    """A job's fixed helper (parameter server, coordinator): not one of its scaled replicas."""
-    return pod.companion
+def node_spec(node: Node) -> NodeSpec:
+    return NodeSpec(node.name, vector(node.allocatable), node.schedulable)
 
 
-def build_view(
-    nodes: Iterable[Node],
-    pods: Iterable[tuple[str | None, Resources, TargetRef | None, bool]],
-) -> ClusterView:
-    """Pods as (node, requests, owner, companion) rows; unready nodes get no capacity."""
-    node_list = list(nodes)
-    node_row = {node.name: row for row, node in enumerate(node_list)}
-    allocatable = np.zeros((len(node_list), 3))
-    for row, node in enumerate(node_list):
-        if node.schedulable:
-            allocatable[row] = vector(node.allocatable)
-    owner_row: dict[TargetRef, int] = {}
-    pod_node: list[int] = []
-    requests: list[tuple[float, float, float]] = []
-    owners: list[int] = []
-    replica: list[bool] = []
-    for node_name, resources, owner, companion in pods:
-        pod_node.append(-1 if node_name is None else node_row.get(node_name, -1))
-        requests.append((resources.cpu, resources.memory, float(resources.gpu)))
-        owners.append(-1 if owner is None else owner_row.setdefault(owner, len(owner_row)))
-        replica.append(not companion)
-    return ClusterView(
-        node_names=tuple(node.name for node in node_list),
-        allocatable=allocatable,
-        owners=tuple(to_target(ref) for ref in owner_row),
-        pod_node=np.array(pod_node, dtype=np.int64),
-        pod_requests=np.array(requests, dtype=np.float64).reshape(-1, 3),
-        pod_owner=np.array(owners, dtype=np.int64),
-        pod_replica=np.array(replica, dtype=np.bool_),
+def pod_spec(
+    node: str | None, requests: Resources, owner: TargetRef | None, *, companion: bool
+) -> PodSpec:
+    """A pod row for `ClusterView.build`; a job's companions are not among its replicas."""
+    return PodSpec(
+        vector(requests), node, None if owner is None else to_target(owner), not companion
     )
 
 
-def view_from_port_objects(nodes: Iterable[Node], pods: Iterable[Pod]) -> ClusterView:
-    live = (
-        (pod.node, pod.requests, pod.owner, is_companion(pod))
-        for pod in pods
-        if pod.phase in ("Pending", "Running")
+def live_replicas(view: ClusterView) -> dict[Target, int]:
+    """Replica pods (bound or not) per owner in the view."""
+    replicas = view.pod_owner[view.pod_replica & (view.pod_owner >= 0)]
+    per_owner = np.bincount(replicas, minlength=len(view.owners))
+    return {owner: int(per_owner[row]) for row, owner in enumerate(view.owners)}
+
+
+def plan_inputs(
+    view: ClusterView,
+    serving: tuple[ServingWorkload, ...],
+    jobs: tuple[TrainingJob, ...],
+    forecasts: Mapping[Target, Forecast],
+    *,
+    wanted: Mapping[Target, int],
+    config: PolicyConfig | None = None,
+    cluster_stale: bool = False,
+    observed_rps: Mapping[Target, float] | None = None,
+) -> PlanInputs:
+    """The one way from cluster state, targets and forecasts to `PlanInputs`.
+
+    A managed target's current count is what it is known to want (`wanted`: its spec, or our
+    last confirmed command), else its live replica pods.
+    """
+    live = live_replicas(view)
+    managed = [w.target for w in serving] + [j.target for j in jobs]
+    return PlanInputs(
+        cluster=view,
+        serving=serving,
+        jobs=jobs,
+        forecasts=forecasts,
+        current={t: wanted[t] if t in wanted else live.get(t, 0) for t in managed},
+        config=config if config is not None else PolicyConfig(),
+        cluster_stale=cluster_stale,
+        observed_rps=observed_rps if observed_rps is not None else {},
     )
-    return build_view(nodes, live)
 
 
 class ClusterTable:

@@ -45,6 +45,8 @@ BoolArray = npt.NDArray[np.bool_]
 Vector = tuple[float, float, float]
 RESOURCE_NAMES = ("cpu", "memory", "gpu")
 _EPS = 1e-9
+# The forecast quantile a serving workload is sized for unless it says otherwise.
+DEFAULT_SERVING_QUANTILE = 0.95
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -129,7 +131,7 @@ class ServingWorkload:
     lead_time_s: float = 60.0  # pod start-up until ready
     margin_s: float = 60.0  # extra look-ahead beyond the lead time
     stabilization_s: float = 300.0  # scale-down waits for the window's highest recommendation
-    quantile: float = 0.9  # which forecast quantile sizes the workload
+    quantile: float = DEFAULT_SERVING_QUANTILE  # which forecast quantile sizes the workload
 
 
 @dataclass(frozen=True, slots=True)

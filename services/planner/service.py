@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
-import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,7 +59,7 @@ from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
-from tideshift.services.planner.inputs import ClusterTable
+from tideshift.services.planner.inputs import ClusterTable, plan_inputs
 
 log = logging.getLogger("tideshift.planner")
 T = TypeVar("T", bound=EventData)
@@ -71,6 +70,9 @@ SKIPPED = Counter("tideshift_planner_skipped_total", "Inputs skipped as unusable
 PLAN_SECONDS = Histogram("tideshift_planner_plan_seconds", "plan() duration")
 LEADER = Gauge("tideshift_planner_leader", "1 while this planner holds the lease")
 DEGRADED = Gauge("tideshift_planner_degraded", "1 while inputs are stale")
+
+# The policy owns its tunables' defaults; the settings expose them.
+_POLICY_DEFAULTS = pol.PolicyConfig()
 
 SNAPSHOT_BUCKET = "tideshift_cluster"  # the watcher's bucket (services/watcher/snapshot.py)
 
@@ -92,7 +94,7 @@ class ServingTarget(BaseModel):
     lead_time_s: float = Field(60.0, ge=0, description="pod start-up until ready")
     margin_s: float = Field(60.0, ge=0)
     stabilization_s: float = Field(300.0, ge=0)
-    quantile: float = Field(0.95, gt=0, lt=1)
+    quantile: float = Field(pol.DEFAULT_SERVING_QUANTILE, gt=0, lt=1)
 
 
 class TrainingTarget(BaseModel):
@@ -129,7 +131,9 @@ class PlannerSettings(ServiceSettings):
     lease_name: str = Field(default="planner", pattern=r"^[A-Za-z0-9_-]+$")
     lease_ttl_seconds: float = Field(default=15.0, gt=0, description="leadership lease TTL")
     forecast_max_age_seconds: float = Field(
-        default=600.0, gt=0, description="older forecasts are stale: hold that workload"
+        default=_POLICY_DEFAULTS.max_forecast_age_s,
+        gt=0,
+        description="older forecasts are stale: hold that workload",
     )
     cluster_silence_seconds: float = Field(
         default=900.0, gt=0, description="no node/pod event this long: cluster view stale"
@@ -139,16 +143,26 @@ class PlannerSettings(ServiceSettings):
     )
     snapshot_bucket: str = Field(default=SNAPSHOT_BUCKET, pattern=r"^[A-Za-z0-9_-]+$")
     max_trainer_removals_per_step: int = Field(
-        default=64, ge=1, description="at most this many trainers removed per planning step"
+        default=_POLICY_DEFAULTS.max_trainer_removals_per_step,
+        ge=1,
+        description="at most this many trainers removed per planning step",
     )
     min_trainer_lifetime_seconds: float = Field(
-        default=60.0, ge=0, description="never remove a trainer younger than this (checkpoint)"
+        default=_POLICY_DEFAULTS.min_trainer_lifetime_s,
+        ge=0,
+        description="never remove a trainer younger than this (checkpoint)",
     )
     shrink_tolerance: float = Field(
-        default=0.05, ge=0, lt=1, description="skip shrinking a job for a smaller relative gain"
+        default=_POLICY_DEFAULTS.shrink_tolerance,
+        ge=0,
+        lt=1,
+        description="skip shrinking a job for a smaller relative gain",
     )
     grow_tolerance: float = Field(
-        default=0.05, ge=0, lt=1, description="skip growing a running job for a smaller gain"
+        default=_POLICY_DEFAULTS.grow_tolerance,
+        ge=0,
+        lt=1,
+        description="skip growing a running job for a smaller gain",
     )
 
 
@@ -184,8 +198,8 @@ class PlannerState:
     node_seen: dict[str, datetime] = field(default_factory=dict)
     pod_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
     forecasts: dict[pol.Target, pol.Forecast] = field(default_factory=dict)
-    # What each target is known to want: (replicas, since). From our commands and results.
-    known: dict[pol.Target, tuple[int, float]] = field(default_factory=dict)
+    # What each target is known to want (replicas), from our commands and executor results.
+    known: dict[pol.Target, int] = field(default_factory=dict)
     confirmed: dict[pol.Target, int] = field(default_factory=dict)  # executor results only
     last_cluster_event: float = field(default_factory=time.time)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -252,7 +266,7 @@ class PlannerState:
     def apply_result(self, event: ScaleResult) -> None:
         target = _ref_key(event.target)
         if event.outcome in ("applied", "noop") and event.current is not None:
-            self.known[target] = (event.current, time.time())
+            self.known[target] = event.current
             self.confirmed[target] = event.current
         elif event.outcome in ("rejected", "failed"):
             # Forget what we asked for, so a later plan re-issues it (after resend_seconds).
@@ -288,21 +302,12 @@ class PlannerState:
             )
             for index, j in enumerate(settings.training)
         )
-        view = self.table.view()
-        replicas = view.pod_owner[view.pod_replica & (view.pod_owner >= 0)]
-        per_owner = np.bincount(replicas, minlength=len(view.owners))
-        live = {owner: int(per_owner[row]) for row, owner in enumerate(view.owners)}
-        current = {}
-        for workload in serving:
-            current[workload.target] = self.current(workload.target, live)
-        for job in jobs:
-            current[job.target] = self.current(job.target, live)
-        return pol.PlanInputs(
-            cluster=view,
-            serving=serving,
-            jobs=jobs,
-            forecasts=dict(self.forecasts),
-            current=current,
+        return plan_inputs(
+            self.table.view(),
+            serving,
+            jobs,
+            dict(self.forecasts),
+            wanted=self.known,
             config=pol.PolicyConfig(
                 max_forecast_age_s=settings.forecast_max_age_seconds,
                 max_trainer_removals_per_step=settings.max_trainer_removals_per_step,
@@ -312,10 +317,6 @@ class PlannerState:
             ),
             cluster_stale=now - self.last_cluster_event > settings.cluster_silence_seconds,
         )
-
-    def current(self, target: pol.Target, live: dict[pol.Target, int]) -> int:
-        known = self.known.get(target)
-        return known[0] if known is not None else live.get(target, 0)
 
 
 @dataclass
@@ -512,7 +513,7 @@ class Planner:
                 log.warning("could not publish a command for %s: %s", item.target, error)
                 continue
             self.sent[item.target] = (item.desired, now)
-            self.state.known[item.target] = (item.desired, now)
+            self.state.known[item.target] = item.desired
             self.commands += 1
             COMMANDS.labels(item.role).inc()
             log.info("scale %s -> %d: %s", item.target, item.desired, item.reason)

@@ -36,7 +36,7 @@ from tideshift.services.cluster.port import Node, Resources, TargetRef
 from tideshift.services.cluster.sim import SimCluster, SimWorkload
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import Policy, make_policy
-from tideshift.services.planner.inputs import build_view, to_ref, to_target
+from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec, to_ref, to_target
 from tideshift.services.simulator.forecasters import SimForecaster, make_forecaster
 from tideshift.services.simulator.scenario import GIB, JobGroup, Scenario, ServingSpec
 
@@ -424,20 +424,22 @@ def _plan_inputs(
     demands: Sequence[float],
     now: float,
 ) -> pol.PlanInputs:
-    view = build_view(
-        cluster.nodes(),
-        ((pod.node, pod.requests, pod.owner, pod.companion) for pod in cluster.pods_raw()),
+    view = pol.ClusterView.build(
+        (node_spec(node) for node in cluster.nodes()),
+        (
+            pod_spec(pod.node, pod.requests, pod.owner, companion=pod.companion)
+            for pod in cluster.pods_raw()
+        ),
     )
-    current = {to_target(w.ref): w.replicas for w in cluster.workloads()}
-    return pol.PlanInputs(
-        cluster=view,
-        serving=serving,
-        jobs=tuple(run.policy_job for run in live.values()),
-        forecasts={
+    return plan_inputs(
+        view,
+        serving,
+        tuple(run.policy_job for run in live.values()),
+        {
             workload.target: forecaster.forecast(now)
             for workload, forecaster in zip(serving, forecasters, strict=True)
         },
-        current=current,
+        wanted={to_target(w.ref): w.replicas for w in cluster.workloads()},
         observed_rps={
             workload.target: demand for workload, demand in zip(serving, demands, strict=True)
         },

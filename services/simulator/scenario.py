@@ -72,6 +72,7 @@ from tideshift.loadgen.profiles import (
     TraceProfile,
 )
 from tideshift.loadgen.traces import TraceError, read_trace
+from tideshift.services.planner.policy import DEFAULT_SERVING_QUANTILE
 
 GIB = 2**30
 TRACE_DIR_ENV = "TIDESHIFT_TRACE_DIR"
@@ -220,7 +221,7 @@ class ServingSpec(_Model):
     lead_time_s: float | None = Field(None, ge=0)
     margin_s: float = Field(60.0, ge=0)
     stabilization_s: float = Field(300.0, ge=0)
-    quantile: float = Field(0.9, gt=0, lt=1)
+    quantile: float = Field(DEFAULT_SERVING_QUANTILE, gt=0, lt=1)
     priority: int = 1000
     traffic: Traffic
 
