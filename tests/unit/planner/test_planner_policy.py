@@ -22,7 +22,7 @@ from tideshift.services.planner.policy import (
     forecast_peak,
     level_down,
     level_down_many,
-    pack,
+    pack_sparse,
     plan,
 )
 
@@ -118,7 +118,9 @@ def test_level_down_removes_from_the_fullest_nodes(
 
 def test_pack_respects_every_resource_per_node() -> None:
     free = np.array([[4.0, 4.0, 0.0], [8.0, 1.0, 0.0], [8.0, 8.0, 0.0]])
-    placed = pack(free, np.array([2.0, 2.0, 0.0]), 10)
+    nodes, counts = pack_sparse(free, np.array([2.0, 2.0, 0.0]), 10)
+    placed = np.zeros(len(free), dtype=np.int64)
+    placed[nodes] = counts
     assert placed.tolist() == [2, 0, 4]
 
 

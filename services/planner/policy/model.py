@@ -1,0 +1,206 @@
+"""The planner's vocabulary: targets, the columnar cluster view, workloads, forecasts, the
+policy's tunables, its inputs, state and decision. Pure data; imports numpy only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+# (cpu cores, memory bytes, nvidia.com/gpu)
+Vector = tuple[float, float, float]
+RESOURCE_NAMES = ("cpu", "memory", "gpu")
+EPS = 1e-9
+# The forecast quantile a serving workload is sized for unless it says otherwise.
+DEFAULT_SERVING_QUANTILE = 0.95
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Target:
+    namespace: str
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+
+# ---- inputs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    allocatable: Vector
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    requests: Vector
+    node: str | None = None  # None: not bound yet
+    owner: Target | None = None
+    replica: bool = True  # False for a job's fixed companions (parameter servers)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClusterView:
+    """Nodes and pods as arrays. Rows of unschedulable nodes have zero allocatable."""
+
+    node_names: tuple[str, ...]
+    allocatable: FloatArray  # (nodes, 3)
+    owners: tuple[Target, ...]
+    pod_node: IntArray  # (pods,) node row, -1 when unbound
+    pod_requests: FloatArray  # (pods, 3)
+    pod_owner: IntArray  # (pods,) index into owners, -1 when unowned
+    pod_replica: BoolArray  # (pods,)
+
+    @classmethod
+    def build(cls, nodes: Iterable[NodeSpec], pods: Iterable[PodSpec]) -> ClusterView:
+        node_list = list(nodes)
+        node_row = {node.name: row for row, node in enumerate(node_list)}
+        allocatable = np.array(
+            [node.allocatable if node.schedulable else (0.0, 0.0, 0.0) for node in node_list],
+            dtype=np.float64,
+        ).reshape(-1, 3)
+        owner_row: dict[Target, int] = {}
+        pod_node: list[int] = []
+        pod_requests: list[Vector] = []
+        pod_owner: list[int] = []
+        pod_replica: list[bool] = []
+        for pod in pods:
+            pod_node.append(node_row.get(pod.node, -1) if pod.node is not None else -1)
+            pod_requests.append(pod.requests)
+            if pod.owner is None:
+                pod_owner.append(-1)
+            else:
+                pod_owner.append(owner_row.setdefault(pod.owner, len(owner_row)))
+            pod_replica.append(pod.replica)
+        return cls(
+            node_names=tuple(node.name for node in node_list),
+            allocatable=allocatable,
+            owners=tuple(owner_row),
+            pod_node=np.array(pod_node, dtype=np.int64),
+            pod_requests=np.array(pod_requests, dtype=np.float64).reshape(-1, 3),
+            pod_owner=np.array(pod_owner, dtype=np.int64),
+            pod_replica=np.array(pod_replica, dtype=np.bool_),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServingWorkload:
+    target: Target
+    replica_requests: Vector
+    capacity_rps: float  # requests/s one replica serves at the target utilisation
+    min_replicas: int = 1
+    max_replicas: int = 1000
+    lead_time_s: float = 60.0  # pod start-up until ready
+    margin_s: float = 60.0  # extra look-ahead beyond the lead time
+    stabilization_s: float = 300.0  # scale-down waits for the window's highest recommendation
+    quantile: float = DEFAULT_SERVING_QUANTILE  # which forecast quantile sizes the workload
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """Demand in requests/s; quantile q's value at times[i] holds until times[i + 1]."""
+
+    issued_at: float
+    times: tuple[float, ...]
+    quantiles: Mapping[float, tuple[float, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingJob:
+    target: Target
+    trainer_requests: Vector
+    min_trainers: int
+    max_trainers: int
+    gang_min: int | None = None  # trainers that must be placed together; default min_trainers
+    priority: int = 0  # higher tiers are served first
+    weight: float = 1.0  # fair-share weight within a tier
+    submitted_at: float = 0.0  # earlier jobs are admitted first when not all gangs fit
+    nominal_trainers: int | None = None  # what a non-elastic submission asks; default max
+
+    @property
+    def nominal(self) -> int:
+        return self.nominal_trainers if self.nominal_trainers is not None else self.max_trainers
+
+    @property
+    def floor(self) -> int:
+        """The smallest useful trainer count."""
+        return max(self.min_trainers, self.gang_min or 0, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    max_forecast_age_s: float = 600.0  # older forecasts are stale: hold that workload
+    max_trainer_removals_per_step: int = 64  # voluntary (rebalancing) removals, all jobs
+    min_trainer_lifetime_s: float = 60.0  # no voluntary shrink sooner after a job grew
+    shrink_tolerance: float = 0.05  # voluntary shrinks of at most this fraction are skipped
+    grow_tolerance: float = 0.05  # growth of a running job by at most this fraction waits
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInputs:
+    cluster: ClusterView
+    serving: tuple[ServingWorkload, ...]
+    jobs: tuple[TrainingJob, ...]
+    forecasts: Mapping[Target, Forecast]
+    current: Mapping[Target, int]  # desired replicas in each target's spec now
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+    cluster_stale: bool = False  # the watcher went quiet: hold serving, stop growing training
+    observed_rps: Mapping[Target, float] = field(default_factory=dict)  # for reactive baselines
+
+
+# ---- state and decision ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanState:
+    # (time, recommended replicas) within each serving workload's stabilisation window
+    serving_history: Mapping[Target, tuple[tuple[float, int], ...]] = field(default_factory=dict)
+    serving_seen_since: Mapping[Target, float] = field(default_factory=dict)
+    job_grew_at: Mapping[Target, float] = field(default_factory=dict)
+
+
+Role = Literal["serving", "training"]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetDecision:
+    target: Target
+    role: Role
+    current: int
+    desired: int
+    reason: str
+
+    @property
+    def changed(self) -> bool:
+        return self.desired != self.current
+
+
+@dataclass(frozen=True, slots=True)
+class Infeasible:
+    target: Target
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Decision:
+    targets: tuple[TargetDecision, ...]
+    infeasible: tuple[Infeasible, ...]
+    fallbacks: tuple[str, ...]  # safe-mode announcements (stale inputs)
+    node_usage: FloatArray  # (nodes, 3): requests the plan places on each node
+
+    def desired(self) -> dict[Target, int]:
+        return {item.target: item.desired for item in self.targets}
+
+    def changes(self) -> tuple[TargetDecision, ...]:
+        return tuple(item for item in self.targets if item.changed)

@@ -1,0 +1,65 @@
+"""`plan(inputs, state, now) -> (decision, new_state)`: the planner's model (DESIGN.md, "The
+planner's model") as an outline. Pure: no clock, no I/O; the same inputs, state and `now` give
+the same decision, so every decision can be replayed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tideshift.services.planner.policy.model import (
+    Decision,
+    Infeasible,
+    PlanInputs,
+    PlanState,
+    TargetDecision,
+)
+from tideshift.services.planner.policy.packing import cluster_entries, managed_targets
+from tideshift.services.planner.policy.serving import place_serving, size_serving
+from tideshift.services.planner.policy.training import Trainers, plan_tier, tier_priorities
+
+STALE_CLUSTER = "cluster view stale: holding serving scale-down, not growing training"
+
+
+def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, PlanState]:
+    managed = set(managed_targets(inputs))
+    entries = cluster_entries(inputs)
+    fallbacks = [STALE_CLUSTER] if inputs.cluster_stale else []
+
+    # 1. Serving: replicas from the forecast, scale-down only through the stabilisation
+    #    window; then placed per node (free room first, then room trainers give back).
+    serving = size_serving(inputs, state, now, entries.row_totals)
+    fallbacks += serving.fallbacks
+    usage, serving_infeasible = place_serving(inputs, entries, serving.desired)
+    decisions: list[TargetDecision] = list(serving.decisions)
+    infeasible: list[Infeasible] = list(serving_infeasible)
+
+    # Without a fresh view of the cluster or of some serving demand, training must not take
+    # capacity serving might need: it keeps what it has but does not grow.
+    growth_frozen = inputs.cluster_stale or bool(serving.fallbacks)
+
+    # 2-4. Training, tier by tier (higher priority first): what the tiers above leave goes to
+    #      weighted dominant-resource-fair shares, gangs all or nothing, packed per node,
+    #      within the churn limits.
+    free = inputs.cluster.allocatable - usage
+    grew_at = {target: t for target, t in state.job_grew_at.items() if target in managed}
+    trainers = Trainers.of(inputs, entries)
+    for tier in tier_priorities(inputs):
+        outcome = plan_tier(
+            inputs, trainers, tier, free, grew_at=grew_at, growth_frozen=growth_frozen, now=now
+        )
+        decisions += outcome.decisions
+        infeasible += outcome.infeasible
+        free, grew_at = outcome.free, outcome.grew_at
+
+    decision = Decision(
+        tuple(decisions),
+        tuple(infeasible),
+        tuple(fallbacks),
+        np.asarray(inputs.cluster.allocatable - free),
+    )
+    new_state = PlanState(
+        serving_history={k: v for k, v in serving.history.items() if k in managed},
+        serving_seen_since={k: v for k, v in serving.seen_since.items() if k in managed},
+        job_grew_at=grew_at,
+    )
+    return decision, new_state

@@ -1,0 +1,223 @@
+"""Serving sizing: replicas from the forecast's peak over the look-ahead window, scaled down
+only to the stabilisation window's highest recommendation; then where the replicas go (free
+room first, then room trainers must give back). Pure; no I/O, no clock."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tideshift.services.planner.policy.model import (
+    FloatArray,
+    Forecast,
+    Infeasible,
+    IntArray,
+    PlanInputs,
+    PlanState,
+    PolicyConfig,
+    ServingWorkload,
+    Target,
+    TargetDecision,
+)
+from tideshift.services.planner.policy.packing import (
+    ClusterEntries,
+    level_down_many,
+    node_sums,
+    pack_sparse,
+)
+
+
+def forecast_peak(forecast: Forecast, start: float, end: float, quantile: float) -> float | None:
+    """Highest value of the closest quantile >= `quantile` over [start, end].
+
+    None when the forecast has no point in force during the window (it ends before `start`,
+    or starts after `end`).
+    """
+    available = sorted(forecast.quantiles)
+    if not available or not forecast.times:
+        return None
+    chosen = next((q for q in available if q >= quantile - 1e-12), available[-1])
+    values = forecast.quantiles[chosen]
+    times = forecast.times
+    step = times[1] - times[0] if len(times) > 1 else 0.0
+    if times[0] > end or times[-1] + step < start:
+        return None
+    # The point in force at `start` is the last one at or before it.
+    first = max(bisect.bisect_right(times, start) - 1, 0)
+    last = bisect.bisect_right(times, end)
+    return float(max(values[first:last]))
+
+
+def plan_serving(
+    workload: ServingWorkload,
+    forecast: Forecast | None,
+    *,
+    current: int,
+    history: tuple[tuple[float, int], ...],
+    seen_since: float,
+    now: float,
+    config: PolicyConfig,
+    cluster_stale: bool,
+) -> tuple[int, str, tuple[tuple[float, int], ...], str | None]:
+    """Returns (desired, reason, new history, fallback announcement or None)."""
+    window_end = now + workload.lead_time_s + workload.margin_s
+    peak: float | None = None
+    if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
+        peak = forecast_peak(forecast, now, window_end, workload.quantile)
+    if peak is None:
+        held = min(max(current, workload.min_replicas), workload.max_replicas)
+        why = "no forecast" if forecast is None else "forecast stale or not covering the window"
+        return held, f"holding {held}: {why}", history, f"{workload.target}: {why}; holding"
+    need = math.ceil(max(peak, 0.0) / workload.capacity_rps - 1e-9)
+    recommended = min(max(need, workload.min_replicas), workload.max_replicas)
+    basis = (
+        f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
+        f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
+        f"per replica = {need}"
+    )
+    if recommended != need:
+        basis += f", clamped to [{workload.min_replicas}, {workload.max_replicas}]"
+    cutoff = now - workload.stabilization_s
+    new_history = (*(item for item in history if item[0] > cutoff), (now, recommended))
+    stabilized = max(value for _, value in new_history)
+    if recommended >= current:
+        return (
+            recommended,
+            f"{basis}; scale up now" if recommended > current else basis,
+            (new_history),
+            None,
+        )
+    if cluster_stale:
+        return current, f"{basis}; cluster view stale: not scaling down", new_history, None
+    if now - seen_since < workload.stabilization_s:
+        return (
+            current,
+            f"{basis}; no scale-down until {workload.stabilization_s:.0f} s observed",
+            new_history,
+            None,
+        )
+    if stabilized < current:
+        return (
+            stabilized,
+            f"{basis}; scale down to the highest recommendation of the last "
+            f"{workload.stabilization_s:.0f} s",
+            new_history,
+            None,
+        )
+    return current, f"{basis}; scale-down held by the stabilisation window", new_history, None
+
+
+@dataclass(frozen=True, slots=True)
+class ServingPlan:
+    desired: tuple[int, ...]  # per serving workload, in input order
+    decisions: tuple[TargetDecision, ...]
+    history: dict[Target, tuple[tuple[float, int], ...]]
+    seen_since: dict[Target, float]
+    fallbacks: tuple[str, ...]
+
+
+def size_serving(
+    inputs: PlanInputs, state: PlanState, now: float, bound_totals: IntArray
+) -> ServingPlan:
+    """Every serving workload's replicas, with the updated windows."""
+    history = dict(state.serving_history)
+    seen = dict(state.serving_seen_since)
+    desired_all: list[int] = []
+    decisions: list[TargetDecision] = []
+    fallbacks: list[str] = []
+    for row, workload in enumerate(inputs.serving):
+        target = workload.target
+        current = inputs.current.get(target, int(bound_totals[row]))
+        desired, reason, history[target], fallback = plan_serving(
+            workload,
+            inputs.forecasts.get(target),
+            current=current,
+            history=state.serving_history.get(target, ()),
+            seen_since=seen.setdefault(target, now),
+            now=now,
+            config=inputs.config,
+            cluster_stale=inputs.cluster_stale,
+        )
+        if fallback is not None:
+            fallbacks.append(fallback)
+        desired_all.append(desired)
+        decisions.append(TargetDecision(target, "serving", current, desired, reason))
+    return ServingPlan(tuple(desired_all), tuple(decisions), history, seen, tuple(fallbacks))
+
+
+def place_serving(
+    inputs: PlanInputs, entries: ClusterEntries, desired: Sequence[int]
+) -> tuple[FloatArray, tuple[Infeasible, ...]]:
+    """Requests per node once serving has its replicas (pods the plan does not scale
+    included; trainers not), and the replicas that fit nowhere."""
+    allocatable = inputs.cluster.allocatable
+    node_count = allocatable.shape[0]
+    serving_count = len(inputs.serving)
+    serving_requests = np.array(
+        [w.replica_requests for w in inputs.serving], dtype=np.float64
+    ).reshape(-1, 3)
+    job_requests = np.array(
+        [job.trainer_requests for job in inputs.jobs], dtype=np.float64
+    ).reshape(-1, 3)
+    is_serving = entries.row < serving_count
+    rows, nodes = entries.row[is_serving], entries.node[is_serving]
+    stays = level_down_many(
+        entries.count[is_serving], rows, serving_count, np.asarray(desired, dtype=np.int64)
+    )
+    usage = entries.fixed + node_sums(nodes, stays, serving_requests[rows], node_count)
+    stayed = np.bincount(rows, weights=stays, minlength=serving_count)
+    job_rows = entries.row[~is_serving] - serving_count
+    trainer_usage = node_sums(
+        entries.node[~is_serving], entries.count[~is_serving], job_requests[job_rows], node_count
+    )
+    free_of_all = allocatable - usage - trainer_usage  # what the scheduler finds free
+    free_of_serving = allocatable - usage  # what serving can take by preempting trainers
+    infeasible: list[Infeasible] = []
+    for row, workload in enumerate(inputs.serving):
+        additions = desired[row] - int(stayed[row])
+        if additions <= 0:
+            continue
+        # Free room first (what the scheduler does), then room trainers must give back.
+        rest = additions
+        for room in (free_of_all, free_of_serving):
+            rest = _take(
+                room,
+                serving_requests[row],
+                rest,
+                usage=usage,
+                free_of_all=free_of_all,
+                free_of_serving=free_of_serving,
+            )
+            if rest <= 0:
+                break
+        if rest > 0:
+            infeasible.append(
+                Infeasible(
+                    workload.target,
+                    f"{rest} of {additions} new replicas fit on no node even with all "
+                    "training removed",
+                )
+            )
+    return usage, tuple(infeasible)
+
+
+def _take(
+    room: FloatArray,
+    request: FloatArray,
+    count: int,
+    *,
+    usage: FloatArray,
+    free_of_all: FloatArray,
+    free_of_serving: FloatArray,
+) -> int:
+    """Pack up to `count` replicas into `room`; book them everywhere; returns the rest."""
+    nodes, placed = pack_sparse(room, request, count)
+    taken = placed[:, None] * request
+    usage[nodes] += taken
+    free_of_all[nodes] -= taken
+    free_of_serving[nodes] -= taken
+    return count - int(placed.sum())

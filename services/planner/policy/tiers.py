@@ -1,0 +1,298 @@
+"""Tier solving: within one priority tier, admit the jobs whose gangs fit (all or nothing,
+earlier jobs first), then raise a weighted dominant-resource-fair level until the trainers no
+longer pack per node, then top up single trainers. Pure numpy; no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tideshift.services.planner.policy.model import EPS, FloatArray, IntArray, TrainingJob
+from tideshift.services.planner.policy.packing import (
+    level_down_many,
+    node_sums,
+    pack_sparse,
+    slots_per_node,
+)
+
+# (lo, hi) trainers per job of a tier: the range the solver may choose from.
+Bounds = Sequence[tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class TierJob:
+    job: TrainingJob
+    current: int
+    request: FloatArray
+    kept_total: int  # trainers that stay where they are (after forced clipping)
+    dominant: float  # dominant share of one trainer in the cluster
+
+
+def _shape_order(jobs: Sequence[TierJob]) -> list[tuple[tuple[float, float, float], list[int]]]:
+    shapes: dict[tuple[float, float, float], list[int]] = {}
+    for index, item in enumerate(jobs):
+        key = (float(item.request[0]), float(item.request[1]), float(item.request[2]))
+        shapes.setdefault(key, []).append(index)
+    # GPU shapes first (the scarcest, most fragmented resource), then bigger before smaller.
+    return sorted(shapes.items(), key=lambda entry: (-entry[0][2], -entry[0][0], -entry[0][1]))
+
+
+class TierSolver:
+    """Feasibility and fair-share search for one priority tier."""
+
+    def __init__(
+        self,
+        jobs: list[TierJob],
+        base_free: FloatArray,
+        *,
+        entry_job: IntArray,
+        entry_node: IntArray,
+        entry_kept: IntArray,
+    ) -> None:
+        """`base_free`: room left with every kept trainer in place; entries (sorted by job):
+        the kept trainers per (job, node)."""
+        self.jobs = jobs
+        self.base_free = base_free
+        self.shapes = _shape_order(jobs)
+        self.entry_job = entry_job
+        self.entry_node = entry_node
+        self.entry_kept = entry_kept
+        self.entry_request = (
+            np.array([item.request for item in jobs], dtype=np.float64).reshape(-1, 3)[entry_job]
+            if jobs
+            else np.zeros((0, 3))
+        )
+        self.kept_totals = np.array([item.kept_total for item in jobs], dtype=np.int64)
+
+    def freed(self, counts: Sequence[int]) -> FloatArray:
+        """Room once every job that shrinks has left the nodes holding most of its trainers."""
+        wanted = np.asarray(counts, dtype=np.int64)
+        if not np.any(wanted < self.kept_totals):
+            return self.base_free.copy()
+        stays = level_down_many(self.entry_kept, self.entry_job, len(self.jobs), wanted)
+        released = self.entry_kept - stays
+        moved = released > 0
+        return self.base_free + node_sums(
+            self.entry_node[moved],
+            released[moved],
+            self.entry_request[moved],
+            self.base_free.shape[0],
+        )
+
+    def place(self, counts: Sequence[int]) -> tuple[bool, FloatArray, IntArray]:
+        """(all placed, free left, unplaced additions per job)."""
+        free = self.freed(counts)
+        unplaced = np.zeros(len(self.jobs), dtype=np.int64)
+        for shape, members in self.shapes:
+            additions = [max(0, counts[i] - self.jobs[i].kept_total) for i in members]
+            wanted = sum(additions)
+            if wanted == 0:
+                continue
+            request = np.asarray(shape, dtype=np.float64)
+            nodes, placed = pack_sparse(free, request, wanted)
+            free[nodes] -= placed[:, None] * request
+            short = wanted - int(placed.sum())
+            # Attribute a shortfall to the shape's last members (later-submitted jobs).
+            for i, added in reversed(list(zip(members, additions, strict=True))):
+                if short <= 0:
+                    break
+                miss = min(short, added)
+                unplaced[i] = miss
+                short -= miss
+        return bool(unplaced.sum() == 0), free, unplaced
+
+    def feasible(self, counts: Sequence[int]) -> bool:
+        return self.place(counts)[0]
+
+    def admit(self, order: list[int], bounds: Bounds) -> tuple[list[int], set[int]]:
+        """Counts at each admitted job's floor; jobs whose gang cannot be placed get 0."""
+        counts = [0] * len(self.jobs)
+        excluded: set[int] = set()
+        for index in order:
+            low_bound, high_bound = bounds[index]
+            if high_bound <= 0 or high_bound < low_bound:
+                excluded.add(index)
+        candidates = [i for i in order if i not in excluded]
+        for i in candidates:
+            counts[i] = bounds[i][0]
+        if self.feasible(counts):
+            return counts, excluded
+        # Admit the longest feasible prefix (binary search), skip the job that breaks it, and
+        # continue with the rest: a smaller gang further down may still fit.
+        admitted: list[int] = []
+        remaining = candidates
+        for _ in range(32):
+            if not remaining:
+                break
+            low, high = 0, len(remaining)
+            while low < high:
+                middle = (low + high + 1) // 2
+                trial = [0] * len(self.jobs)
+                for i in admitted + remaining[:middle]:
+                    trial[i] = bounds[i][0]
+                if self.feasible(trial):
+                    low = middle
+                else:
+                    high = middle - 1
+            admitted += remaining[:low]
+            if low < len(remaining):
+                excluded.add(remaining[low])
+            remaining = remaining[low + 1 :]
+        excluded.update(remaining)
+        counts = [0] * len(self.jobs)
+        for i in admitted:
+            counts[i] = bounds[i][0]
+        return counts, excluded
+
+    def fill(self, admitted: Sequence[int], base: Sequence[int], bounds: Bounds) -> list[int]:
+        """Highest level L whose fair counts still pack, then single-trainer top-ups.
+
+        Counts only change at breakpoints L = n * dominant / weight, so the search runs over
+        those: first against the tier's aggregate room (cheap), then per node (binary search
+        below the aggregate bound; usually the bound itself packs).
+        """
+        if not admitted:
+            return list(base)
+        levels = _FairLevels(self, admitted, base, bounds)
+        best = self._fill_progressively(levels, admitted)
+        if best is None:
+            best = self._bisect_per_node(levels, admitted)
+        return self._top_up(best, admitted, bounds)
+
+    def _fill_progressively(self, levels: _FairLevels, admitted: Sequence[int]) -> list[int] | None:
+        """Raise the level to the aggregate bound, then freeze every job whose additions did
+        not pack (per node) at what did, and raise the others again. A job blocked by its shape
+        (GPUs, fragmentation) then no longer holds back the rest."""
+        for _ in range(8):
+            candidate = levels.counts_at(levels.aggregate_level())
+            placed_all, _, unplaced = self.place(candidate)
+            if placed_all:
+                return candidate
+            if not levels.freeze(admitted, candidate, unplaced):
+                return None
+        return None
+
+    def _bisect_per_node(self, levels: _FairLevels, admitted: Sequence[int]) -> list[int]:
+        """Bisection per node, down from the last aggregate bound."""
+        top, low = levels.aggregate_level(), 0.0
+        top_total, low_total = levels.total(top), levels.total(low)
+        for _ in range(60):
+            if top_total - low_total <= max(1, len(admitted) // 2) or top - low <= 1e-9 * top:
+                break
+            middle = (low + top) / 2
+            middle_total = levels.total(middle)
+            if self.feasible(levels.counts_at(middle)):
+                low, low_total = middle, middle_total
+            else:
+                top, top_total = middle, middle_total
+        return levels.counts_at(low)
+
+    def _top_up(self, best: list[int], admitted: Sequence[int], bounds: Bounds) -> list[int]:
+        """Integer rounding leaves room for single trainers: add them to the jobs with the
+        lowest weighted share first, each checked against its own shape's free slots."""
+        _, free, _ = self.place(best)
+        by_share = sorted(
+            admitted,
+            key=lambda i: (best[i] * self.jobs[i].dominant / self.jobs[i].job.weight, i),
+        )
+        slots_by_shape = {
+            shape: slots_per_node(free, np.asarray(shape, dtype=np.float64))
+            for shape, _ in self.shapes
+        }
+        for i in by_share:
+            item = self.jobs[i]
+            if best[i] >= bounds[i][1] or best[i] < item.kept_total:
+                continue
+            shape = (float(item.request[0]), float(item.request[1]), float(item.request[2]))
+            nodes = np.flatnonzero(slots_by_shape[shape] > 0)
+            if len(nodes) == 0:
+                continue
+            node = int(nodes[0])
+            free[node] -= item.request
+            for other, slots in slots_by_shape.items():
+                slots[node] = slots_per_node(free[node : node + 1], np.asarray(other))[0]
+            best[i] += 1
+        return best
+
+
+class _FairLevels:
+    """The admitted jobs' fair counts as a function of the level L, within their bounds (one
+    `fill`'s working state: `freeze` lowers a job's upper bound to what packed)."""
+
+    def __init__(
+        self, solver: TierSolver, admitted: Sequence[int], base: Sequence[int], bounds: Bounds
+    ) -> None:
+        jobs = solver.jobs
+        self.rows = np.asarray(admitted, dtype=np.int64)
+        self.lo = np.array([bounds[i][0] for i in admitted], dtype=np.float64)
+        self.hi = np.array([bounds[i][1] for i in admitted], dtype=np.float64)
+        self.slope = np.array(
+            [jobs[i].job.weight / jobs[i].dominant for i in admitted], dtype=np.float64
+        )
+        self.requests = np.array([jobs[i].request for i in admitted], dtype=np.float64)
+        self.base = np.asarray(base, dtype=np.int64)
+        self.room = solver.base_free.sum(axis=0) + solver.kept_totals @ np.array(
+            [item.request for item in jobs]
+        ).reshape(-1, 3)
+        others = np.ones(len(jobs), dtype=np.bool_)
+        others[self.rows] = False
+        self.fixed_use = sum(
+            (self.base[i] * jobs[i].request for i in np.flatnonzero(others)),
+            np.zeros(3),
+        )
+
+    def fair(self, level: float) -> IntArray:
+        counts: IntArray = np.clip(np.floor(level * self.slope + 1e-9), self.lo, self.hi).astype(
+            np.int64
+        )
+        return counts
+
+    def total(self, level: float) -> int:
+        return int(self.fair(level).sum())
+
+    def counts_at(self, level: float) -> list[int]:
+        counts = self.base.copy()
+        counts[self.rows] = self.fair(level)
+        return [int(c) for c in counts]
+
+    def fits_aggregate(self, level: float) -> bool:
+        need = self.fair(level) @ self.requests + self.fixed_use
+        return bool(np.all(need <= self.room + 1e-6))
+
+    def aggregate_level(self) -> float:
+        """Highest L whose fair counts fit the tier's room in total (bisection)."""
+        low, high = 0.0, float((self.hi / self.slope).max()) + 1e-9
+        low_total, high_total = self.total(low), self.total(high)
+        if self.fits_aggregate(high):
+            return high
+        for _ in range(80):
+            # At a breakpoint the two ends keep differing by one trainer: close enough, the
+            # top-ups decide that last trainer (several jobs may share a breakpoint: then the
+            # width decides).
+            if high_total - low_total <= 1 or high - low <= 1e-9 * high:
+                break
+            middle = (low + high) / 2
+            middle_total = self.total(middle)
+            if self.fits_aggregate(middle):
+                low, low_total = middle, middle_total
+            else:
+                high, high_total = middle, middle_total
+        return low
+
+    def freeze(self, admitted: Sequence[int], candidate: list[int], unplaced: IntArray) -> bool:
+        """Cap each job that did not pack at what did; False when nothing could be capped."""
+        frozen = False
+        for position, i in enumerate(admitted):
+            if unplaced[i] > 0:
+                cap = max(self.lo[position], candidate[i] - int(unplaced[i]))
+                if cap < self.hi[position]:
+                    self.hi[position] = cap
+                    frozen = True
+        return frozen
+
+
+def dominant_share(request: FloatArray, total: FloatArray) -> float:
+    """One trainer's largest share of any resource of the cluster."""
+    return float(max((request / np.maximum(total, EPS)).max(), EPS))
