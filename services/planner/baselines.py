@@ -252,69 +252,103 @@ class EdlPolicy:
         trainers: dict[Target, int],
     ) -> dict[Target, str]:
         fixed, counts = cluster_usage(inputs)
-        allocatable = inputs.cluster.allocatable
-        capacity = allocatable.sum(axis=0)
-        serving_rows = len(inputs.serving)
         serving_desired = {item.target: item.desired for item in serving_decisions}
-        # Requests as EDL saw them: every pod asked for, bound or pending.
-        requested = fixed.sum(axis=0)
-        for workload in inputs.serving:
-            requested = requested + np.asarray(workload.replica_requests) * serving_desired.get(
-                workload.target, 0
-            )
-        for job in inputs.jobs:
-            requested = requested + np.asarray(job.trainer_requests) * trainers[job.target]
-        # Per-node room for one more trainer: what is bound now, serving at its new size.
-        used = fixed.copy()
-        for row, workload in enumerate(inputs.serving):
-            replicas = max(int(counts[row].sum()), serving_desired.get(workload.target, 0))
-            used += np.outer(counts[row], np.asarray(workload.replica_requests))
-            extra = replicas - int(counts[row].sum())
-            if extra > 0:  # unbound serving replicas will land somewhere: charge them evenly
-                used += np.asarray(workload.replica_requests) * extra / max(len(used), 1)
-        for offset, job in enumerate(inputs.jobs):
-            used += np.outer(counts[serving_rows + offset], np.asarray(job.trainer_requests))
-        free = allocatable - used
-
-        def load(amount: np.ndarray[Any, Any]) -> float:
-            positive = capacity > 0
-            return float((amount[positive] / capacity[positive]).max()) if positive.any() else 1.0
-
-        def fulfillment(target: Target) -> float:
-            job = job_by_target[target]
-            span = max(job.max_trainers - job.min_trainers, 1)
-            return (trainers[target] - job.min_trainers) / span
-
-        job_by_target = {job.target: job for job in inputs.jobs}
+        edl = _EdlView(inputs, trainers)
+        requested = _edl_requested(inputs, fixed, serving_desired, trainers)
         reasons = {job.target: "edl: no change" for job in inputs.jobs}
-        if load(requested) > EDL_MAX_LOAD:
+        if edl.load(requested) > EDL_MAX_LOAD:
             candidates = [j.target for j in inputs.jobs if trainers[j.target] > j.min_trainers]
             if candidates:
-                victim = max(candidates, key=lambda t: (fulfillment(t), str(t)))
+                victim = max(candidates, key=lambda t: (edl.fulfillment(t), str(t)))
                 trainers[victim] -= 1
                 reasons[victim] = (
-                    f"edl: requests {load(requested):.1%} of capacity > 97%: most fulfilled, -1"
+                    f"edl: requests {edl.load(requested):.1%} of capacity > 97%: most fulfilled, -1"
                 )
             return reasons
-        while True:
-            growable = [j.target for j in inputs.jobs if trainers[j.target] < j.max_trainers]
-            growable.sort(key=lambda t: (fulfillment(t), str(t)))
-            grown = False
-            for target in growable:
-                request = np.asarray(job_by_target[target].trainer_requests, dtype=np.float64)
-                if load(requested + request) > EDL_MAX_LOAD:
-                    continue
-                nodes = np.flatnonzero(slots_per_node(free, request) > 0)
-                if len(nodes) == 0:
-                    continue
-                free[nodes[0]] -= request
-                requested = requested + request
-                trainers[target] += 1
-                reasons[target] = f"edl: least fulfilled ({fulfillment(target):.2f} after), +1"
-                grown = True
-                break
-            if not grown:
-                return reasons
+        free = inputs.cluster.allocatable - _edl_used(inputs, fixed, counts, serving_desired)
+        while (target := edl.grow_one(requested, free)) is not None:
+            requested = requested + np.asarray(
+                edl.job_by_target[target].trainer_requests, dtype=np.float64
+            )
+            reasons[target] = f"edl: least fulfilled ({edl.fulfillment(target):.2f} after), +1"
+        return reasons
+
+
+def _edl_requested(
+    inputs: PlanInputs,
+    fixed: np.ndarray[Any, Any],
+    serving_desired: Mapping[Target, int],
+    trainers: Mapping[Target, int],
+) -> np.ndarray[Any, Any]:
+    """Requests as EDL saw them: every pod asked for, bound or pending."""
+    requested: np.ndarray[Any, Any] = fixed.sum(axis=0)
+    for workload in inputs.serving:
+        requested = requested + np.asarray(workload.replica_requests) * serving_desired.get(
+            workload.target, 0
+        )
+    for job in inputs.jobs:
+        requested = requested + np.asarray(job.trainer_requests) * trainers[job.target]
+    return requested
+
+
+def _edl_used(
+    inputs: PlanInputs,
+    fixed: np.ndarray[Any, Any],
+    counts: np.ndarray[Any, Any],
+    serving_desired: Mapping[Target, int],
+) -> np.ndarray[Any, Any]:
+    """Per-node use for EDL's room for one more trainer: what is bound now, serving at its new
+    size."""
+    used: np.ndarray[Any, Any] = fixed.copy()
+    serving_rows = len(inputs.serving)
+    for row, workload in enumerate(inputs.serving):
+        replicas = max(int(counts[row].sum()), serving_desired.get(workload.target, 0))
+        used += np.outer(counts[row], np.asarray(workload.replica_requests))
+        extra = replicas - int(counts[row].sum())
+        if extra > 0:  # unbound serving replicas will land somewhere: charge them evenly
+            used += np.asarray(workload.replica_requests) * extra / max(len(used), 1)
+    for offset, job in enumerate(inputs.jobs):
+        used += np.outer(counts[serving_rows + offset], np.asarray(job.trainer_requests))
+    return used
+
+
+class _EdlView:
+    """EDL's measures over the jobs' trainer counts (which `grow_one` raises)."""
+
+    def __init__(self, inputs: PlanInputs, trainers: dict[Target, int]) -> None:
+        self.jobs = inputs.jobs
+        self.job_by_target = {job.target: job for job in inputs.jobs}
+        self.trainers = trainers
+        self.capacity = inputs.cluster.allocatable.sum(axis=0)
+
+    def load(self, amount: np.ndarray[Any, Any]) -> float:
+        capacity = self.capacity
+        positive = capacity > 0
+        return float((amount[positive] / capacity[positive]).max()) if positive.any() else 1.0
+
+    def fulfillment(self, target: Target) -> float:
+        job = self.job_by_target[target]
+        span = max(job.max_trainers - job.min_trainers, 1)
+        return (self.trainers[target] - job.min_trainers) / span
+
+    def grow_one(
+        self, requested: np.ndarray[Any, Any], free: np.ndarray[Any, Any]
+    ) -> Target | None:
+        """Add one trainer to the least fulfilled job that fits the load cap and some node;
+        books it in `free` and `trainers`. None when no job can grow."""
+        growable = [j.target for j in self.jobs if self.trainers[j.target] < j.max_trainers]
+        growable.sort(key=lambda t: (self.fulfillment(t), str(t)))
+        for target in growable:
+            request = np.asarray(self.job_by_target[target].trainer_requests, dtype=np.float64)
+            if self.load(requested + request) > EDL_MAX_LOAD:
+                continue
+            nodes = np.flatnonzero(slots_per_node(free, request) > 0)
+            if len(nodes) == 0:
+                continue
+            free[nodes[0]] -= request
+            self.trainers[target] += 1
+            return target
+        return None
 
 
 PolicyFactory = Callable[[], Policy[Any]]
@@ -325,7 +359,6 @@ POLICIES: dict[str, PolicyFactory] = {
     "hpa": HpaPolicy,
     "edl": EdlPolicy,
 }
-DEFAULT_POLICY = "tideshift"
 
 
 def make_policy(name: str, *, serving_peak: Mapping[Target, int] | None = None) -> Policy[Any]:
