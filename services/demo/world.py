@@ -234,7 +234,7 @@ class _JobMeter:
 class Meter:
     """Integrates the run's figures over simulated time; samples series for the plot.
 
-    Definitions follow `services/planner/simulate.py` so the two tables compare:
+    Definitions follow `services/simulator/run.py` so the two tables compare:
     utilisation = requests of bound pods / allocatable (time-averaged); shortfall = request-
     seconds above ready replicas x capacity, and the minutes with any; training work =
     ready_trainers ** speedup_exponent per second while the job runs, none for

@@ -1,1 +1,1 @@
-"""Decides serving and training scale (policy.py, pure: imports no I/O, cluster or bus)."""
+"""Decides serving replicas and trainer counts; policy/ is pure (no I/O, clock or bus)."""
