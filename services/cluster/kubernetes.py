@@ -57,6 +57,7 @@ from tideshift.services.cluster.port import (
     ROLE_LABEL,
     ChangeType,
     ClusterChange,
+    ClusterError,
     Node,
     Pod,
     PodPhase,
@@ -66,6 +67,7 @@ from tideshift.services.cluster.port import (
     TargetRef,
     UnsupportedTarget,
 )
+from tideshift.services.common.retry import Backoff, exponential
 
 log = logging.getLogger("tideshift.cluster.kubernetes")
 
@@ -266,6 +268,11 @@ class WatchTuning:
     backoff_max_seconds: float = 15.0
     page_size: int = 500
 
+    @property
+    def retry(self) -> Backoff:
+        """Waits between failed list/watch attempts in a row."""
+        return exponential(initial=self.backoff_initial_seconds, maximum=self.backoff_max_seconds)
+
 
 class Informer(Generic[Obj]):
     """List+watch of one resource into a cache; owned by one thread once watching starts."""
@@ -402,7 +409,7 @@ class Informer(Generic[Obj]):
 
     def run(self, emit: Emit, stop: threading.Event) -> None:
         """The informer loop: relist when needed, watch, reconnect; until `stop`."""
-        backoff = self.tuning.backoff_initial_seconds
+        failures = 0
         next_resync = time.monotonic() + self.tuning.resync_seconds
         cause = "start" if not self.resource_version else ""
         while not stop.is_set():
@@ -417,7 +424,7 @@ class Informer(Generic[Obj]):
                 remaining = int(next_resync - time.monotonic())
                 timeout = max(1, min(self.tuning.watch_timeout_seconds, remaining))
                 self.watch_once(emit, stop, timeout)
-                backoff = self.tuning.backoff_initial_seconds
+                failures = 0
             except ResourceExpired as error:
                 log.info("%s watch expired (%s): relisting", self.resource, error)
                 cause = "gone"
@@ -433,6 +440,8 @@ class Informer(Generic[Obj]):
                     cause = "gone"
                     continue
                 WATCH_ERRORS.labels(self.resource).inc()
+                failures += 1
+                backoff = self.tuning.retry.delay(failures)
                 log.warning(
                     "%s watch failed (%s: %s); retrying in %.1fs",
                     self.resource,
@@ -441,7 +450,6 @@ class Informer(Generic[Obj]):
                     backoff,
                 )
                 stop.wait(backoff)
-                backoff = min(backoff * 2, self.tuning.backoff_max_seconds)
             except RuntimeError:
                 # The event loop that receives our changes is gone: nobody is listening.
                 return
@@ -449,9 +457,9 @@ class Informer(Generic[Obj]):
                 if stop.is_set():
                     return
                 WATCH_ERRORS.labels(self.resource).inc()
+                failures += 1
                 log.exception("%s watch hit an unexpected error; retrying", self.resource)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, self.tuning.backoff_max_seconds)
+                stop.wait(self.tuning.retry.delay(failures))
 
 
 # ---- the port ----------------------------------------------------------------------------
@@ -626,10 +634,8 @@ class KubernetesClusterPort:
         adapter = self._adapter(target)
         try:
             observed = adapter.read(self.http, target)
-        except ApiException as error:
-            if error.status == 404:
-                raise KeyError(f"{target} not found") from error
-            raise
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            raise _classified(target, "read", error) from error
         with self._recent_lock:
             self._recent_reads[target] = (time.monotonic(), observed)
             if len(self._recent_reads) > 1024:
@@ -666,19 +672,33 @@ class KubernetesClusterPort:
                 self.before_write(target, attempt)
             try:
                 adapter.write(self.http, target, observed, wanted)
-            except ApiException as error:
-                if error.status == 404:
-                    raise KeyError(f"{target} not found") from error
-                if error.status == 409 and attempt < self.conflict_retries:
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+                if status_of(error) == 409 and attempt < self.conflict_retries:
                     SCALE_CONFLICTS.inc()
                     log.info("conflict scaling %s; re-reading (attempt %d)", target, attempt + 1)
                     continue
-                raise
+                raise _classified(target, "write", error) from error
             return replace(state, replicas=wanted)
         raise AssertionError("unreachable")  # the loop returns or raises
 
     async def set_scale(self, target: TargetRef, replicas: int) -> ScaleState:
         return await asyncio.to_thread(self._set_scale, target, replicas)
+
+
+# Answers after which another try later may succeed: conflict (after our own re-reads),
+# throttled, or the apiserver (or what stands before it) failing.
+TRANSIENT_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+
+
+def _classified(target: TargetRef, what: str, error: BaseException) -> Exception:
+    """The port's own error for a client error: KeyError (gone) or ClusterError."""
+    status = status_of(error)
+    if status == 404:
+        return KeyError(f"{target} not found")
+    reason = getattr(error, "reason", None) or type(error).__name__
+    message = f"{what} {target}: " + (f"HTTP {status} {reason}" if status else str(reason))
+    transient = status is None or status in TRANSIENT_STATUSES
+    return ClusterError(message, transient=transient, status=status)
 
 
 def _join_all(threads: Iterable[threading.Thread], timeout: float) -> None:

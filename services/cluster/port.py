@@ -123,6 +123,17 @@ class UnsupportedTarget(ValueError):
     """The target's kind has no scale adapter in this backend."""
 
 
+class ClusterError(RuntimeError):
+    """The cluster did not do what was asked. `transient`: another try later may succeed
+    (unreachable, overloaded, a write conflict that outlasted the port's own re-reads);
+    otherwise the answer is definite (forbidden, invalid) and retrying cannot help."""
+
+    def __init__(self, message: str, *, transient: bool, status: int | None = None) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.status = status
+
+
 class ClusterPort(Protocol):
     """List+watch nodes and pods, read and set a target's scale."""
 
@@ -135,15 +146,15 @@ class ClusterPort(Protocol):
         ...
 
     async def get_scale(self, target: TargetRef) -> ScaleState:
-        """Raises KeyError when the target does not exist, UnsupportedTarget for its kind."""
+        """Raises KeyError when the target does not exist, UnsupportedTarget for its kind,
+        ClusterError when the cluster cannot answer."""
         ...
 
     async def set_scale(self, target: TargetRef, replicas: int) -> ScaleState:
-        """Sets the target's desired replicas (clamped to its own bounds); returns the result."""
+        """Sets the target's desired replicas (clamped to its own bounds); returns the result.
+        Raises as `get_scale` does."""
         ...
 
-
-class Clock(Protocol):
-    def now(self) -> float:
-        """Seconds; only differences are meaningful."""
+    async def close(self) -> None:
+        """Release connections and threads."""
         ...

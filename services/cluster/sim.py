@@ -545,3 +545,6 @@ class SimClusterPort:
 
     async def set_scale(self, target: TargetRef, replicas: int) -> ScaleState:
         return self.cluster.scale(target, replicas)
+
+    async def close(self) -> None:
+        """Nothing to release: the simulated cluster lives in this process."""

@@ -71,10 +71,8 @@ def _exit_invalid(prog: str, field: str, reason: str, *, where: str = "") -> NoR
 
 def _field_named_in(message: str, settings_class: type[ServiceSettings]) -> str | None:
     """The setting a pydantic-settings parse error names (it quotes it in several styles)."""
-    for word in re.findall(r"[a-z][a-z0-9_]*", message):
-        if word in settings_class.model_fields:
-            return word
-    return None
+    words: list[str] = re.findall(r"[a-z][a-z0-9_]*", message)
+    return next((word for word in words if word in settings_class.model_fields), None)
 
 
 def parse_settings(settings_class: type[S], argv: Sequence[str], *, prog: str) -> S:
@@ -92,8 +90,8 @@ def parse_settings(settings_class: type[S], argv: Sequence[str], *, prog: str) -
     except SettingsError as error:
         # Malformed JSON in a list or mapping setting, from a flag or the environment.
         reason = str(error.__cause__ or error)
-        field = _field_named_in(str(error), settings_class)
-        if field is None:
+        named = _field_named_in(str(error), settings_class)
+        if named is None:
             print(f"{prog}: {reason}", file=sys.stderr)
             raise SystemExit(2) from None
-        _exit_invalid(prog, field, f"expected JSON ({reason})")
+        _exit_invalid(prog, named, f"expected JSON ({reason})")

@@ -14,19 +14,22 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter, Histogram
 from pydantic import Field
 
 from tideshift.events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
-from tideshift.services.cluster.kubernetes import KubernetesClusterPort
-from tideshift.services.cluster.port import ClusterPort
+from tideshift.services.cluster.connect import open_kubernetes
+from tideshift.services.cluster.port import ClusterError, ClusterPort
 from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery
+from tideshift.services.common.retry import exponential
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.executor.executor import RECORD_BUCKET, Executor, RecordStore
 
 log = logging.getLogger("tideshift.executor")
+
+# A failed command goes back to JetStream with this delay before its next delivery.
+COMMAND_RETRY = exponential(initial=2.0, maximum=30.0)
 
 RESULTS = Counter("tideshift_executor_results_total", "Scale results published", ["outcome"])
 RETRIES = Counter("tideshift_executor_retries_total", "Commands handed back for a retry")
@@ -68,11 +71,10 @@ class ExecutorSettings(ServiceSettings):
 
 
 def _is_transient(error: BaseException) -> bool:
-    """Worth another delivery: anything but a definite answer from the apiserver."""
-    if isinstance(error, ApiException):
-        # 409: still conflicting after the port's own re-reads; worth another delivery.
-        return error.status is None or error.status in {409, 429, 500, 502, 503, 504}
-    # Network trouble (apiserver or NATS), lost claim races: retry up to max_attempts.
+    """Worth another delivery: anything but a definite answer from the cluster."""
+    if isinstance(error, ClusterError):
+        return error.transient
+    # Network trouble with NATS, lost claim races: retry up to max_attempts.
     return True
 
 
@@ -91,7 +93,7 @@ async def process(
     except Exception as error:  # the loop never dies on one command
         if _is_transient(error) and delivery.num_delivered < max_attempts:
             RETRIES.inc()
-            delay = min(2.0**delivery.num_delivered, 30.0)
+            delay = COMMAND_RETRY.delay(delivery.num_delivered)
             log.warning(
                 "%s for %s failed (%s); retry %d in %.0fs",
                 command.idempotency_key,
@@ -188,9 +190,7 @@ async def build_executor(
 async def serve(context: ServiceContext) -> None:
     settings = context.settings
     assert isinstance(settings, ExecutorSettings)
-    port = await asyncio.to_thread(
-        KubernetesClusterPort.from_kubeconfig, settings.kubeconfig, context=settings.kube_context
-    )
+    port = await open_kubernetes(settings.kubeconfig, context=settings.kube_context)
     try:
         executor = await build_executor(
             context.bus,

@@ -55,6 +55,7 @@ from tideshift.events import (
 )
 from tideshift.events.models import TargetDecision as EventTargetDecision
 from tideshift.services.common.bus import Bus
+from tideshift.services.common.retry import fixed
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.planner import policy as pol
@@ -74,6 +75,8 @@ DEGRADED = Gauge("tideshift_planner_degraded", "1 while inputs are stale")
 # The policy owns its tunables' defaults; the settings expose them.
 _POLICY_DEFAULTS = pol.PolicyConfig()
 
+# A subscription that broke (NATS gone, reconnecting) is made again after this wait.
+RESUBSCRIBE_RETRY = fixed(1.0)
 SNAPSHOT_BUCKET = "tideshift_cluster"  # the watcher's bucket (services/watcher/snapshot.py)
 
 
@@ -387,7 +390,7 @@ class Planner:
                 raise
             except Exception as error:
                 log.warning("subscription to %s failed (%s); re-subscribing", subject.value, error)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(RESUBSCRIBE_RETRY.delay(1))
 
     async def _bootstrap(self) -> None:
         """Read the watcher's snapshot once; live events that arrive meanwhile still apply."""

@@ -21,9 +21,11 @@ from typing import Literal, TypeVar
 
 from prometheus_client import Counter
 from pydantic import Field
+from tenacity import RetryCallState
 
 from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask, TrainerMembership
 from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery, RequestFailed
+from tideshift.services.common.retry import Stopped, exponential, retrying_async
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.trainer.busport import (
@@ -46,8 +48,7 @@ SAMPLES = Counter("tideshift_trainer_samples_total", "Samples whose gradient was
 RETRY_DELAY_SECONDS = 1.0
 # While a pserver restarts the trainer keeps its task (heartbeating) and retries, instead of
 # bouncing the task through the queue; the backoff is capped so it resumes promptly.
-BACKOFF_START_SECONDS = 0.1
-BACKOFF_MAX_SECONDS = 1.0
+PSERVER_RETRY = exponential(initial=0.1, maximum=1.0)
 
 
 class TrainerSettings(ServiceSettings):
@@ -108,18 +109,19 @@ class Trainer:
         self, attempt: Callable[[], Awaitable[R]], what: str, stopping: asyncio.Event
     ) -> R | None:
         """`attempt()` until it succeeds, or None once stopping."""
-        backoff = BACKOFF_START_SECONDS
-        announced = False
-        while True:
-            try:
-                return await attempt()
-            except RequestFailed as error:
-                if not announced:
-                    log.warning("job %s: %s failed, retrying: %s", self.spec.job, what, error)
-                    announced = True
-            if await sleep_unless(stopping, backoff):
-                return None
-            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+
+        def announce_first(state: RetryCallState) -> None:
+            if state.attempt_number == 1 and state.outcome is not None:
+                error = state.outcome.exception()
+                log.warning("job %s: %s failed, retrying: %s", self.spec.job, what, error)
+
+        retrying = retrying_async(
+            PSERVER_RETRY, stopping=stopping, retry_on=RequestFailed, before_sleep=announce_first
+        )
+        try:
+            return await retrying(attempt)
+        except Stopped:
+            return None
 
     async def compute_and_push(
         self, task: ShardTask, delivery: int, stopping: asyncio.Event

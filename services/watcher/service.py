@@ -9,13 +9,17 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from tideshift.services.cluster.kubernetes import KubernetesClusterPort, WatchTuning
+from tideshift.services.cluster.connect import open_kubernetes
+from tideshift.services.common.retry import fixed
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.watcher.snapshot import SNAPSHOT_BUCKET
 from tideshift.services.watcher.watcher import Watcher
 
 log = logging.getLogger("tideshift.watcher")
+
+# The first list may fail while the apiserver is still coming up: wait this long, try again.
+START_RETRY = fixed(2.0)
 
 
 class WatcherSettings(ServiceSettings):
@@ -45,17 +49,15 @@ class WatcherSettings(ServiceSettings):
 async def serve(context: ServiceContext) -> None:
     settings = context.settings
     assert isinstance(settings, WatcherSettings)
-    port = await asyncio.to_thread(
-        KubernetesClusterPort.from_kubeconfig,
+    port = await open_kubernetes(
         settings.kubeconfig,
         context=settings.kube_context,
         namespace=settings.namespace,
         label_selector=settings.label_selector,
-        tuning=WatchTuning(resync_seconds=settings.resync_seconds),
+        resync_seconds=settings.resync_seconds,
     )
     watcher = Watcher(port, context.bus, bucket=settings.snapshot_bucket)
     while not context.stopping.is_set():
-        # The first list may fail while the apiserver is still coming up: retry, do not exit.
         task = asyncio.create_task(watcher.run(context.ready))
         stop = asyncio.create_task(context.stopping.wait())
         await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -67,9 +69,10 @@ async def serve(context: ServiceContext) -> None:
             break
         stop.cancel()
         error = task.exception()
-        log.warning("watcher start failed (%s); retrying in 2s", error)
+        delay = START_RETRY.delay(1)
+        log.warning("watcher start failed (%s); retrying in %.0fs", error, delay)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(context.stopping.wait(), 2.0)
+            await asyncio.wait_for(context.stopping.wait(), delay)
     await port.close()
 
 
