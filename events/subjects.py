@@ -110,7 +110,13 @@ class Subject(SubjectPattern, Generic[T]):
     """An event subject pattern bound to the one model its messages carry."""
 
     model: type[T]
-    durable: bool = False  # carried by JetStream with acks, not fire-and-forget core NATS
+    # The JetStream stream that keeps these messages (acked, never lost); None = core NATS,
+    # fire-and-forget telemetry that the next message supersedes.
+    stream: str | None = None
+
+    @property
+    def durable(self) -> bool:
+        return self.stream is not None
 
     def at(self, **values: str) -> BoundSubject[T]:
         """The concrete subject for these parameter values (all required)."""
@@ -179,19 +185,19 @@ SCALE_COMMAND = Subject(
     f"{ROOT}.scale.command.{{namespace}}.{{kind}}.{{name}}",
     description="desired scale of one target (JetStream, acked by an executor)",
     model=ScaleCommand,
-    durable=True,
+    stream="TIDESHIFT_SCALE",
 )
 SCALE_RESULT = Subject(
     f"{ROOT}.scale.result.{{namespace}}.{{kind}}.{{name}}",
     description="what an executor did with a scale command",
     model=ScaleResult,
-    durable=True,
+    stream="TIDESHIFT_SCALE",
 )
 SHARD_TASK = Subject(
     f"{ROOT}.training.task.{{job}}",
     description="one shard of one epoch for a job's trainers (JetStream work queue)",
     model=ShardTask,
-    durable=True,
+    stream="TIDESHIFT_TRAINING_TASKS",
 )
 JOB_PROGRESS = Subject(
     f"{ROOT}.training.progress.{{job}}",
@@ -207,7 +213,7 @@ DEAD_LETTER = Subject(
     f"{ROOT}.deadletter.{{consumer}}",
     description="a message a subscriber rejected, with the reason",
     model=DeadLetter,
-    durable=True,
+    stream="TIDESHIFT_DEADLETTER",
 )
 PSERVER_RPC = RawSubject(
     f"{ROOT}.training.pserver.{{job}}.{{index}}.{{op}}",

@@ -37,14 +37,6 @@ class Resources:
     def times(self, count: int) -> Resources:
         return Resources(self.cpu * count, self.memory * count, self.gpu * count)
 
-    def fits_in(self, available: Resources) -> bool:
-        # A small epsilon absorbs float sums of fractional cpu requests (0.1 + 0.2 ...).
-        return (
-            self.cpu <= available.cpu + 1e-9
-            and self.memory <= available.memory + 1e-6
-            and self.gpu <= available.gpu
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class TargetRef:

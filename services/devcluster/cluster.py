@@ -23,7 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -687,18 +687,6 @@ def load_state(state_dir: Path) -> dict[str, Any] | None:
 
 def state_processes(state: Mapping[str, Any]) -> list[ProcessRecord]:
     return [ProcessRecord(**record) for record in state.get("processes", [])]
-
-
-@contextlib.contextmanager
-def running_cluster(
-    options: ClusterOptions, progress: Progress | None = None
-) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(options)
-    cluster.start(progress)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def service_account_kubeconfig(

@@ -94,7 +94,7 @@ async def scale(
     waiting = asyncio.ensure_future(_first_with_key(results, key))
     for _ in range(3):  # let the subscription register before the command can be answered
         await asyncio.sleep(0)
-    await bus.connection.flush()
+    await bus.flush()
     await bus.publish_durable(SCALE_COMMAND.at(**subject_values), command, msg_id=key)
     try:
         return await asyncio.wait_for(waiting, timeout)

@@ -360,7 +360,7 @@ class Planner:
             # Let the subscriptions register (and reach the server) before the snapshot read.
             for _ in range(5):
                 await asyncio.sleep(0)
-            await self.bus.connection.flush()
+            await self.bus.flush()
             await self._bootstrap()
             tasks.append(asyncio.create_task(self._lead(lease)))
             self.ready.set()

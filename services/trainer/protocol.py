@@ -23,8 +23,6 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-import numpy as np
-
 from tideshift.services.trainer.model import (
     FloatArray,
     GradientRejected,
@@ -318,7 +316,3 @@ def applied_everywhere(applied_sets: Iterable[Iterable[TaskKey]]) -> frozenset[T
         keys = frozenset(applied)
         result = keys if result is None else result & keys
     return result if result is not None else frozenset()
-
-
-def params_finite(state: PServerState) -> bool:
-    return bool(np.all(np.isfinite(state.optimizer.params)))

@@ -16,6 +16,7 @@ from tideshift import events
 from tideshift.services.common.bus import (
     DEAD_LETTER_STREAM,
     SCALE_STREAM,
+    STREAMS,
     TRAINING_TASK_STREAM,
     Bus,
     KVConflict,
@@ -69,7 +70,7 @@ async def started(iterator: AsyncIterator[T]) -> AsyncIterator[asyncio.Queue[T]]
 
 async def subscribed(bus: Bus) -> None:
     """A flush round trip guarantees the server has registered earlier subscriptions."""
-    await bus.connection.flush()
+    await bus.flush()
 
 
 async def test_typed_publish_and_subscribe(bus: Bus, unique: str) -> None:
@@ -93,6 +94,26 @@ async def test_publish_rejects_the_wrong_model_and_wildcards(bus: Bus, unique: s
         )
     with pytest.raises(ValueError, match="wildcard"):
         await bus.publish(events.POD_CHANGED.filter(namespace=unique), pod(unique))
+
+
+async def test_each_subject_goes_only_by_its_own_transport(bus: Bus, unique: str) -> None:
+    """A durable subject on core NATS would go unconfirmed; telemetry on JetStream finds no
+    stream. Both fail loudly instead."""
+    durable = events.SCALE_COMMAND.at(namespace=unique, kind="Deployment", name="web")
+    with pytest.raises(ValueError, match="publish_durable"):
+        await bus.publish(durable, command(unique))
+    with pytest.raises(ValueError, match="core NATS"):
+        await bus.publish_durable(events.POD_CHANGED.at(namespace=unique, name="a"), pod(unique))
+
+
+def test_streams_capture_exactly_the_durable_subjects() -> None:
+    captured = {subject for spec in STREAMS for subject in spec.subjects}
+    durable = {s.filter().value for s in events.ALL_SUBJECTS if s.durable}
+    assert captured == durable
+    assert SCALE_STREAM.subjects == (
+        "tideshift.v1.scale.command.*.*.*",
+        "tideshift.v1.scale.result.*.*.*",
+    )
 
 
 async def test_jetstream_redelivers_what_was_not_acked(bus: Bus, unique: str) -> None:

@@ -141,7 +141,7 @@ async def test_a_late_watcher_publishes_only_what_changed(bus: Bus, unique: str)
         collect(bus.subscribe(POD_CHANGED.filter(namespace=namespace), consumer="t"), events)
     ):
         await asyncio.sleep(0.05)
-        await bus.connection.flush()
+        await bus.flush()
         late = Watcher(SimClusterPort(cluster), bus, bucket=bucket)
         assert await late.reconcile() == 2
         await eventually(lambda: len(events) == 1, "the deletion event")

@@ -113,7 +113,7 @@ class Collector:
         self.task = asyncio.create_task(run())
         for _ in range(5):
             await asyncio.sleep(0)
-        await bus.connection.flush()
+        await bus.flush()
 
     async def stop(self) -> None:
         if self.task is not None:

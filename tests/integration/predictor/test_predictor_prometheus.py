@@ -65,7 +65,7 @@ async def running_predictor(
 
     listener = asyncio.create_task(listen())
     await asyncio.sleep(0)  # let the subscription register before the first publish
-    await bus.connection.flush()
+    await bus.flush()
     context = ServiceContext(name="predictor", settings=settings, bus=bus, instance="test")
     service = asyncio.create_task(run(settings, context))
     try:

@@ -1,22 +1,20 @@
-"""The NATS bus: the only service module that imports `nats`.
+"""The bus client: typed publish, subscribe and consume over `events.Subject`s.
 
-Typed publish and subscribe over `events.Subject`s, JetStream streams and durable consumers
-declared in one place (`STREAMS`), a KV helper, a lease on KV for single-leader services, an
-object store and raw request/reply for the trainers. Received messages that are not valid
-events are never raised into a service's loop: they are logged, counted and republished to
-`tideshift.v1.deadletter.<consumer>` with the reason.
+Received messages that are not valid events are never raised into a service's loop: they are
+logged, counted and dead-lettered to `tideshift.v1.deadletter.<consumer>` with the reason.
+Key/value, leases, objects and raw request/reply live in their own modules; `Bus` is their
+one face.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
@@ -26,19 +24,9 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    DeliverPolicy,
-    DiscardPolicy,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
-)
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
-from nats.js.object_store import ObjectStore
 from prometheus_client import Counter
-from pydantic import BaseModel
 
 from tideshift.events import (
     DEAD_LETTER,
@@ -49,10 +37,12 @@ from tideshift.events import (
     EventRejected,
 )
 from tideshift.events.codec import decode, encode
+from tideshift.services.common.bus import objects, rpc
+from tideshift.services.common.bus.kv import Lease, TypedKV
+from tideshift.services.common.bus.streams import STREAMS, StreamSpec
 
 log = logging.getLogger("tideshift.bus")
 T = TypeVar("T", bound=EventData)
-M = TypeVar("M", bound=BaseModel)
 
 PUBLISHED = Counter("tideshift_bus_published_total", "Events published", ["subject_root"])
 RECEIVED = Counter("tideshift_bus_received_total", "Valid events received", ["consumer"])
@@ -60,43 +50,6 @@ REJECTED = Counter(
     "tideshift_bus_rejected_total", "Messages rejected and dead-lettered", ["consumer", "kind"]
 )
 DEAD_LETTER_PAYLOAD_CHARS = 1024
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    """A JetStream stream: what it captures and how long it keeps it."""
-
-    name: str
-    subjects: tuple[str, ...]
-    retention: RetentionPolicy = RetentionPolicy.LIMITS
-    max_age_seconds: float = 24 * 3600
-    duplicate_window_seconds: float = 120
-
-    def config(self) -> StreamConfig:
-        return StreamConfig(
-            name=self.name,
-            subjects=list(self.subjects),
-            retention=self.retention,
-            max_age=self.max_age_seconds,
-            duplicate_window=self.duplicate_window_seconds,
-            storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
-        )
-
-
-# Everything that must not be lost, in one place. Telemetry (cluster changes, forecasts,
-# plans, progress) is core NATS: a missed one is superseded by the next.
-SCALE_STREAM = StreamSpec("TIDESHIFT_SCALE", ("tideshift.v1.scale.>",))
-TRAINING_TASK_STREAM = StreamSpec(
-    "TIDESHIFT_TRAINING_TASKS",
-    ("tideshift.v1.training.task.>",),
-    retention=RetentionPolicy.WORK_QUEUE,
-    max_age_seconds=7 * 24 * 3600,
-)
-DEAD_LETTER_STREAM = StreamSpec(
-    "TIDESHIFT_DEADLETTER", ("tideshift.v1.deadletter.>",), max_age_seconds=7 * 24 * 3600
-)
-STREAMS: tuple[StreamSpec, ...] = (SCALE_STREAM, TRAINING_TASK_STREAM, DEAD_LETTER_STREAM)
 
 
 @dataclass
@@ -109,10 +62,6 @@ class Delivery(Generic[T]):
     @property
     def num_delivered(self) -> int:
         return int(self._msg.metadata.num_delivered)
-
-    @property
-    def stream_sequence(self) -> int:
-        return int(self._msg.metadata.sequence.stream)
 
     async def ack(self) -> None:
         """Acknowledge and wait for the server's confirmation (so a crash cannot lose it)."""
@@ -128,139 +77,6 @@ class Delivery(Generic[T]):
     async def term(self) -> None:
         """Never redeliver (the message is poison)."""
         await self._msg.term()
-
-
-# JetStream's error code for a compare-and-set that lost (some servers send it as a plain
-# bad request rather than as KeyWrongLastSequenceError).
-WRONG_LAST_SEQUENCE = 10071
-
-
-class KVConflict(RuntimeError):
-    """A compare-and-set on a KV key lost: someone else wrote it since it was read."""
-
-
-class RequestFailed(RuntimeError):
-    """A request got no usable answer: timeout, no responder, or a lost connection."""
-
-
-@dataclass
-class Lease:
-    """Single-leader election on a KV key with compare-and-set and a time-to-live.
-
-    The value holds the holder's name and an expiry time. A contender takes the key when it
-    is absent (create) or expired (update at the revision it read), so two contenders can
-    never both succeed; the holder renews with the same compare-and-set before expiry.
-    Clocks of contenders are assumed roughly in sync (well under the TTL).
-    """
-
-    kv: KeyValue
-    key: str
-    holder: str
-    ttl_seconds: float
-    _revision: int | None = field(default=None, init=False)
-
-    @property
-    def held(self) -> bool:
-        return self._revision is not None
-
-    async def try_acquire(self, now: datetime | None = None) -> bool:
-        """Acquire or renew; returns whether this holder leads now."""
-        now = now or datetime.now(UTC)
-        value = json.dumps(
-            {"holder": self.holder, "expires_at": now.timestamp() + self.ttl_seconds}
-        ).encode()
-        try:
-            entry = await self.kv.get(self.key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            entry = None
-        try:
-            if entry is None or entry.value is None:
-                self._revision = await self.kv.create(self.key, value)
-                return True
-            current = json.loads(entry.value)
-            mine = current.get("holder") == self.holder
-            expired = float(current.get("expires_at", 0)) <= now.timestamp()
-            if not (mine or expired):
-                self._revision = None
-                return False
-            self._revision = await self.kv.update(self.key, value, last=entry.revision)
-            return True
-        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.BadRequestError):
-            # Someone else wrote between our read and our write: they won this round.
-            self._revision = None
-            return False
-        except (json.JSONDecodeError, TypeError, ValueError, AttributeError):
-            log.warning("lease %s holds an unreadable value; taking it over", self.key)
-            self._revision = await self.kv.put(self.key, value)
-            return True
-
-    async def release(self) -> None:
-        if self._revision is None:
-            return
-        with contextlib.suppress(nats.js.errors.Error):
-            await self.kv.delete(self.key, last=self._revision)
-        self._revision = None
-
-
-class TypedKV:
-    """A KV bucket holding pydantic models as JSON, under escaped keys."""
-
-    def __init__(self, kv: KeyValue) -> None:
-        self.raw = kv
-
-    async def put(self, key: str, value: BaseModel) -> int:
-        return await self.raw.put(key, value.model_dump_json().encode())
-
-    async def get(self, key: str, model: type[M]) -> M | None:
-        value, _ = await self.get_revision(key, model)
-        return value
-
-    async def get_revision(self, key: str, model: type[M]) -> tuple[M | None, int | None]:
-        """The value and the revision to pass to `update`: (None, None) when absent, and
-        (None, revision) when the stored value no longer validates (logged), so a caller can
-        overwrite a damaged value by compare-and-set instead of failing on it."""
-        try:
-            entry = await self.raw.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None, None
-        if entry.value is None:
-            return None, entry.revision
-        try:
-            return model.model_validate_json(entry.value), entry.revision
-        except ValueError as error:
-            log.warning("KV %s: unreadable value at %s: %s", self.raw._name, key, error)
-            return None, entry.revision
-
-    async def update(self, key: str, value: BaseModel, *, revision: int | None) -> int:
-        """Compare-and-set: write only if the key is still at `revision` (None = absent)."""
-        data = value.model_dump_json().encode()
-        try:
-            if revision is None:
-                return await self.raw.create(key, data)
-            return await self.raw.update(key, data, last=revision)
-        except nats.js.errors.KeyWrongLastSequenceError as error:
-            raise KVConflict(f"{key}: {error}") from error
-        except nats.js.errors.BadRequestError as error:
-            if error.err_code == WRONG_LAST_SEQUENCE:
-                raise KVConflict(f"{key}: {error}") from error
-            raise
-
-    async def delete(self, key: str) -> None:
-        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-            await self.raw.delete(key)
-
-    async def keys(self) -> list[str]:
-        try:
-            return list(await self.raw.keys())
-        except nats.js.errors.NoKeysError:
-            return []
-
-    async def items(self, model: type[M]) -> AsyncIterator[tuple[str, M]]:
-        """Every current value that still validates; bad values are logged and skipped."""
-        for key in await self.keys():
-            value = await self.get(key, model)
-            if value is not None:
-                yield key, value
 
 
 class Bus:
@@ -325,6 +141,10 @@ class Bus:
     def connected(self) -> bool:
         return bool(self.connection.is_connected)
 
+    async def flush(self, timeout: int = 10) -> None:
+        """Wait until the server has every message published so far (core NATS included)."""
+        await self.connection.flush(timeout=timeout)
+
     # -- streams -----------------------------------------------------------------------
 
     async def ensure_streams(self, streams: tuple[StreamSpec, ...] = STREAMS) -> None:
@@ -348,7 +168,13 @@ class Bus:
         return encode(data, source=self.source, subject=subject.value)
 
     async def publish(self, subject: BoundSubject[T], data: T) -> None:
-        """Fire-and-forget on core NATS (telemetry)."""
+        """Fire-and-forget on core NATS (telemetry). A subject kept by a JetStream stream
+        raises: published this way it would go unconfirmed (use `publish_durable`)."""
+        if subject.subject.durable:
+            raise ValueError(
+                f"{subject.subject.pattern} is kept by stream {subject.subject.stream}: "
+                "publish it with publish_durable"
+            )
         await self.connection.publish(subject.value, self._encode(subject, data))
         PUBLISHED.labels(subject.subject.pattern.split(".")[2]).inc()
 
@@ -356,6 +182,8 @@ class Bus:
         self, subject: BoundSubject[T], data: T, *, msg_id: str | None = None
     ) -> int:
         """Publish to JetStream and wait for the stream's ack; `msg_id` de-duplicates."""
+        if not subject.subject.durable:
+            raise ValueError(f"{subject.subject.pattern} is core NATS: publish it with publish")
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
         ack = await self.js.publish(subject.value, self._encode(subject, data), headers=headers)
         PUBLISHED.labels(subject.subject.pattern.split(".")[2]).inc()
@@ -473,9 +301,9 @@ class Bus:
     async def kv(
         self, bucket: str, *, ttl_seconds: float | None = None, history: int = 1
     ) -> TypedKV:
-        return TypedKV(await self.raw_kv(bucket, ttl_seconds=ttl_seconds, history=history))
+        return TypedKV(await self._raw_kv(bucket, ttl_seconds=ttl_seconds, history=history))
 
-    async def raw_kv(
+    async def _raw_kv(
         self, bucket: str, *, ttl_seconds: float | None = None, history: int = 1
     ) -> KeyValue:
         try:
@@ -484,27 +312,15 @@ class Bus:
             return await self.js.create_key_value(bucket=bucket, ttl=ttl_seconds, history=history)
 
     async def lease(self, name: str, *, holder: str, ttl_seconds: float) -> Lease:
-        kv = await self.raw_kv("tideshift_leases")
+        kv = await self._raw_kv("tideshift_leases")
         return Lease(kv, name, holder, ttl_seconds)
 
-    async def object_store(self, bucket: str) -> ObjectStore:
-        try:
-            return await self.js.object_store(bucket)
-        except nats.js.errors.BucketNotFoundError:
-            return await self.js.create_object_store(bucket=bucket)
-
     async def put_object(self, bucket: str, name: str, data: bytes) -> None:
-        store = await self.object_store(bucket)
-        await store.put(name, data)
+        await objects.put_object(self.js, bucket, name, data)
 
     async def get_object(self, bucket: str, name: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
-        store = await self.object_store(bucket)
-        try:
-            result = await store.get(name)
-        except (nats.js.errors.ObjectNotFoundError, nats.js.errors.ObjectDeletedError):
-            return None
-        return bytes(result.data) if result.data is not None else None
+        return await objects.get_object(self.js, bucket, name)
 
     async def queued(self, subject: BoundSubject[T], *, stream: StreamSpec) -> int:
         """Messages stored in `stream` on exactly `subject` (on a work queue: not yet acked)."""
@@ -519,12 +335,7 @@ class Bus:
 
     async def request(self, subject: str, payload: bytes, *, timeout: float = 5.0) -> bytes:
         """Send a request and return the reply; RequestFailed when none comes."""
-        try:
-            reply = await self.connection.request(subject, payload, timeout=timeout)
-        except (nats.errors.Error, TimeoutError) as error:
-            raise RequestFailed(f"{subject}: {type(error).__name__}: {error}") from error
-        data: bytes = reply.data
-        return data
+        return await rpc.request(self.connection, subject, payload, timeout=timeout)
 
     async def serve(
         self,
@@ -533,25 +344,5 @@ class Bus:
         *,
         queue: str | None = None,
     ) -> Callable[[], Awaitable[None]]:
-        """Answer requests on `subject` with `handler`; returns a function that stops serving.
-
-        A handler that raises answers with an `error: ...` payload instead of leaving the
-        requester to time out.
-        """
-
-        async def answer(msg: Msg) -> None:
-            try:
-                response = await handler(msg.data)
-            except Exception as error:  # one bad request must not stop the server
-                log.warning("request on %s failed: %s", msg.subject, error)
-                response = f"error: {error}".encode()
-            if msg.reply:
-                await msg.respond(response)
-
-        subscription = await self.connection.subscribe(subject, queue=queue or "", cb=answer)
-
-        async def stop() -> None:
-            with contextlib.suppress(nats.errors.Error):
-                await subscription.unsubscribe()
-
-        return stop
+        """Answer requests on `subject` with `handler`; returns a function that stops serving."""
+        return await rpc.serve(self.connection, subject, handler, queue=queue)

@@ -1,0 +1,28 @@
+"""The NATS bus, the only service code that imports `nats`: one face (`Bus`) over the client,
+the streams derived from the events' subjects, typed KV and leases, objects and raw RPC.
+Imports the events contract and nothing of the services."""
+
+from tideshift.services.common.bus.client import Bus, Delivery
+from tideshift.services.common.bus.kv import KVConflict, Lease, TypedKV
+from tideshift.services.common.bus.rpc import RequestFailed
+from tideshift.services.common.bus.streams import (
+    DEAD_LETTER_STREAM,
+    SCALE_STREAM,
+    STREAMS,
+    TRAINING_TASK_STREAM,
+    StreamSpec,
+)
+
+__all__ = [
+    "DEAD_LETTER_STREAM",
+    "SCALE_STREAM",
+    "STREAMS",
+    "TRAINING_TASK_STREAM",
+    "Bus",
+    "Delivery",
+    "KVConflict",
+    "Lease",
+    "RequestFailed",
+    "StreamSpec",
+    "TypedKV",
+]

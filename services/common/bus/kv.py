@@ -1,0 +1,150 @@
+"""NATS key/value: pydantic models under keys (`TypedKV`) and a leader lease (`Lease`).
+
+Both use the bucket's compare-and-set, so two writers can never both win a round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TypeVar
+
+import nats.js.errors
+from nats.js.kv import KeyValue
+from pydantic import BaseModel
+
+log = logging.getLogger("tideshift.bus")
+M = TypeVar("M", bound=BaseModel)
+
+
+# JetStream's error code for a compare-and-set that lost (some servers send it as a plain
+# bad request rather than as KeyWrongLastSequenceError).
+WRONG_LAST_SEQUENCE = 10071
+
+
+class KVConflict(RuntimeError):
+    """A compare-and-set on a KV key lost: someone else wrote it since it was read."""
+
+
+@dataclass
+class Lease:
+    """Single-leader election on a KV key with compare-and-set and a time-to-live.
+
+    The value holds the holder's name and an expiry time. A contender takes the key when it
+    is absent (create) or expired (update at the revision it read), so two contenders can
+    never both succeed; the holder renews with the same compare-and-set before expiry.
+    Clocks of contenders are assumed roughly in sync (well under the TTL).
+    """
+
+    kv: KeyValue
+    key: str
+    holder: str
+    ttl_seconds: float
+    _revision: int | None = field(default=None, init=False)
+
+    @property
+    def held(self) -> bool:
+        return self._revision is not None
+
+    async def try_acquire(self, now: datetime | None = None) -> bool:
+        """Acquire or renew; returns whether this holder leads now."""
+        now = now or datetime.now(UTC)
+        value = json.dumps(
+            {"holder": self.holder, "expires_at": now.timestamp() + self.ttl_seconds}
+        ).encode()
+        try:
+            entry = await self.kv.get(self.key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            entry = None
+        try:
+            if entry is None or entry.value is None:
+                self._revision = await self.kv.create(self.key, value)
+                return True
+            current = json.loads(entry.value)
+            mine = current.get("holder") == self.holder
+            expired = float(current.get("expires_at", 0)) <= now.timestamp()
+            if not (mine or expired):
+                self._revision = None
+                return False
+            self._revision = await self.kv.update(self.key, value, last=entry.revision)
+            return True
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.BadRequestError):
+            # Someone else wrote between our read and our write: they won this round.
+            self._revision = None
+            return False
+        except (json.JSONDecodeError, TypeError, ValueError, AttributeError):
+            log.warning("lease %s holds an unreadable value; taking it over", self.key)
+            self._revision = await self.kv.put(self.key, value)
+            return True
+
+    async def release(self) -> None:
+        if self._revision is None:
+            return
+        with contextlib.suppress(nats.js.errors.Error):
+            await self.kv.delete(self.key, last=self._revision)
+        self._revision = None
+
+
+class TypedKV:
+    """A KV bucket holding pydantic models as JSON, under escaped keys."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.raw = kv
+
+    async def put(self, key: str, value: BaseModel) -> int:
+        return await self.raw.put(key, value.model_dump_json().encode())
+
+    async def get(self, key: str, model: type[M]) -> M | None:
+        value, _ = await self.get_revision(key, model)
+        return value
+
+    async def get_revision(self, key: str, model: type[M]) -> tuple[M | None, int | None]:
+        """The value and the revision to pass to `update`: (None, None) when absent, and
+        (None, revision) when the stored value no longer validates (logged), so a caller can
+        overwrite a damaged value by compare-and-set instead of failing on it."""
+        try:
+            entry = await self.raw.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None, None
+        if entry.value is None:
+            return None, entry.revision
+        try:
+            return model.model_validate_json(entry.value), entry.revision
+        except ValueError as error:
+            log.warning("KV %s: unreadable value at %s: %s", self.raw._name, key, error)
+            return None, entry.revision
+
+    async def update(self, key: str, value: BaseModel, *, revision: int | None) -> int:
+        """Compare-and-set: write only if the key is still at `revision` (None = absent)."""
+        data = value.model_dump_json().encode()
+        try:
+            if revision is None:
+                return await self.raw.create(key, data)
+            return await self.raw.update(key, data, last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError as error:
+            raise KVConflict(f"{key}: {error}") from error
+        except nats.js.errors.BadRequestError as error:
+            if error.err_code == WRONG_LAST_SEQUENCE:
+                raise KVConflict(f"{key}: {error}") from error
+            raise
+
+    async def delete(self, key: str) -> None:
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            await self.raw.delete(key)
+
+    async def keys(self) -> list[str]:
+        try:
+            return list(await self.raw.keys())
+        except nats.js.errors.NoKeysError:
+            return []
+
+    async def items(self, model: type[M]) -> AsyncIterator[tuple[str, M]]:
+        """Every current value that still validates; bad values are logged and skipped."""
+        for key in await self.keys():
+            value = await self.get(key, model)
+            if value is not None:
+                yield key, value
