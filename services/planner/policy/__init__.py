@@ -5,7 +5,8 @@ Kubernetes, the bus or the simulated cluster):
 
 * `model`: targets, the columnar cluster view, workloads, forecasts, inputs, state, decision;
 * `serving`: serving sizing from the forecast and its placement;
-* `packing`: per-node packing and the cluster's pods as per-node entries;
+* `packing`: per-node packing as the scheduler packs, scale-down victims that free whole
+  nodes, stranded capacity, and the cluster's pods as per-node entries;
 * `tiers`: tier solving, weighted dominant-resource fairness and gangs;
 * `churn`: limits on voluntary removals and small growth;
 * `training`: one tier's trainers kept, solved, limited and decided;
@@ -42,12 +43,13 @@ from tideshift.services.planner.policy.packing import (
     ClusterEntries,
     cluster_entries,
     cluster_usage,
-    level_down,
-    level_down_many,
+    compact_down,
+    entry_rest,
     managed_targets,
     node_sums,
     pack_sparse,
     slots_per_node,
+    stranded_capacity,
 )
 from tideshift.services.planner.policy.plan import plan
 from tideshift.services.planner.policy.serving import forecast_peak
@@ -76,12 +78,13 @@ __all__ = [
     "Vector",
     "cluster_entries",
     "cluster_usage",
+    "compact_down",
+    "entry_rest",
     "forecast_peak",
-    "level_down",
-    "level_down_many",
     "managed_targets",
     "node_sums",
     "pack_sparse",
     "plan",
     "slots_per_node",
+    "stranded_capacity",
 ]

@@ -1,6 +1,7 @@
-"""Per-node packing: how many pods of a shape fit where, first-fit placement, shrinking a
-workload from the nodes that hold most of it, and the cluster's pods as sparse per-node entries
-of the managed targets. Pure numpy; no I/O."""
+"""Per-node packing: how many pods of a shape fit where, placement as the scheduler packs
+(`cluster.placement`), which pods leave when a target shrinks (the ones that free whole nodes),
+stranded capacity, and the cluster's pods as sparse per-node entries of the managed targets.
+Pure numpy; no I/O."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tideshift.services.cluster.placement import fits, fullness, placement_order
 from tideshift.services.planner.policy.model import (
     FloatArray,
     IntArray,
@@ -26,95 +28,82 @@ def slots_per_node(free: FloatArray, request: FloatArray) -> IntArray:
     return slots
 
 
-def pack_sparse(free: FloatArray, request: FloatArray, count: int) -> tuple[IntArray, IntArray]:
-    """First fit of `count` identical pods: (node rows, pods on each); the sum may fall short.
+def pack_sparse(
+    free: FloatArray, request: FloatArray, count: int, allocatable: FloatArray
+) -> tuple[IntArray, IntArray]:
+    """Place `count` identical pods as the scheduler would (`cluster.placement`: CPU-only pods
+    off GPU nodes while others fit, then the most allocated node first): (node rows, pods on
+    each); the sum may fall short.
 
-    Scans nodes in growing blocks and stops once everything is placed: small additions on a
-    big cluster touch only the first few hundred nodes.
+    A pod only makes its node fuller, so the node that wins the first pod wins the following
+    ones until it is full: filling nodes in the first pod's order is the scheduler's outcome.
     """
-    node_count = free.shape[0]
-    nodes: list[IntArray] = []
-    counts: list[IntArray] = []
-    start, block = 0, 256
-    while count > 0 and start < node_count:
-        end = min(node_count, start + block)
-        slots = slots_per_node(free[start:end], request)
-        before = np.cumsum(slots) - slots
-        taken = np.clip(count - before, 0, slots)
-        used = np.flatnonzero(taken)
-        nodes.append(used + start)
-        counts.append(taken[used])
-        count -= int(taken.sum())
-        start, block = end, block * 2
-    if not nodes:
+    order = placement_order(free, allocatable, request)
+    if count <= 0 or order.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(nodes), np.concatenate(counts)
+    slots = slots_per_node(free[order], request)
+    before = np.cumsum(slots) - slots
+    taken = np.clip(count - before, 0, slots)
+    used = np.flatnonzero(taken)
+    nodes: IntArray = order[used]
+    counts: IntArray = taken[used].astype(np.int64)
+    return nodes, counts
 
 
-def level_down(counts: IntArray, keep: int) -> IntArray:
-    """Keep `keep` pods, removing first from the nodes that hold the most."""
-    total = int(counts.sum())
-    if keep >= total:
-        return counts
-    if keep <= 0:
-        return np.zeros(counts.shape, dtype=np.int64)
-    low, high = 0, int(counts.max())
-    while low < high:  # largest cap h with sum(min(counts, h)) <= keep
-        middle = (low + high + 1) // 2
-        if int(np.minimum(counts, middle).sum()) <= keep:
-            low = middle
-        else:
-            high = middle - 1
-    kept = np.minimum(counts, low)
-    remainder = keep - int(kept.sum())
-    if remainder > 0:
-        above = np.flatnonzero(counts > low)[:remainder]
-        kept[above] += 1
-    return kept
-
-
-def level_down_many(counts: IntArray, rows: IntArray, row_count: int, keep: IntArray) -> IntArray:
-    """`level_down` for many targets at once.
+def compact_down(
+    counts: IntArray, rows: IntArray, row_count: int, keep: IntArray, node_rest: FloatArray
+) -> IntArray:
+    """Which pods stay when targets shrink, chosen so that scale-downs free whole nodes.
 
     Entries (rows[e], counts[e]) are one target's pods on one node, grouped by row in
-    ascending order; `keep[row]` pods stay per target. A vectorised binary search finds each
-    target's cap h (largest with sum(min(counts, h)) <= keep); the remainder goes, one each,
-    to that target's first entries above h. Worked example (test_level_down_many): counts
-    [4, 1, 2] with keep 5 gives h = 2, sum 5, stays [2, 1, 2].
+    ascending order; `keep[row]` pods stay per target; `node_rest[e]` is how full entry e's
+    node stays once that target's pods there are gone (`placement.fullness`). Each target
+    empties its entries in order of that fullness (the emptiest node first, then the entry
+    with fewer pods, then the lower position), all of an entry's pods before the next's.
+    Worked example (test_compact_down_frees_the_emptiest_node): counts [2, 3] on nodes that
+    stay 0.5 and 0.0 full, keep 2: the second entry goes, [2, 0] stay.
     """
     if counts.size == 0:
         return counts.copy()
     totals = np.bincount(rows, weights=counts, minlength=row_count).astype(np.int64)
-    keep = np.clip(keep, 0, totals)
-    cut = keep < totals
-    if not cut.any():
-        return counts.copy()
-    affected = cut[rows]
-    if not affected.all():  # only the targets that shrink need the search
-        result_all = counts.copy()
-        result_all[affected] = level_down_many(counts[affected], rows[affected], row_count, keep)
-        return result_all
-    low = np.zeros(row_count, dtype=np.int64)
-    high = np.zeros(row_count, dtype=np.int64)
-    np.maximum.at(high, rows, counts)
-    for _ in range(64):
-        if np.all(low >= high):
-            break
-        middle = (low + high + 1) // 2
-        sums = np.bincount(rows, weights=np.minimum(counts, middle[rows]), minlength=row_count)
-        fits = sums <= keep + 1e-9
-        low = np.where(fits, middle, low)
-        high = np.where(fits, high, middle - 1)
-    stays = np.minimum(counts, low[rows])
-    remainder = keep - np.bincount(rows, weights=stays, minlength=row_count).astype(np.int64)
-    above = counts > low[rows]
-    running = np.cumsum(above)
-    starts = np.searchsorted(rows, np.arange(row_count))
-    before_row = np.where(starts > 0, running[np.maximum(starts - 1, 0)], 0)
-    rank = running - 1 - before_row[rows]
-    stays += (above & (rank < remainder[rows])).astype(np.int64)
-    result: IntArray = stays
+    remove = totals - np.clip(keep, 0, totals)
+    order = np.lexsort((np.arange(counts.size), counts, node_rest, rows))
+    ordered_rows, ordered_counts = rows[order], counts[order]
+    running = np.cumsum(ordered_counts) - ordered_counts  # pods before, over all rows
+    row_start = np.searchsorted(ordered_rows, np.arange(row_count))
+    before = running - running[np.minimum(row_start, counts.size - 1)][ordered_rows]
+    removed = np.clip(remove[ordered_rows] - before, 0, ordered_counts)
+    stays = counts.copy()
+    stays[order] = ordered_counts - removed
+    result: IntArray = stays.astype(np.int64)
     return result
+
+
+def entry_rest(
+    used: FloatArray,
+    allocatable: FloatArray,
+    nodes: IntArray,
+    counts: IntArray,
+    requests: FloatArray,
+) -> FloatArray:
+    """`compact_down`'s node_rest: how full each entry's node stays without the entry's pods
+    (`used`: requests per node now; `requests[e]`: one pod of entry e)."""
+    if nodes.size == 0:
+        return np.zeros(0)
+    rest = np.maximum(used[nodes] - counts[:, None] * requests, 0.0)
+    return fullness(rest, allocatable[nodes])
+
+
+def stranded_capacity(free: FloatArray, shapes: FloatArray) -> FloatArray:
+    """Fragmentation: the free (cpu, memory, GPU) summed over nodes where not one pod of any
+    pending training shape (`shapes`, (k, 3)) fits. Nothing pending strands nothing."""
+    if shapes.size == 0 or free.size == 0:
+        return np.zeros(3)
+    fits_any = np.zeros(free.shape[0], dtype=np.bool_)
+    for shape in shapes.reshape(-1, 3):
+        fits_any |= fits(free, shape)
+    stranded: FloatArray = np.maximum(free[~fits_any], 0.0).sum(axis=0)
+    return stranded
 
 
 def node_sums(

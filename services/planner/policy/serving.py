@@ -25,7 +25,8 @@ from tideshift.services.planner.policy.model import (
 )
 from tideshift.services.planner.policy.packing import (
     ClusterEntries,
-    level_down_many,
+    compact_down,
+    entry_rest,
     node_sums,
     pack_sparse,
 )
@@ -165,15 +166,27 @@ def place_serving(
     ).reshape(-1, 3)
     is_serving = entries.row < serving_count
     rows, nodes = entries.row[is_serving], entries.node[is_serving]
-    stays = level_down_many(
-        entries.count[is_serving], rows, serving_count, np.asarray(desired, dtype=np.int64)
-    )
-    usage = entries.fixed + node_sums(nodes, stays, serving_requests[rows], node_count)
-    stayed = np.bincount(rows, weights=stays, minlength=serving_count)
     job_rows = entries.row[~is_serving] - serving_count
     trainer_usage = node_sums(
         entries.node[~is_serving], entries.count[~is_serving], job_requests[job_rows], node_count
     )
+    serving_now = node_sums(nodes, entries.count[is_serving], serving_requests[rows], node_count)
+    # Scale-down removes the replicas that free whole nodes (the executor's deletion cost).
+    stays = compact_down(
+        entries.count[is_serving],
+        rows,
+        serving_count,
+        np.asarray(desired, dtype=np.int64),
+        entry_rest(
+            entries.fixed + serving_now + trainer_usage,
+            allocatable,
+            nodes,
+            entries.count[is_serving],
+            serving_requests[rows],
+        ),
+    )
+    usage = entries.fixed + node_sums(nodes, stays, serving_requests[rows], node_count)
+    stayed = np.bincount(rows, weights=stays, minlength=serving_count)
     free_of_all = allocatable - usage - trainer_usage  # what the scheduler finds free
     free_of_serving = allocatable - usage  # what serving can take by preempting trainers
     infeasible: list[Infeasible] = []
@@ -188,6 +201,7 @@ def place_serving(
                 room,
                 serving_requests[row],
                 rest,
+                allocatable=allocatable,
                 usage=usage,
                 free_of_all=free_of_all,
                 free_of_serving=free_of_serving,
@@ -210,12 +224,13 @@ def _take(
     request: FloatArray,
     count: int,
     *,
+    allocatable: FloatArray,
     usage: FloatArray,
     free_of_all: FloatArray,
     free_of_serving: FloatArray,
 ) -> int:
     """Pack up to `count` replicas into `room`; book them everywhere; returns the rest."""
-    nodes, placed = pack_sparse(room, request, count)
+    nodes, placed = pack_sparse(room, request, count, allocatable)
     taken = placed[:, None] * request
     usage[nodes] += taken
     free_of_all[nodes] -= taken

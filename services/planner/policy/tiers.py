@@ -11,7 +11,8 @@ import numpy as np
 
 from tideshift.services.planner.policy.model import EPS, FloatArray, IntArray, TrainingJob
 from tideshift.services.planner.policy.packing import (
-    level_down_many,
+    compact_down,
+    entry_rest,
     node_sums,
     pack_sparse,
     slots_per_node,
@@ -47,6 +48,7 @@ class TierSolver:
         jobs: list[TierJob],
         base_free: FloatArray,
         *,
+        allocatable: FloatArray,
         entry_job: IntArray,
         entry_node: IntArray,
         entry_kept: IntArray,
@@ -55,6 +57,7 @@ class TierSolver:
         the kept trainers per (job, node)."""
         self.jobs = jobs
         self.base_free = base_free
+        self.allocatable = allocatable
         self.shapes = _shape_order(jobs)
         self.entry_job = entry_job
         self.entry_node = entry_node
@@ -65,13 +68,18 @@ class TierSolver:
             else np.zeros((0, 3))
         )
         self.kept_totals = np.array([item.kept_total for item in jobs], dtype=np.int64)
+        self.entry_rest = entry_rest(
+            allocatable - base_free, allocatable, entry_node, entry_kept, self.entry_request
+        )
 
     def freed(self, counts: Sequence[int]) -> FloatArray:
-        """Room once every job that shrinks has left the nodes holding most of its trainers."""
+        """Room once every job that shrinks has left the nodes it frees most (`compact_down`)."""
         wanted = np.asarray(counts, dtype=np.int64)
         if not np.any(wanted < self.kept_totals):
             return self.base_free.copy()
-        stays = level_down_many(self.entry_kept, self.entry_job, len(self.jobs), wanted)
+        stays = compact_down(
+            self.entry_kept, self.entry_job, len(self.jobs), wanted, self.entry_rest
+        )
         released = self.entry_kept - stays
         moved = released > 0
         return self.base_free + node_sums(
@@ -91,7 +99,7 @@ class TierSolver:
             if wanted == 0:
                 continue
             request = np.asarray(shape, dtype=np.float64)
-            nodes, placed = pack_sparse(free, request, wanted)
+            nodes, placed = pack_sparse(free, request, wanted, self.allocatable)
             free[nodes] -= placed[:, None] * request
             short = wanted - int(placed.sum())
             # Attribute a shortfall to the shape's last members (later-submitted jobs).

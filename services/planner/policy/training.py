@@ -108,6 +108,7 @@ def _prepare(inputs: PlanInputs, trainers: Trainers, tier: int, free: FloatArray
     solver = TierSolver(
         tier_jobs,
         free - node_sums(local_node, kept, local_request, free.shape[0]),
+        allocatable=view_total,
         entry_job=local_job[present],
         entry_node=local_node[present],
         entry_kept=kept[present],

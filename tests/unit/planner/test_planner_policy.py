@@ -20,8 +20,6 @@ from tideshift.services.planner.policy import (
     Target,
     TrainingJob,
     forecast_peak,
-    level_down,
-    level_down_many,
     pack_sparse,
     plan,
 )
@@ -100,25 +98,9 @@ def replicas_pods(target: Target, count: int, node: str, request: float = 1.0) -
 # ---- helpers ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("counts", "keep", "expected"),
-    [
-        ([3, 1, 2], 6, [3, 1, 2]),
-        ([3, 1, 2], 0, [0, 0, 0]),
-        ([4, 1, 2], 5, [2, 1, 2]),  # the fullest node loses first
-        ([2, 2, 2], 5, [2, 2, 1]),
-    ],
-)
-def test_level_down_removes_from_the_fullest_nodes(
-    counts: list[int], keep: int, expected: list[int]
-) -> None:
-    result = level_down(np.array(counts, dtype=np.int64), keep)
-    assert result.tolist() == expected
-
-
 def test_pack_respects_every_resource_per_node() -> None:
     free = np.array([[4.0, 4.0, 0.0], [8.0, 1.0, 0.0], [8.0, 8.0, 0.0]])
-    nodes, counts = pack_sparse(free, np.array([2.0, 2.0, 0.0]), 10)
+    nodes, counts = pack_sparse(free, np.array([2.0, 2.0, 0.0]), 10, np.full((3, 3), 8.0))
     placed = np.zeros(len(free), dtype=np.int64)
     placed[nodes] = counts
     assert placed.tolist() == [2, 0, 4]
@@ -516,18 +498,6 @@ def test_no_flapping_on_noisy_flat_load() -> None:
         assert reversals <= 2, (target, counts)
         assert len(moves) <= 6, (target, moves)
     assert math.isclose(sum(current.values()), 64, abs_tol=2)
-
-
-def test_level_down_many_matches_level_down_per_target() -> None:
-    rng = np.random.default_rng(3)
-    for _ in range(50):
-        rows = np.sort(rng.integers(0, 5, size=40))
-        counts = rng.integers(1, 6, size=40)
-        keep = rng.integers(0, 40, size=5)
-        result = level_down_many(counts, rows, 5, keep)
-        for row in range(5):
-            mine = counts[rows == row]
-            assert result[rows == row].tolist() == level_down(mine, int(keep[row])).tolist()
 
 
 def test_missing_forecast_holds_serving_and_stops_training_growth() -> None:
