@@ -156,7 +156,9 @@ class SimCluster:
         self._pending: set[str] = set()
         self._starting: list[tuple[float, int, str]] = []  # (ready_at, seq, pod key) heap
         self._seq = itertools.count()
-        self._dirty_workloads: set[TargetRef] = set()
+        # An insertion-ordered set (dict keys): reconciling in hash order would create pods in
+        # an order that changes with PYTHONHASHSEED, and so would every simulated figure.
+        self._dirty_workloads: dict[TargetRef, None] = {}
         self._schedule_needed = False
         self._subscribers: list[Callable[[ClusterChange], None]] = []
         self._bound_total = [0.0, 0.0, 0.0]
@@ -200,13 +202,13 @@ class SimCluster:
             raise ValueError(f"workload {workload.ref} already exists")
         workload.replicas = workload.clamp(workload.replicas)
         self._workloads[workload.ref] = workload
-        self._dirty_workloads.add(workload.ref)
+        self._dirty_workloads[workload.ref] = None
 
     def delete_workload(self, ref: TargetRef) -> None:
         workload = self._workloads.pop(ref)
         for pod in list(workload.pods):
             self._delete_pod(pod, evicted=False, count_stop=False)
-        self._dirty_workloads.discard(ref)
+        self._dirty_workloads.pop(ref, None)
 
     def workload(self, ref: TargetRef) -> SimWorkload:
         return self._workloads[ref]
@@ -229,7 +231,7 @@ class SimCluster:
         clamped = workload.clamp(replicas)
         if clamped != workload.replicas:
             workload.replicas = clamped
-            self._dirty_workloads.add(ref)
+            self._dirty_workloads[ref] = None
         return self.scale_state(ref)
 
     def ready_count(self, ref: TargetRef) -> int:
@@ -287,7 +289,7 @@ class SimCluster:
                 pod, bound=-1 if pod.node is not None else 0, ready=-1 if pod.ready else 0
             )
             if evicted:
-                self._dirty_workloads.add(pod.owner)
+                self._dirty_workloads[pod.owner] = None
         if pod.node is not None:
             sim_node = self._nodes.get(pod.node)
             if sim_node is not None:
@@ -351,7 +353,8 @@ class SimCluster:
     def _reconcile(self) -> None:
         # Evictions mark workloads dirty while we iterate: loop until quiet.
         while self._dirty_workloads:
-            ref = self._dirty_workloads.pop()
+            ref = next(iter(self._dirty_workloads))
+            del self._dirty_workloads[ref]
             workload = self._workloads.get(ref)
             if workload is not None:
                 self._reconcile_workload(workload)

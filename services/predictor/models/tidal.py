@@ -25,6 +25,7 @@ Design, in the order the data flows:
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 
@@ -45,6 +46,8 @@ from tideshift.services.predictor.models.base import (
     make_forecast,
     regularize,
 )
+
+log = logging.getLogger(__name__)
 
 
 class TidalConfig(BaseModel):
@@ -120,6 +123,8 @@ class Tidal:
         self._cusum_up = 0.0
         self._cusum_down = 0.0
         self._boost_left = 0
+        # Samples `update` refused because they lay beyond the longest history it keeps.
+        self.rejected_future = 0
 
     # ---- fitting -------------------------------------------------------------------------
 
@@ -243,10 +248,25 @@ class Tidal:
             return
         times = np.asarray(timestamps, dtype=np.float64).ravel()
         observed = np.asarray(values, dtype=np.float64).ravel()
-        offsets = np.rint((times - self._last_timestamp) / self._interval).astype(np.int64)
-        newer = offsets > 0
+        with np.errstate(invalid="ignore"):
+            offsets = np.rint((times - self._last_timestamp) / self._interval)
+        # A timestamp far in the future (a broken exporter clock) would allocate a grid up
+        # to it and then make every later, correct sample look old: such samples are
+        # rejected and counted, never applied. A real gap that long needs a refit anyway.
+        too_far = offsets > self._max_gap_steps()
+        if too_far.any():
+            self.rejected_future += int(too_far.sum())
+            log.warning(
+                "%s: rejected %d sample(s) more than %.0f s after the last one (at %.0f s)",
+                self.name,
+                int(too_far.sum()),
+                self._max_gap_steps() * self._interval,
+                self._last_timestamp,
+            )
+        newer = np.isfinite(offsets) & (offsets > 0) & ~too_far
         if not newer.any():
             return
+        offsets = offsets.astype(np.int64)
         added = int(offsets[newer].max())
         fresh = np.full(added, np.nan)
         fresh[offsets[newer] - 1] = observed[newer]
@@ -287,6 +307,9 @@ class Tidal:
                 _MIN_RECALIBRATE_ROWS, self.config.recalibrate_every_s / self._interval
             ):
                 self._recalibrate()
+
+    def _max_gap_steps(self) -> int:
+        return max(1, round(self.config.max_history_s / self._interval))
 
     def _track_quantiles(self, errors: FloatArray, predicted: FloatArray) -> None:
         """Quantile tracking: move each correction by rate * (miss - (1 - level))."""
