@@ -2,12 +2,14 @@
 
 Structured mode puts every attribute in the body, so MQTT clients (which have no headers)
 read the same bytes as NATS clients. `decode` never trusts its input: anything that is not
-a valid event of a known type and version raises `EventRejected` with a one-line reason.
+a valid event of a known type and version raises `EventRejected` with a one-line reason, and
+nothing else (not for deep nesting, huge numbers, NaN, invalid UTF-8 or duplicate keys).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +32,8 @@ EVENT_MODELS: dict[str, type[EventData]] = {
     subject.model.event_type(): subject.model for subject in ALL_SUBJECTS
 }
 _REQUIRED = ("specversion", "id", "source", "type", "data")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_INT64_DIGITS = len(str(_INT64_MAX))
 
 
 class EventRejected(ValueError):
@@ -98,10 +102,7 @@ def decode(
     """Parse and validate one CloudEvent; `expected` restricts it to one model."""
     if len(raw) > max_bytes:
         raise EventRejected("too_large", f"message of {len(raw)} bytes exceeds limit {max_bytes}")
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise EventRejected("not_json", f"not JSON: {error}") from None
+    body = _parse_json(raw)
     if not isinstance(body, dict):
         raise EventRejected("not_cloudevent", "not a CloudEvent: JSON body is not an object")
     missing = [name for name in _REQUIRED if name not in body]
@@ -119,6 +120,11 @@ def decode(
         raise EventRejected(
             "unexpected_type", f"type {event_type} where {expected.event_type()} was expected"
         )
+    for attribute in ("id", "source"):
+        if not isinstance(body[attribute], str) or not body[attribute]:
+            raise EventRejected(
+                "not_cloudevent", f"CloudEvent {attribute} must be a non-empty string"
+            )
     try:
         data = model.model_validate(body["data"])
     except ValidationError as error:
@@ -127,14 +133,67 @@ def decode(
         raise EventRejected(
             "invalid", f"{event_type} failed validation at data.{where}: {first['msg']}"
         ) from None
+    except RecursionError:
+        raise EventRejected("too_deep", f"{event_type} data is nested too deeply") from None
     return Envelope(
-        id=str(body["id"]),
-        source=str(body["source"]),
+        id=body["id"],
+        source=body["source"],
         type=event_type,
         time=_parse_time(body.get("time")),
         subject=body.get("subject") if isinstance(body.get("subject"), str) else None,
         data=data,  # type: ignore[arg-type]  # model is `expected` when one was given
     )
+
+
+def _parse_json(raw: bytes) -> Any:
+    """Strict JSON in UTF-8: no NaN/Infinity, no duplicate keys, no number beyond int64/float."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        reason = f"not UTF-8: {error.reason} at byte {error.start}"
+        raise EventRejected("not_utf8", reason) from None
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_object_without_duplicates,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            parse_constant=_no_constant,
+        )
+    except EventRejected:
+        raise
+    except RecursionError:
+        raise EventRejected("too_deep", "JSON nested too deeply") from None
+    except ValueError as error:  # JSONDecodeError is a ValueError
+        raise EventRejected("not_json", f"not JSON: {error}") from None
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in body:
+            raise EventRejected("not_json", f"duplicate JSON key {key[:64]!r}")
+        body[key] = value
+    return body
+
+
+def _bounded_int(literal: str) -> int:
+    # The digits are counted before int() so a 100,000-digit literal costs nothing.
+    value = int(literal) if len(literal.lstrip("-")) <= _INT64_DIGITS else None
+    if value is None or not _INT64_MIN <= value <= _INT64_MAX:
+        raise EventRejected("out_of_range", f"integer {literal[:24]} is beyond 64 bits")
+    return value
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise EventRejected("out_of_range", f"number {literal[:24]} is beyond a 64-bit float")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise EventRejected("not_json", f"{name} is not a JSON number (only finite numbers are)")
 
 
 def _unknown_type_reason(event_type: object) -> str:

@@ -288,7 +288,10 @@ class Bus:
                         envelope = self._decode(msg.data, subject.model)
                     except EventRejected as error:
                         await self._reject(durable, msg.subject, msg.data, error)
-                        await msg.term()
+                        # A lost connection leaves it unterminated: it comes back, is
+                        # rejected again, and is terminated then.
+                        with contextlib.suppress(nats.errors.Error):
+                            await msg.term()
                         continue
                     RECEIVED.labels(durable).inc()
                     yield Delivery(envelope, msg)

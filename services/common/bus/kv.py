@@ -76,7 +76,7 @@ class Lease:
             # Someone else wrote between our read and our write: they won this round.
             self._revision = None
             return False
-        except (json.JSONDecodeError, TypeError, ValueError, AttributeError):
+        except (RecursionError, TypeError, ValueError, AttributeError):  # JSONDecodeError is a ValueError
             log.warning("lease %s holds an unreadable value; taking it over", self.key)
             self._revision = await self.kv.put(self.key, value)
             return True

@@ -242,7 +242,8 @@ def _with(**changes: object) -> bytes:
 @pytest.mark.parametrize(
     ("raw", "kind", "fragment"),
     [
-        (b"\xff\xfe not json", "not_json", "not JSON"),
+        (b"\xff\xfe not json", "not_utf8", "not UTF-8"),
+        (b"definitely not json", "not_json", "not JSON"),
         (b"[1, 2]", "not_cloudevent", "not an object"),
         (b'{"id": "1"}', "not_cloudevent", "missing specversion"),
         (_with(specversion="0.3"), "not_cloudevent", "specversion"),
@@ -267,8 +268,10 @@ def test_decode_rejects_an_unexpected_type() -> None:
 
 
 def test_models_are_frozen_and_strict() -> None:
-    with pytest.raises(ValueError, match="Extra inputs"):
+    with pytest.raises(ValueError, match="Unexpected keyword argument"):
         events.WorkloadRef(kind="Job", namespace="a", name="b", colour="red")  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="Extra inputs"):
+        events.ScaleCommand.model_validate({**VALID_COMMAND.model_dump(), "colour": "red"})
     with pytest.raises(ValueError, match="frozen"):
         VALID_COMMAND.desired = 4  # type: ignore[misc]
     with pytest.raises(ValueError, match="q50 <= q90"):
