@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    model_validator,
+)
 
 # A Kubernetes object name or namespace: non-empty, at most 253 characters.
 KubeName = Annotated[str, Field(min_length=1, max_length=253)]
@@ -19,7 +26,9 @@ Role = Literal["serving", "training", "other"]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN and Infinity are never a quantity: rejected here rather than turned into garbage
+    # by the integer arithmetic of a policy.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class EventData(_Frozen):
@@ -139,8 +148,8 @@ class ScaleResult(EventData):
     target: WorkloadRef
     idempotency_key: str = Field(min_length=1, max_length=256)
     outcome: Literal["applied", "noop", "rejected", "failed"]
-    previous: int | None = None
-    current: int | None = None
+    previous: NonNegativeInt | None = None
+    current: NonNegativeInt | None = None
     desired: int = Field(ge=0)
     message: str = ""
     dry_run: bool = False

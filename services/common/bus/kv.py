@@ -76,7 +76,8 @@ class Lease:
             # Someone else wrote between our read and our write: they won this round.
             self._revision = None
             return False
-        except (RecursionError, TypeError, ValueError, AttributeError):  # JSONDecodeError is a ValueError
+        # JSONDecodeError is a ValueError; a deeply nested value raises RecursionError.
+        except (RecursionError, TypeError, ValueError, AttributeError):
             log.warning("lease %s holds an unreadable value; taking it over", self.key)
             self._revision = await self.kv.put(self.key, value)
             return True
