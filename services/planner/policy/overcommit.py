@@ -1,0 +1,54 @@
+"""Overcommit: what serving reserves but does not use, lent to batch trainers. Per node,
+reclaimable = allocatable - what non-batch pods use - a safety margin; batch trainers on that
+capacity are the first to go when serving's usage rises. Pure numpy; no I/O, no clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tideshift.services.planner.policy.model import FloatArray, IntArray
+
+# Extended resources the executor advertises on each Node's status; opted-in trainers request
+# these instead of cpu / memory.
+BATCH_CPU = "tideshift.io/batch-cpu"
+BATCH_MEMORY = "tideshift.io/batch-memory"
+
+
+@dataclass(frozen=True, slots=True)
+class OvercommitConfig:
+    margin: float = 0.1  # fraction of each node's allocatable never lent
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin: expected a fraction in [0, 1), got {self.margin!r}")
+
+
+def reclaimable(
+    allocatable: FloatArray, non_batch_used: FloatArray, config: OvercommitConfig
+) -> FloatArray:
+    """Per node (cpu, memory) batch trainers may use: allocatable - what serving and every
+    other non-batch pod uses (measured, not requested) - the margin; never negative.
+
+    `allocatable` and `non_batch_used` are (nodes, 3) or (nodes, 2); only cpu and memory are
+    lent (GPUs are not shared)."""
+    alloc = allocatable[:, :2]
+    lendable: FloatArray = np.maximum(alloc * (1.0 - config.margin) - non_batch_used[:, :2], 0.0)
+    return lendable
+
+
+def batch_evictions(
+    reclaimable_now: FloatArray, batch_requests: FloatArray, trainer_request: FloatArray
+) -> IntArray:
+    """Per node, how many batch trainers (each `trainer_request` of (cpu, memory)) must leave
+    so that what batch pods hold (`batch_requests`, (nodes, 2)) fits the reclaimable capacity
+    again: serving's rising usage takes precedence over lent capacity."""
+    excess = np.maximum(batch_requests[:, :2] - reclaimable_now[:, :2], 0.0)
+    request = np.asarray(trainer_request[:2], dtype=np.float64)
+    positive = request > 0
+    if not positive.any():
+        return np.zeros(excess.shape[0], dtype=np.int64)
+    needed = np.ceil(excess[:, positive] / request[positive] - 1e-9).max(axis=1)
+    result: IntArray = np.maximum(needed, 0).astype(np.int64)
+    return result
