@@ -7,6 +7,7 @@ altering an old one. Quantities use base units: cpu in cores, memory in bytes, t
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
@@ -15,8 +16,10 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeInt,
+    field_validator,
     model_validator,
 )
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 # A Kubernetes object name or namespace: non-empty, at most 253 characters.
 KubeName = Annotated[str, Field(min_length=1, max_length=253)]
@@ -50,15 +53,60 @@ class Resources(_Frozen):
     gpu: int = Field(default=0, ge=0, description="nvidia.com/gpu devices")
 
 
-class WorkloadRef(_Frozen):
-    """A workload (scale target) by API kind, namespace and name."""
+# The API group of a kind named without one (kubectl's defaults); any other bare kind is in
+# the core group. `Job` alone is batch/v1: a Volcano Job must be named `Job.batch.volcano.sh`.
+DEFAULT_GROUPS: dict[str, str] = {
+    "Deployment": "apps",
+    "StatefulSet": "apps",
+    "ReplicaSet": "apps",
+    "DaemonSet": "apps",
+    "Job": "batch",
+    "CronJob": "batch",
+    "PyTorchJob": "kubeflow.org",
+}
+_QUALIFIED_KIND = re.compile(r"[A-Z][A-Za-z0-9]*(?:\.[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?)?")
 
-    kind: str = Field(min_length=1, max_length=63, description="e.g. Deployment, Job, PyTorchJob")
+
+@pydantic_dataclass(frozen=True, order=True, slots=True, config=ConfigDict(extra="forbid"))
+class WorkloadRef:
+    """A workload (scale target) by group-qualified kind, namespace and name; the one
+    identity of the contract, the cluster port, the policy and the executor.
+
+    `kind` is `Kind.group` (`Deployment.apps`, `Job.batch`, `Job.batch.volcano.sh`,
+    `PyTorchJob.kubeflow.org`); a bare well-known kind is qualified with its default group on
+    construction. Printed and parsed as `Kind.group/namespace/name`.
+    """
+
     namespace: KubeName
+    kind: Annotated[str, Field(max_length=253, description="Kind.group: Job.batch.volcano.sh")]
     name: KubeName
-    api_version: str = Field(
-        default="", max_length=253, description="e.g. apps/v1; empty = default for kind"
-    )
+
+    @field_validator("kind")
+    @classmethod
+    def _qualified(cls, kind: str) -> str:
+        if not _QUALIFIED_KIND.fullmatch(kind):
+            raise ValueError(f"expected Kind.group (e.g. Deployment.apps), got {kind!r}")
+        if "." not in kind and kind in DEFAULT_GROUPS:
+            return f"{kind}.{DEFAULT_GROUPS[kind]}"
+        return kind
+
+    @property
+    def group(self) -> str:
+        """The API group (`apps`, `batch.volcano.sh`); `` for the core group."""
+        return self.kind.partition(".")[2]
+
+    @property
+    def plain_kind(self) -> str:
+        """The kind as in `metadata`/`ownerReferences` (`Job`), without its group."""
+        return self.kind.partition(".")[0]
+
+    @classmethod
+    def parse(cls, text: str) -> WorkloadRef:
+        """`Kind.group/namespace/name` -> WorkloadRef; ValueError naming what was expected."""
+        parts = text.split("/")
+        if len(parts) != 3:
+            raise ValueError(f"expected Kind.group/namespace/name, got {text!r}")
+        return cls(namespace=parts[1], kind=parts[0], name=parts[2])
 
     def __str__(self) -> str:
         return f"{self.kind}/{self.namespace}/{self.name}"

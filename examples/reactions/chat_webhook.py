@@ -32,7 +32,7 @@ from tideshift.events import SCALE_RESULT, ScaleResult
 from tideshift.events.client import EventClient
 
 log = logging.getLogger("reaction.chat_webhook")
-SERVING_KINDS = ("Deployment", "StatefulSet")
+SERVING_KINDS = ("Deployment.apps", "StatefulSet.apps")
 
 
 def scale_up_text(result: ScaleResult, *, kinds: Sequence[str] = SERVING_KINDS) -> str | None:
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--webhook-url (or WEBHOOK_URL) must be an http:// or https:// URL")
     kinds = [kind.strip() for kind in args.kinds.split(",") if kind.strip()]
     if not kinds:
-        parser.error("--kinds must name at least one kind, e.g. Deployment")
+        parser.error("--kinds must name at least one kind, e.g. Deployment.apps")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         asyncio.run(

@@ -7,7 +7,7 @@ controller, Node-RED) reads the same events as NATS clients. This one uses aiomq
 `events` codec to validate what it receives.
 
     python examples/reactions/mqtt_scale_alerts.py --mqtt-url mqtt://127.0.0.1:1883
-    {"workload": "Deployment/shop/web", "previous": 2, "current": 5, "at": "..."}
+    {"workload": "Deployment.apps/shop/web", "previous": 2, "current": 5, "at": "..."}
 
 It reconnects when the broker goes away; messages that are not valid events are skipped.
 """
@@ -31,7 +31,7 @@ import aiomqtt
 from tideshift.events import SCALE_RESULT, EventRejected, ScaleResult, decode
 
 log = logging.getLogger("reaction.mqtt_scale_alerts")
-SERVING_KINDS = ("Deployment", "StatefulSet")
+SERVING_KINDS = ("Deployment.apps", "StatefulSet.apps")
 RECONNECT_SECONDS = 2.0
 
 
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--mqtt-url must look like mqtt://host:1883, got {args.mqtt_url!r}")
     kinds = [kind.strip() for kind in args.kinds.split(",") if kind.strip()]
     if not kinds:
-        parser.error("--kinds must name at least one kind, e.g. Deployment")
+        parser.error("--kinds must name at least one kind, e.g. Deployment.apps")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )

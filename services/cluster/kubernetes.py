@@ -51,7 +51,7 @@ from kubernetes.utils import parse_quantity
 from prometheus_client import Counter
 
 from tideshift.services.cluster.adapters.http import JsonObject, KubeHttp, status_of
-from tideshift.services.cluster.adapters.kinds import VOLCANO_JOB, qualified_kind
+from tideshift.services.cluster.adapters.kinds import PYTORCH_JOB, VOLCANO_JOB, qualified_kind
 from tideshift.services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
 from tideshift.services.cluster.port import (
     ROLE_LABEL,
@@ -64,7 +64,7 @@ from tideshift.services.cluster.port import (
     Resources,
     Role,
     ScaleState,
-    TargetRef,
+    WorkloadRef,
     UnsupportedTarget,
 )
 from tideshift.services.common.retry import Backoff, exponential
@@ -72,7 +72,7 @@ from tideshift.services.common.retry import Backoff, exponential
 log = logging.getLogger("tideshift.cluster.kubernetes")
 
 GPU_RESOURCE = "nvidia.com/gpu"
-TRAINING_KINDS = frozenset({"PyTorchJob", VOLCANO_JOB})
+TRAINING_KINDS = frozenset({PYTORCH_JOB, VOLCANO_JOB})
 ROLES: frozenset[str] = frozenset({"serving", "training", "other"})
 PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed"})
 
@@ -150,7 +150,7 @@ def _condition(status: Mapping[str, Any], kind: str) -> bool:
 
 
 def role_of(
-    labels: Mapping[str, str], annotations: Mapping[str, str], owner: TargetRef | None
+    labels: Mapping[str, str], annotations: Mapping[str, str], owner: WorkloadRef | None
 ) -> Role:
     """The pod's role: label, then annotation `tideshift.io/role`, then the owner's kind."""
     for source in (labels, annotations):
@@ -179,7 +179,7 @@ def node_from_object(obj: Mapping[str, Any]) -> Node:
     )
 
 
-OwnerResolver = Callable[[str, Mapping[str, Any]], TargetRef | None]
+OwnerResolver = Callable[[str, Mapping[str, Any]], WorkloadRef | None]
 
 
 def controller_reference(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -189,9 +189,9 @@ def controller_reference(metadata: Mapping[str, Any]) -> Mapping[str, Any] | Non
     return None
 
 
-def direct_owner(namespace: str, reference: Mapping[str, Any]) -> TargetRef:
+def direct_owner(namespace: str, reference: Mapping[str, Any]) -> WorkloadRef:
     """The controller itself, without following ReplicaSets to their Deployment."""
-    return TargetRef(
+    return WorkloadRef(
         namespace=namespace,
         kind=qualified_kind(str(reference["kind"]), str(reference.get("apiVersion", ""))),
         name=str(reference["name"]),
@@ -471,10 +471,10 @@ class _OwnerCache:
     def __init__(self, http: KubeHttp, capacity: int = 8192) -> None:
         self.http = http
         self.capacity = capacity
-        self._entries: OrderedDict[str, TargetRef] = OrderedDict()
+        self._entries: OrderedDict[str, WorkloadRef] = OrderedDict()
         self._lock = threading.Lock()
 
-    def resolve(self, namespace: str, reference: Mapping[str, Any]) -> TargetRef | None:
+    def resolve(self, namespace: str, reference: Mapping[str, Any]) -> WorkloadRef | None:
         if reference.get("kind") != "ReplicaSet":
             return direct_owner(namespace, reference)
         uid = str(reference.get("uid") or f"{namespace}/{reference.get('name')}")
@@ -523,7 +523,7 @@ class KubernetesClusterPort:
         tuning: WatchTuning | None = None,
         adapters: Mapping[str, TargetAdapter] | None = None,
         conflict_retries: int = 5,
-        before_write: Callable[[TargetRef, int], None] | None = None,
+        before_write: Callable[[WorkloadRef, int], None] | None = None,
     ) -> None:
         self.api_client = api_client
         self.http = KubeHttp(api_client)
@@ -553,7 +553,7 @@ class KubernetesClusterPort:
             tuning=self.tuning,
         )
         self._watching = False
-        self._recent_reads: dict[TargetRef, tuple[float, Observed]] = {}
+        self._recent_reads: dict[WorkloadRef, tuple[float, Observed]] = {}
         self._recent_lock = threading.Lock()
 
     @classmethod
@@ -622,7 +622,7 @@ class KubernetesClusterPort:
 
     # -- scale ---------------------------------------------------------------------------
 
-    def _adapter(self, target: TargetRef) -> TargetAdapter:
+    def _adapter(self, target: WorkloadRef) -> TargetAdapter:
         adapter = self.adapters.get(target.kind)
         if adapter is None:
             raise UnsupportedTarget(
@@ -630,7 +630,7 @@ class KubernetesClusterPort:
             )
         return adapter
 
-    def _read(self, target: TargetRef) -> Observed:
+    def _read(self, target: WorkloadRef) -> Observed:
         adapter = self._adapter(target)
         try:
             observed = adapter.read(self.http, target)
@@ -642,7 +642,7 @@ class KubernetesClusterPort:
                 self._recent_reads.pop(next(iter(self._recent_reads)))
         return observed
 
-    def _recent_read(self, target: TargetRef) -> Observed | None:
+    def _recent_read(self, target: WorkloadRef) -> Observed | None:
         """The read made by a get_scale just before, if any: saves a round trip on set_scale.
 
         Safe because every write carries the version read: had the object changed since,
@@ -654,10 +654,10 @@ class KubernetesClusterPort:
             return None
         return entry[1]
 
-    async def get_scale(self, target: TargetRef) -> ScaleState:
+    async def get_scale(self, target: WorkloadRef) -> ScaleState:
         return (await asyncio.to_thread(self._read, target)).state
 
-    def _set_scale(self, target: TargetRef, replicas: int) -> ScaleState:
+    def _set_scale(self, target: WorkloadRef, replicas: int) -> ScaleState:
         adapter = self._adapter(target)
         recent = self._recent_read(target)
         for attempt in range(self.conflict_retries + 1):
@@ -681,7 +681,7 @@ class KubernetesClusterPort:
             return replace(state, replicas=wanted)
         raise AssertionError("unreachable")  # the loop returns or raises
 
-    async def set_scale(self, target: TargetRef, replicas: int) -> ScaleState:
+    async def set_scale(self, target: WorkloadRef, replicas: int) -> ScaleState:
         return await asyncio.to_thread(self._set_scale, target, replicas)
 
 
@@ -690,7 +690,7 @@ class KubernetesClusterPort:
 TRANSIENT_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 
 
-def _classified(target: TargetRef, what: str, error: BaseException) -> Exception:
+def _classified(target: WorkloadRef, what: str, error: BaseException) -> Exception:
     """The port's own error for a client error: KeyError (gone) or ClusterError."""
     status = status_of(error)
     if status == 404:

@@ -11,6 +11,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# The contract's workload identity is the port's target type too (re-exported for adapters).
+from tideshift.events.models import WorkloadRef as WorkloadRef
+
 # Labels users put on pod templates (documented in the README).
 ROLE_LABEL = "tideshift.io/role"  # serving | training | other (also read as an annotation)
 COMPANION_LABEL = "tideshift.io/companion"  # "true": a fixed helper of a job, not a trainer
@@ -39,18 +42,6 @@ class Resources:
 
 
 @dataclass(frozen=True, slots=True)
-class TargetRef:
-    """A scalable workload: Deployment, StatefulSet, Job, Volcano Job, PyTorchJob, ..."""
-
-    namespace: str
-    kind: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.kind}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
 class Node:
     name: str
     allocatable: Resources
@@ -70,7 +61,7 @@ class Pod:
     name: str
     requests: Resources
     priority: int = 0
-    owner: TargetRef | None = None  # the scalable workload, resolved through ReplicaSets etc.
+    owner: WorkloadRef | None = None  # the scalable workload, resolved through ReplicaSets etc.
     role: Role = "other"
     phase: PodPhase = "Pending"
     node: str | None = None  # bound node; None while unscheduled
@@ -96,7 +87,7 @@ class Pod:
 class ScaleState:
     """A target's current scale and the bounds it accepts (elastic jobs carry their own)."""
 
-    target: TargetRef
+    target: WorkloadRef
     replicas: int  # desired replicas currently in the spec
     ready_replicas: int = 0
     min_replicas: int = 0
@@ -137,12 +128,17 @@ class ClusterPort(Protocol):
         """Changes after the last list, in order, until the iterator is closed."""
         ...
 
-    async def get_scale(self, target: TargetRef) -> ScaleState:
+    def unwatched(self) -> list[str]:
+        """Resources a running `watch` is not following right now (its watch is down and
+        being restarted): changes to them are late until it is back."""
+        ...
+
+    async def get_scale(self, target: WorkloadRef) -> ScaleState:
         """Raises KeyError when the target does not exist, UnsupportedTarget for its kind,
         ClusterError when the cluster cannot answer."""
         ...
 
-    async def set_scale(self, target: TargetRef, replicas: int) -> ScaleState:
+    async def set_scale(self, target: WorkloadRef, replicas: int) -> ScaleState:
         """Sets the target's desired replicas (clamped to its own bounds); returns the result.
         Raises as `get_scale` does."""
         ...

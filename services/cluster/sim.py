@@ -33,7 +33,7 @@ from tideshift.services.cluster.port import (
     Resources,
     Role,
     ScaleState,
-    TargetRef,
+    WorkloadRef,
 )
 
 WorkloadKind = Literal["Deployment", "ElasticJob"]
@@ -47,7 +47,7 @@ class _SimPod:
     name: str
     requests: Resources
     priority: int
-    owner: TargetRef
+    owner: WorkloadRef
     role: Role
     companion: bool  # parameter server of an elastic job (not a trainer)
     created_at: float
@@ -81,7 +81,7 @@ class _SimPod:
 class SimWorkload:
     """A Deployment or an elastic training job inside the simulator."""
 
-    ref: TargetRef
+    ref: WorkloadRef
     kind: WorkloadKind
     role: Role
     pod_requests: Resources
@@ -151,14 +151,14 @@ class SimCluster:
         self.now = now
         self.counters = SimCounters()
         self._nodes: dict[str, _SimNode] = {}
-        self._workloads: dict[TargetRef, SimWorkload] = {}
+        self._workloads: dict[WorkloadRef, SimWorkload] = {}
         self._pods: dict[str, _SimPod] = {}  # key namespace/name
         self._pending: set[str] = set()
         self._starting: list[tuple[float, int, str]] = []  # (ready_at, seq, pod key) heap
         self._seq = itertools.count()
         # An insertion-ordered set (dict keys): reconciling in hash order would create pods in
         # an order that changes with PYTHONHASHSEED, and so would every simulated figure.
-        self._dirty_workloads: dict[TargetRef, None] = {}
+        self._dirty_workloads: dict[WorkloadRef, None] = {}
         self._schedule_needed = False
         self._subscribers: list[Callable[[ClusterChange], None]] = []
         self._bound_total = [0.0, 0.0, 0.0]
@@ -204,19 +204,19 @@ class SimCluster:
         self._workloads[workload.ref] = workload
         self._dirty_workloads[workload.ref] = None
 
-    def delete_workload(self, ref: TargetRef) -> None:
+    def delete_workload(self, ref: WorkloadRef) -> None:
         workload = self._workloads.pop(ref)
         for pod in list(workload.pods):
             self._delete_pod(pod, evicted=False, count_stop=False)
         self._dirty_workloads.pop(ref, None)
 
-    def workload(self, ref: TargetRef) -> SimWorkload:
+    def workload(self, ref: WorkloadRef) -> SimWorkload:
         return self._workloads[ref]
 
     def workloads(self) -> list[SimWorkload]:
         return list(self._workloads.values())
 
-    def scale_state(self, ref: TargetRef) -> ScaleState:
+    def scale_state(self, ref: WorkloadRef) -> ScaleState:
         workload = self._workloads[ref]
         return ScaleState(
             target=ref,
@@ -226,7 +226,7 @@ class SimCluster:
             max_replicas=workload.max_replicas,
         )
 
-    def scale(self, ref: TargetRef, replicas: int) -> ScaleState:
+    def scale(self, ref: WorkloadRef, replicas: int) -> ScaleState:
         workload = self._workloads[ref]
         clamped = workload.clamp(replicas)
         if clamped != workload.replicas:
@@ -234,14 +234,14 @@ class SimCluster:
             self._dirty_workloads[ref] = None
         return self.scale_state(ref)
 
-    def ready_count(self, ref: TargetRef) -> int:
+    def ready_count(self, ref: WorkloadRef) -> int:
         """Ready pods that do the workload's work (trainers for jobs, replicas otherwise)."""
         return self._workloads[ref].ready_workers
 
-    def bound_count(self, ref: TargetRef) -> int:
+    def bound_count(self, ref: WorkloadRef) -> int:
         return self._workloads[ref].bound_workers
 
-    def job_running(self, ref: TargetRef) -> bool:
+    def job_running(self, ref: WorkloadRef) -> bool:
         """An elastic job runs when its companions and at least `gang_min` trainers are ready."""
         workload = self._workloads[ref]
         return workload.ready_companions >= workload.companion_count and (
@@ -396,7 +396,7 @@ class SimCluster:
         # A request shape that failed at some priority fails for every later pod with the same
         # shape and no higher priority: the failure cache keeps scheduling cheap.
         failed: set[tuple[Resources, int]] = set()
-        gang_done: set[TargetRef] = set()
+        gang_done: set[WorkloadRef] = set()
         for pod in pending:
             if pod.node is not None or (pod.namespace + "/" + pod.name) not in self._pods:
                 continue
@@ -543,10 +543,10 @@ class SimClusterPort:
         finally:
             unsubscribe()
 
-    async def get_scale(self, target: TargetRef) -> ScaleState:
+    async def get_scale(self, target: WorkloadRef) -> ScaleState:
         return self.cluster.scale_state(target)
 
-    async def set_scale(self, target: TargetRef, replicas: int) -> ScaleState:
+    async def set_scale(self, target: WorkloadRef, replicas: int) -> ScaleState:
         return self.cluster.scale(target, replicas)
 
     async def close(self) -> None:

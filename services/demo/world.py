@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tideshift.services.cluster.port import Node, Pod, Resources, TargetRef
+from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimWorkload
 
 GIB = float(2**30)
@@ -36,8 +36,8 @@ class ServingShape:
     priority: int = 1000
 
     @property
-    def ref(self) -> TargetRef:
-        return TargetRef(self.namespace, SERVING_KIND, self.name)
+    def ref(self) -> WorkloadRef:
+        return WorkloadRef(self.namespace, SERVING_KIND, self.name)
 
     def need(self, rps: float) -> int:
         """Replicas the demand needs at the target utilisation (what `simulate` measures)."""
@@ -64,8 +64,8 @@ class JobShape:
     kind: str = JOB_KIND  # the sim's elastic job; batch/v1 `Job` (parallelism) on a real cluster
 
     @property
-    def ref(self) -> TargetRef:
-        return TargetRef(self.namespace, self.kind, self.name)
+    def ref(self) -> WorkloadRef:
+        return WorkloadRef(self.namespace, self.kind, self.name)
 
 
 @dataclass(frozen=True)
@@ -136,13 +136,13 @@ class ClusterFigures(Protocol):
 
     def bound_requests_total(self) -> Resources: ...
 
-    def ready_count(self, ref: TargetRef) -> int: ...
+    def ready_count(self, ref: WorkloadRef) -> int: ...
 
-    def bound_count(self, ref: TargetRef) -> int: ...
+    def bound_count(self, ref: WorkloadRef) -> int: ...
 
-    def bound_companions(self, ref: TargetRef) -> int: ...
+    def bound_companions(self, ref: WorkloadRef) -> int: ...
 
-    def job_running(self, ref: TargetRef) -> bool: ...
+    def job_running(self, ref: WorkloadRef) -> bool: ...
 
 
 class SimFigures:
@@ -155,16 +155,16 @@ class SimFigures:
     def bound_requests_total(self) -> Resources:
         return self.cluster.bound_requests_total()
 
-    def ready_count(self, ref: TargetRef) -> int:
+    def ready_count(self, ref: WorkloadRef) -> int:
         return self.cluster.ready_count(ref)
 
-    def bound_count(self, ref: TargetRef) -> int:
+    def bound_count(self, ref: WorkloadRef) -> int:
         return self.cluster.bound_count(ref)
 
-    def bound_companions(self, ref: TargetRef) -> int:
+    def bound_companions(self, ref: WorkloadRef) -> int:
         return self.cluster.workload(ref).bound_companions
 
-    def job_running(self, ref: TargetRef) -> bool:
+    def job_running(self, ref: WorkloadRef) -> bool:
         return self.cluster.job_running(ref)
 
 
@@ -201,7 +201,7 @@ class ListedFigures:
                 total = total + pod.requests
         return total
 
-    def _owned(self, ref: TargetRef) -> list[Pod]:
+    def _owned(self, ref: WorkloadRef) -> list[Pod]:
         return [pod for pod in self.pods if pod.owner == ref]
 
     def is_ready(self, pod: Pod) -> bool:
@@ -209,16 +209,16 @@ class ListedFigures:
             return pod.phase == "Running" and pod.node is not None
         return pod.ready
 
-    def ready_count(self, ref: TargetRef) -> int:
+    def ready_count(self, ref: WorkloadRef) -> int:
         return sum(1 for pod in self._owned(ref) if self.is_ready(pod) and not pod.companion)
 
-    def bound_count(self, ref: TargetRef) -> int:
+    def bound_count(self, ref: WorkloadRef) -> int:
         return sum(1 for pod in self._owned(ref) if pod.node is not None and not pod.companion)
 
-    def bound_companions(self, ref: TargetRef) -> int:
+    def bound_companions(self, ref: WorkloadRef) -> int:
         return sum(1 for pod in self._owned(ref) if pod.node is not None and pod.companion)
 
-    def job_running(self, ref: TargetRef) -> bool:
+    def job_running(self, ref: WorkloadRef) -> bool:
         return self.ready_count(ref) >= self.gang_min
 
 

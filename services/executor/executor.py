@@ -24,8 +24,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from tideshift.events import ScaleCommand, ScaleResult, encode_token
-from tideshift.services.cluster.adapters.kinds import to_target
-from tideshift.services.cluster.port import ClusterPort, TargetRef, UnsupportedTarget
+from tideshift.services.cluster.port import ClusterPort, UnsupportedTarget, WorkloadRef
 from tideshift.services.common.bus import KVConflict, TypedKV
 from tideshift.services.executor.decision import AppliedRecord, decide, screen
 
@@ -40,7 +39,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def record_key(target: TargetRef) -> str:
+def record_key(target: WorkloadRef) -> str:
     return ".".join(encode_token(part) for part in (target.namespace, target.kind, target.name))
 
 
@@ -50,12 +49,12 @@ class RecordStore:
     def __init__(self, kv: TypedKV) -> None:
         self.kv = kv
 
-    async def get(self, target: TargetRef) -> tuple[AppliedRecord | None, int | None]:
+    async def get(self, target: WorkloadRef) -> tuple[AppliedRecord | None, int | None]:
         """The record and its revision; an unreadable record reads as absent (and is logged)."""
         return await self.kv.get_revision(record_key(target), AppliedRecord)
 
     async def put(
-        self, target: TargetRef, record: AppliedRecord, revision: int | None
+        self, target: WorkloadRef, record: AppliedRecord, revision: int | None
     ) -> int | None:
         """The new revision, or None if someone else wrote since `revision`."""
         try:
@@ -102,7 +101,7 @@ class Executor:
 
     async def handle(self, command: ScaleCommand) -> ScaleResult:
         """The result of one command. Raises Transient (retry later) or the port's errors."""
-        target = to_target(command.target)
+        target = command.target
         for _ in range(CLAIM_ATTEMPTS):
             record, revision = await self.records.get(target)
             try:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from tideshift.events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, ScaleResult, WorkloadRef
-from tideshift.services.cluster.adapters.kinds import ALIASES, normalise_kind, split_kind
+from tideshift.services.cluster.adapters.kinds import ALIASES, normalise_kind
 from tideshift.services.common.bus import Bus
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -64,8 +64,7 @@ def parse_target(parser: argparse.ArgumentParser, text: str, namespace: str) -> 
         parser.error(f"KIND/NAME: {name!r} is not a valid Kubernetes name")
     if not re.fullmatch(NAME_PATTERN, namespace) or len(namespace) > 63:
         parser.error(f"--namespace: {namespace!r} is not a valid namespace")
-    plain_kind, api_version = split_kind(kind)
-    return WorkloadRef(kind=plain_kind, namespace=namespace, name=name, api_version=api_version)
+    return WorkloadRef(namespace=namespace, kind=kind, name=name)
 
 
 def render(result: ScaleResult) -> str:

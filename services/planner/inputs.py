@@ -4,11 +4,10 @@ policy); pure: no I/O, no clock, nothing but the cluster port's value types."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import lru_cache
 
 import numpy as np
 
-from tideshift.services.cluster.port import Node, Resources, TargetRef
+from tideshift.services.cluster.port import Node, Resources
 from tideshift.services.planner.policy import (
     ClusterView,
     Forecast,
@@ -22,15 +21,6 @@ from tideshift.services.planner.policy import (
 )
 
 
-@lru_cache(maxsize=65_536)
-def to_target(ref: TargetRef) -> Target:
-    return Target(ref.namespace, ref.kind, ref.name)
-
-
-def to_ref(target: Target) -> TargetRef:
-    return TargetRef(target.namespace, target.kind, target.name)
-
-
 def vector(resources: Resources) -> tuple[float, float, float]:
     return (resources.cpu, resources.memory, float(resources.gpu))
 
@@ -40,12 +30,10 @@ def node_spec(node: Node) -> NodeSpec:
 
 
 def pod_spec(
-    node: str | None, requests: Resources, owner: TargetRef | None, *, companion: bool
+    node: str | None, requests: Resources, owner: Target | None, *, companion: bool
 ) -> PodSpec:
     """A pod row for `ClusterView.build`; a job's companions are not among its replicas."""
-    return PodSpec(
-        vector(requests), node, None if owner is None else to_target(owner), not companion
-    )
+    return PodSpec(vector(requests), node, owner, not companion)
 
 
 def live_replicas(view: ClusterView) -> dict[Target, int]:

@@ -51,7 +51,6 @@ from tideshift.events import (
     PodChanged,
     ScaleCommand,
     ScaleResult,
-    WorkloadRef,
 )
 from tideshift.events.models import TargetDecision as EventTargetDecision
 from tideshift.services.common.bus import Bus
@@ -169,14 +168,6 @@ class PlannerSettings(ServiceSettings):
     )
 
 
-def _ref_key(ref: WorkloadRef) -> pol.Target:
-    return pol.Target(ref.namespace, ref.kind, ref.name)
-
-
-def _to_ref(target: pol.Target) -> WorkloadRef:
-    return WorkloadRef(kind=target.kind, namespace=target.namespace, name=target.name)
-
-
 def _forecast(event: ForecastIssued) -> pol.Forecast:
     times = tuple(point.at.timestamp() for point in event.points)
     return pol.Forecast(
@@ -234,7 +225,7 @@ class PlannerState:
         if gone or event.deleting:
             self.table.remove_pod(key)
         else:
-            owner = _ref_key(event.owner) if event.owner is not None else None
+            owner = event.owner
             markers = self.companion_markers.get(owner) if owner is not None else None
             companion = event.companion or (
                 markers is not None and any(m in event.name for m in markers)
@@ -263,11 +254,11 @@ class PlannerState:
         }
 
     def apply_forecast(self, event: ForecastIssued) -> None:
-        self.forecasts[_ref_key(event.workload)] = _forecast(event)
+        self.forecasts[event.workload] = _forecast(event)
         self.changed.set()
 
     def apply_result(self, event: ScaleResult) -> None:
-        target = _ref_key(event.target)
+        target = event.target
         if event.outcome in ("applied", "noop") and event.current is not None:
             self.known[target] = event.current
             self.confirmed[target] = event.current
@@ -500,7 +491,7 @@ class Planner:
             if not self._differs(item, now):
                 continue
             command = ScaleCommand(
-                target=_to_ref(item.target),
+                target=item.target,
                 desired=item.desired,
                 reason=item.reason[:2000],
                 plan_id=plan_id,
@@ -526,7 +517,7 @@ class Planner:
             decided_at=issued_at,
             targets=tuple(
                 EventTargetDecision(
-                    target=_to_ref(item.target),
+                    target=item.target,
                     current=max(item.current, 0),
                     desired=item.desired,
                     reason=item.reason,

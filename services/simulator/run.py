@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from tideshift.loadgen.profiles import RateProfile
-from tideshift.services.cluster.port import Node, Resources, TargetRef
+from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimWorkload
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import Policy, make_policy
-from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec, to_ref, to_target
+from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec
 from tideshift.services.simulator.forecasters import SimForecaster, make_forecaster
 from tideshift.services.simulator.scenario import GIB, JobGroup, Scenario, ServingSpec
 
@@ -44,7 +44,7 @@ from tideshift.services.simulator.scenario import GIB, JobGroup, Scenario, Servi
 @dataclass
 class _JobRun:
     group: JobGroup
-    ref: TargetRef
+    ref: WorkloadRef
     policy_job: pol.TrainingJob
     arrival: float
     started_at: float | None = None
@@ -161,12 +161,12 @@ class _Run:
         self.state = self.policy.initial_state()
         self.forecasters = [make_forecaster(scenario, profile) for profile in profiles]
         self.serving = tuple(_serving_workload(spec) for spec in scenario.serving)
-        self.serving_refs = [to_ref(w.target) for w in self.serving]
+        self.serving_refs = [w.target for w in self.serving]
         self.cluster = self._start_cluster()
         self.arrivals = _job_arrivals(scenario)
         self.next_arrival = 0
         self.jobs: list[_JobRun] = []
-        self.live: dict[TargetRef, _JobRun] = {}
+        self.live: dict[WorkloadRef, _JobRun] = {}
         alloc = self.cluster.allocatable_total()
         self.alloc = alloc
         self.alloc_vector = np.array([alloc.cpu, alloc.memory, float(alloc.gpu)])
@@ -197,7 +197,7 @@ class _Run:
             )
             cluster.add_workload(
                 SimWorkload(
-                    ref=to_ref(workload.target),
+                    ref=workload.target,
                     kind="Deployment",
                     role="serving",
                     pod_requests=_resources(spec.replica.vector()),
@@ -232,9 +232,9 @@ class _Run:
             self._add_job(now, group, name)
 
     def _add_job(self, now: float, group: JobGroup, name: str) -> None:
-        ref = TargetRef(group.namespace, "ElasticJob", name)
+        ref = WorkloadRef(group.namespace, "ElasticJob", name)
         policy_job = pol.TrainingJob(
-            target=to_target(ref),
+            target=ref,
             trainer_requests=group.trainer.vector(),
             min_trainers=group.min_trainers,
             max_trainers=group.max_trainers,
@@ -278,7 +278,7 @@ class _Run:
         )
         decision, self.state = self.policy.plan(inputs, self.state, now)
         for item in decision.targets:
-            ref = to_ref(item.target)
+            ref = item.target
             if self.cluster.workload(ref).replicas != item.desired:
                 self.cluster.scale(ref, item.desired)
 
@@ -419,7 +419,7 @@ def _plan_inputs(
     cluster: SimCluster,
     serving: tuple[pol.ServingWorkload, ...],
     *,
-    live: dict[TargetRef, _JobRun],
+    live: dict[WorkloadRef, _JobRun],
     forecasters: Sequence[SimForecaster],
     demands: Sequence[float],
     now: float,
@@ -439,7 +439,7 @@ def _plan_inputs(
             workload.target: forecaster.forecast(now)
             for workload, forecaster in zip(serving, forecasters, strict=True)
         },
-        wanted={to_target(w.ref): w.replicas for w in cluster.workloads()},
+        wanted={w.ref: w.replicas for w in cluster.workloads()},
         observed_rps={
             workload.target: demand for workload, demand in zip(serving, demands, strict=True)
         },

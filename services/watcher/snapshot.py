@@ -15,7 +15,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from tideshift.events import NodeChanged, PodChanged, Resources, encode_token
-from tideshift.services.cluster.adapters.kinds import to_workload_ref
 from tideshift.services.cluster.port import ChangeType, Node, Pod
 from tideshift.services.cluster.port import Resources as PortResources
 
@@ -57,7 +56,7 @@ def pod_event(change: ChangeType, pod: Pod, *, observed_at: datetime) -> PodChan
         node=pod.node,
         priority=pod.priority,
         priority_class=pod.priority_class,
-        owner=to_workload_ref(pod.owner) if pod.owner is not None else None,
+        owner=pod.owner,
         role=pod.role,
         companion=pod.companion,
         requests=_resources(pod.requests),

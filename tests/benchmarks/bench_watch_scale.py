@@ -182,7 +182,7 @@ async def bench_scale_latency(bus: Bus, http: KubeHttp, samples: int) -> None:
     await asyncio.sleep(0.5)
     latencies: list[float] = []
     target = WorkloadRef(
-        kind="Deployment", namespace=NAMESPACE, name="bench-web", api_version="apps/v1"
+        kind="Deployment.apps", namespace=NAMESPACE, name="bench-web"
     )
     subject = SCALE_COMMAND.at(namespace=NAMESPACE, kind="Deployment", name="bench-web")
     for i in range(samples):

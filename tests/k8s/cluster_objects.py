@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from tideshift.events import WorkloadRef
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
 
 RBAC_MANIFEST = Path(__file__).resolve().parents[2] / "charts" / "tideshift" / "files" / "rbac.yaml"
@@ -312,16 +313,17 @@ def pytorch_job(name: str, *, workers: int, low: int, high: int) -> dict[str, An
 
 
 COLLECTIONS = {
-    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
-    "StatefulSet": "/apis/apps/v1/namespaces/{ns}/statefulsets",
-    "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "Deployment.apps": "/apis/apps/v1/namespaces/{ns}/deployments",
+    "StatefulSet.apps": "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "Job.batch": "/apis/batch/v1/namespaces/{ns}/jobs",
     "Job.batch.volcano.sh": "/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs",
-    "PyTorchJob": "/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs",
+    "PyTorchJob.kubeflow.org": "/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs",
 }
 
 
 def collection(kind: str, namespace: str) -> str:
-    return COLLECTIONS[kind].format(ns=namespace)
+    """The collection path of a kind, group-qualified or one of the well-known bare kinds."""
+    return COLLECTIONS[WorkloadRef(namespace, kind, "any").kind].format(ns=namespace)
 
 
 def service_kubeconfig(

@@ -30,9 +30,7 @@ from tests.k8s.cluster_objects import (
 )
 from tideshift.events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, WorkloadRef
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
-from tideshift.services.cluster.adapters.kinds import split_kind
 from tideshift.services.cluster.kubernetes import SCALE_CONFLICTS, KubernetesClusterPort
-from tideshift.services.cluster.port import TargetRef
 from tideshift.services.common.bus import Bus
 from tideshift.services.executor.executor import Executor, RecordStore
 from tideshift.services.executor.service import consume
@@ -88,12 +86,9 @@ async def executor_on(
         await port.close()
 
 
-def command(target: TargetRef, desired: int, key: str, issued_at: datetime = T0) -> ScaleCommand:
-    kind, api_version = split_kind(target.kind)
+def command(target: WorkloadRef, desired: int, key: str, issued_at: datetime = T0) -> ScaleCommand:
     return ScaleCommand(
-        target=WorkloadRef(
-            kind=kind, namespace=target.namespace, name=target.name, api_version=api_version
-        ),
+        target=target,
         desired=desired,
         reason="test",
         plan_id="p",
@@ -103,17 +98,17 @@ def command(target: TargetRef, desired: int, key: str, issued_at: datetime = T0)
 
 
 READERS: dict[str, Callable[[dict[str, Any]], int]] = {
-    "Deployment": lambda obj: obj["spec"]["replicas"],
-    "StatefulSet": lambda obj: obj["spec"]["replicas"],
-    "Job": lambda obj: obj["spec"]["parallelism"],
+    "Deployment.apps": lambda obj: obj["spec"]["replicas"],
+    "StatefulSet.apps": lambda obj: obj["spec"]["replicas"],
+    "Job.batch": lambda obj: obj["spec"]["parallelism"],
     "Job.batch.volcano.sh": lambda obj: next(
         t["replicas"] for t in obj["spec"]["tasks"] if t["name"] == "worker"
     ),
-    "PyTorchJob": lambda obj: obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"],
+    "PyTorchJob.kubeflow.org": lambda obj: obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"],
 }
 
 
-def replicas_in_apiserver(admin: KubeHttp, target: TargetRef) -> int:
+def replicas_in_apiserver(admin: KubeHttp, target: WorkloadRef) -> int:
     obj = admin.get(f"{collection(target.kind, target.namespace)}/{target.name}")
     return READERS[target.kind](obj)
 
@@ -121,13 +116,13 @@ def replicas_in_apiserver(admin: KubeHttp, target: TargetRef) -> int:
 @pytest.mark.parametrize(
     ("kind", "body", "desired", "expected"),
     [
-        ("Deployment", deployment("web", 1), 3, 3),
-        ("StatefulSet", statefulset("db", 1), 2, 2),
-        ("Job", batch_job("batch", 1), 4, 4),
+        ("Deployment.apps", deployment("web", 1), 3, 3),
+        ("StatefulSet.apps", statefulset("db", 1), 2, 2),
+        ("Job.batch", batch_job("batch", 1), 4, 4),
         # Volcano: the job needs 3 of ps(1) + workers: workers may not go below 2.
         ("Job.batch.volcano.sh", volcano_job("vc", workers=4, min_available=3), 0, 2),
         # PyTorchJob: within elasticPolicy [1, 4].
-        ("PyTorchJob", pytorch_job("pt", workers=2, low=1, high=4), 10, 4),
+        ("PyTorchJob.kubeflow.org", pytorch_job("pt", workers=2, low=1, high=4), 10, 4),
     ],
 )
 async def test_each_adapter_scales_a_real_object_within_its_bounds(
@@ -142,7 +137,7 @@ async def test_each_adapter_scales_a_real_object_within_its_bounds(
     expected: int,
 ) -> None:
     await asyncio.to_thread(create, admin, collection(kind, k8s_namespace), body)
-    target = TargetRef(k8s_namespace, kind, body["metadata"]["name"])
+    target = WorkloadRef(k8s_namespace, kind, body["metadata"]["name"])
     async with executor_on(bus, executor_kubeconfig, k8s_namespace, unique) as executor:
         before = await asyncio.to_thread(replicas_in_apiserver, admin, target)
         result = await executor.handle(command(target, desired, "k1"))
@@ -165,7 +160,7 @@ async def test_volcano_scale_keeps_the_job_valid_and_other_tasks_untouched(
 ) -> None:
     body = volcano_job("gang", workers=2, min_available=3)
     await asyncio.to_thread(create, admin, collection("Job.batch.volcano.sh", k8s_namespace), body)
-    target = TargetRef(k8s_namespace, "Job.batch.volcano.sh", "gang")
+    target = WorkloadRef(k8s_namespace, "Job.batch.volcano.sh", "gang")
     async with executor_on(bus, executor_kubeconfig, k8s_namespace, unique) as executor:
         result = await executor.handle(command(target, 6, "grow"))
     assert result.outcome == "applied"
@@ -181,11 +176,11 @@ async def test_volcano_scale_keeps_the_job_valid_and_other_tasks_untouched(
 async def test_unknown_kinds_are_rejected_with_a_reason(
     k8s_namespace: str, executor_kubeconfig: Path, bus: Bus, unique: str
 ) -> None:
-    target = TargetRef(k8s_namespace, "DaemonSet", "agents")
+    target = WorkloadRef(k8s_namespace, "DaemonSet", "agents")
     async with executor_on(bus, executor_kubeconfig, k8s_namespace, unique) as executor:
         result = await executor.handle(command(target, 2, "u"))
         missing = await executor.handle(
-            command(TargetRef(k8s_namespace, "Deployment", "no"), 2, "m")
+            command(WorkloadRef(k8s_namespace, "Deployment", "no"), 2, "m")
         )
     assert (
         result.outcome == "rejected" and "no scale adapter for kind 'DaemonSet'" in result.message
@@ -197,10 +192,10 @@ async def test_a_conflict_is_re_read_and_retried(
     admin: KubeHttp, k8s_namespace: str, executor_kubeconfig: Path, bus: Bus, unique: str
 ) -> None:
     await asyncio.to_thread(create, admin, collection("Job", k8s_namespace), batch_job("cj", 1))
-    target = TargetRef(k8s_namespace, "Job", "cj")
+    target = WorkloadRef(k8s_namespace, "Job", "cj")
     path = f"{collection('Job', k8s_namespace)}/cj"
 
-    def interfere(_target: TargetRef, attempt: int) -> None:
+    def interfere(_target: WorkloadRef, attempt: int) -> None:
         if attempt == 0:  # someone else writes between our read and our write
             admin.json(
                 "PATCH",
@@ -230,7 +225,7 @@ async def test_annotation_bounds_and_dry_run(
         annotations={"tideshift.io/min-replicas": "2", "tideshift.io/max-replicas": "5"},
     )
     await asyncio.to_thread(create, admin, collection("Deployment", k8s_namespace), body)
-    target = TargetRef(k8s_namespace, "Deployment", "bounded")
+    target = WorkloadRef(k8s_namespace, "Deployment", "bounded")
     async with executor_on(
         bus, executor_kubeconfig, k8s_namespace, unique + "d", dry_run=True
     ) as dry:
@@ -257,7 +252,7 @@ async def test_an_executor_killed_between_apply_and_ack_does_not_apply_twice(
     await asyncio.to_thread(
         create, admin, collection("Deployment", k8s_namespace), deployment("once", 1)
     )
-    target = TargetRef(k8s_namespace, "Deployment", "once")
+    target = WorkloadRef(k8s_namespace, "Deployment", "once")
     durable = f"exec-{unique}"
     subject = SCALE_COMMAND.filter(namespace=k8s_namespace)
     writes: list[int] = []
@@ -267,7 +262,7 @@ async def test_an_executor_killed_between_apply_and_ack_does_not_apply_twice(
         assert isinstance(doomed.port, KubernetesClusterPort)
         real_set_scale = doomed.port.set_scale
 
-        async def apply_then_die(target: TargetRef, replicas: int) -> Any:
+        async def apply_then_die(target: WorkloadRef, replicas: int) -> Any:
             await real_set_scale(target, replicas)
             raise Killed
 
@@ -277,7 +272,7 @@ async def test_an_executor_killed_between_apply_and_ack_does_not_apply_twice(
         )
         cmd = command(target, 4, "once-1")
         await bus.publish_durable(
-            SCALE_COMMAND.at(namespace=k8s_namespace, kind="Deployment", name="once"), cmd
+            SCALE_COMMAND.at(namespace=k8s_namespace, kind=target.kind, name="once"), cmd
         )
         with pytest.raises(Killed):
             await asyncio.wait_for(task, WAIT)
@@ -295,7 +290,7 @@ async def test_an_executor_killed_between_apply_and_ack_does_not_apply_twice(
     collector = asyncio.ensure_future(collect())
     async with executor_on(bus, executor_kubeconfig, k8s_namespace, unique) as survivor:
         assert isinstance(survivor.port, KubernetesClusterPort)
-        adapter = survivor.port.adapters["Deployment"]
+        adapter = survivor.port.adapters["Deployment.apps"]
         real_write = adapter.write
 
         def counting_write(*args: Any) -> None:
@@ -335,7 +330,7 @@ async def test_the_executor_role_is_denied_everything_else(
     base = f"/apis/apps/v1/namespaces/{k8s_namespace}/deployments"
     try:
         # Allowed: what scaling needs.
-        await port.set_scale(TargetRef(k8s_namespace, "Deployment", "rbac"), 2)
+        await port.set_scale(WorkloadRef(k8s_namespace, "Deployment", "rbac"), 2)
         denied_requests: list[tuple[str, str, Any]] = [
             ("GET", f"/api/v1/namespaces/{k8s_namespace}/secrets", None),
             ("GET", f"/api/v1/namespaces/{k8s_namespace}/pods", None),

@@ -180,7 +180,7 @@ async def test_nodes_and_pod_lifecycle_with_owners_and_roles(
                     p
                     for p in latest().values()
                     if p.owner is not None
-                    and p.owner.kind == "Deployment"
+                    and p.owner.kind == "Deployment.apps"
                     and p.phase == "Running"
                     and p.node
                 ]
@@ -196,13 +196,10 @@ async def test_nodes_and_pod_lifecycle_with_owners_and_roles(
             )
             volcano = by_name["vc-worker-0"]
             assert volcano.owner is not None
-            assert (volcano.owner.kind, volcano.owner.api_version) == (
-                "Job",
-                "batch.volcano.sh/v1alpha1",
-            )
+            assert volcano.owner.kind == "Job.batch.volcano.sh"
             assert volcano.role == "training"
             assert by_name["pt-worker-0"].owner is not None
-            assert by_name["pt-worker-0"].owner.kind == "PyTorchJob"
+            assert by_name["pt-worker-0"].owner.kind == "PyTorchJob.kubeflow.org"
 
             # The snapshot holds what the events said.
             await watcher.flushed()

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, JsonObject, KubeHttp
-from tideshift.services.cluster.adapters.kinds import VOLCANO_JOB
-from tideshift.services.cluster.port import ScaleState, TargetRef, UnsupportedTarget
+from tideshift.services.cluster.adapters.kinds import PYTORCH_JOB, VOLCANO_JOB
+from tideshift.services.cluster.port import ScaleState, UnsupportedTarget, WorkloadRef
 
 log = logging.getLogger("tideshift.cluster.adapters")
 
@@ -82,22 +82,22 @@ class TargetAdapter:
     api_prefix: ClassVar[str]  # e.g. /apis/apps/v1
     plural: ClassVar[str]
 
-    def path(self, target: TargetRef) -> str:
+    def path(self, target: WorkloadRef) -> str:
         return f"{self.api_prefix}/namespaces/{target.namespace}/{self.plural}/{target.name}"
 
-    def observe(self, target: TargetRef, obj: JsonObject) -> ScaleState:
+    def observe(self, target: WorkloadRef, obj: JsonObject) -> ScaleState:
         raise NotImplementedError
 
     def scaled(self, obj: JsonObject, replicas: int) -> JsonObject:
         """The merge patch (without resourceVersion) that sets `replicas`."""
         raise NotImplementedError
 
-    def read(self, http: KubeHttp, target: TargetRef) -> Observed:
+    def read(self, http: KubeHttp, target: WorkloadRef) -> Observed:
         obj = http.get(self.path(target))
         metadata = obj.get("metadata") or {}
         return Observed(self.observe(target, obj), str(metadata.get("resourceVersion", "")), obj)
 
-    def write(self, http: KubeHttp, target: TargetRef, observed: Observed, replicas: int) -> None:
+    def write(self, http: KubeHttp, target: WorkloadRef, observed: Observed, replicas: int) -> None:
         patch = self.scaled(observed.obj, replicas)
         patch["metadata"] = {"resourceVersion": observed.resource_version}
         http.json("PATCH", self.path(target), body=patch, content_type=MERGE_PATCH)
@@ -108,7 +108,7 @@ class ScaleSubresourceAdapter(TargetAdapter):
 
     api_prefix = "/apis/apps/v1"
 
-    def observe(self, target: TargetRef, obj: JsonObject) -> ScaleState:
+    def observe(self, target: WorkloadRef, obj: JsonObject) -> ScaleState:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         low, high = combine_bounds(0, None, obj)
@@ -123,7 +123,7 @@ class ScaleSubresourceAdapter(TargetAdapter):
     def scaled(self, obj: JsonObject, replicas: int) -> JsonObject:
         return {"spec": {"replicas": replicas}}
 
-    def write(self, http: KubeHttp, target: TargetRef, observed: Observed, replicas: int) -> None:
+    def write(self, http: KubeHttp, target: WorkloadRef, observed: Observed, replicas: int) -> None:
         # The Scale object shares the parent's resourceVersion: a PUT with it is a
         # compare-and-set, and RBAC only needs `update` on `<plural>/scale`.
         body = {
@@ -140,23 +140,23 @@ class ScaleSubresourceAdapter(TargetAdapter):
 
 
 class DeploymentAdapter(ScaleSubresourceAdapter):
-    kind = "Deployment"
+    kind = "Deployment.apps"
     plural = "deployments"
 
 
 class StatefulSetAdapter(ScaleSubresourceAdapter):
-    kind = "StatefulSet"
+    kind = "StatefulSet.apps"
     plural = "statefulsets"
 
 
 class BatchJobAdapter(TargetAdapter):
     """batch/v1 Job: the number of pods running at once is `spec.parallelism`."""
 
-    kind = "Job"
+    kind = "Job.batch"
     api_prefix = "/apis/batch/v1"
     plural = "jobs"
 
-    def observe(self, target: TargetRef, obj: JsonObject) -> ScaleState:
+    def observe(self, target: WorkloadRef, obj: JsonObject) -> ScaleState:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         low, high = combine_bounds(0, None, obj)
@@ -205,7 +205,7 @@ class VolcanoJobAdapter(TargetAdapter):
             f"Volcano job has tasks {names}: name the one to scale with {SCALE_TASK_ANNOTATION}"
         )
 
-    def observe(self, target: TargetRef, obj: JsonObject) -> ScaleState:
+    def observe(self, target: WorkloadRef, obj: JsonObject) -> ScaleState:
         spec = obj.get("spec") or {}
         tasks = spec.get("tasks") or []
         index = self.task_index(obj)
@@ -241,11 +241,11 @@ class PyTorchJobAdapter(TargetAdapter):
     A PyTorchJob without `elasticPolicy` has a fixed world size: it is not scaled.
     """
 
-    kind = "PyTorchJob"
+    kind = PYTORCH_JOB
     api_prefix = "/apis/kubeflow.org/v1"
     plural = "pytorchjobs"
 
-    def observe(self, target: TargetRef, obj: JsonObject) -> ScaleState:
+    def observe(self, target: WorkloadRef, obj: JsonObject) -> ScaleState:
         spec = obj.get("spec") or {}
         worker = (spec.get("pytorchReplicaSpecs") or {}).get("Worker")
         if worker is None:

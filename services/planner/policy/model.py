@@ -1,5 +1,6 @@
 """The planner's vocabulary: targets, the columnar cluster view, workloads, forecasts, the
-policy's tunables, its inputs, state and decision. Pure data; imports numpy only."""
+policy's tunables, its inputs, state and decision. Pure data; imports numpy and the
+contract's workload identity only."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from tideshift.events.models import WorkloadRef
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -22,14 +25,9 @@ EPS = 1e-9
 DEFAULT_SERVING_QUANTILE = 0.95
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Target:
-    namespace: str
-    kind: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.kind}/{self.name}"
+# The contract's one workload identity (group-qualified kind, namespace, name), by the name
+# the policy has always used for it.
+Target = WorkloadRef
 
 
 # ---- inputs --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from tideshift.services.cluster.port import (
     Node,
     Pod,
     Resources,
-    TargetRef,
+    WorkloadRef,
 )
 from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
 
@@ -36,7 +36,7 @@ class Harness(Protocol):
     async def remove_node(self, name: str) -> None: ...
     async def create_deployment(
         self, name: str, replicas: int, *, low: int = 0, high: int | None = None
-    ) -> TargetRef: ...
+    ) -> WorkloadRef: ...
     async def settle(self) -> None:
         """Let controllers act (the sim advances its clock; Kubernetes runs by itself)."""
 
@@ -55,8 +55,8 @@ class SimHarness:
 
     async def create_deployment(
         self, name: str, replicas: int, *, low: int = 0, high: int | None = None
-    ) -> TargetRef:
-        ref = TargetRef(self.namespace, "Deployment", name)
+    ) -> WorkloadRef:
+        ref = WorkloadRef(self.namespace, "Deployment", name)
         self.cluster.add_workload(
             SimWorkload(
                 ref=ref,
@@ -101,7 +101,7 @@ class KubernetesHarness:
 
     async def create_deployment(
         self, name: str, replicas: int, *, low: int = 0, high: int | None = None
-    ) -> TargetRef:
+    ) -> WorkloadRef:
         from tests.k8s.cluster_objects import collection, create, deployment
 
         annotations = {"tideshift.io/min-replicas": str(low)}
@@ -109,7 +109,7 @@ class KubernetesHarness:
             annotations["tideshift.io/max-replicas"] = str(high)
         body = deployment(name, replicas, annotations=annotations)
         await asyncio.to_thread(create, self.http, collection("Deployment", self.namespace), body)
-        return TargetRef(self.namespace, "Deployment", name)
+        return WorkloadRef(self.namespace, "Deployment", name)
 
     async def settle(self) -> None:
         await asyncio.sleep(0.05)
@@ -264,4 +264,4 @@ async def test_scaling_changes_the_pods_that_exist(harness: Harness) -> None:
 
 async def test_missing_target_is_a_key_error(harness: Harness) -> None:
     with pytest.raises(KeyError):
-        await harness.port.get_scale(TargetRef(harness.namespace, "Deployment", name("absent")))
+        await harness.port.get_scale(WorkloadRef(harness.namespace, "Deployment", name("absent")))

@@ -24,7 +24,7 @@ from tideshift.events import (
     ScaleResult,
     WorkloadRef,
 )
-from tideshift.services.cluster.port import Node, Resources, TargetRef
+from tideshift.services.cluster.port import Node, Resources
 from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
 from tideshift.services.common.bus import Bus
 from tideshift.services.executor.executor import Executor, RecordStore
@@ -42,7 +42,7 @@ def sim_cluster(namespace: str, *, replicas: int = 2, low: int = 0, high: int | 
     cluster.add_node(Node("n1", Resources(cpu=32, memory=128 * 2**30)))
     cluster.add_workload(
         SimWorkload(
-            ref=TargetRef(namespace, "Deployment", "web"),
+            ref=WorkloadRef(namespace, "Deployment", "web"),
             kind="Deployment",
             role="serving",
             pod_requests=Resources(cpu=0.5),
@@ -101,7 +101,7 @@ async def test_watcher_publishes_pod_events_and_keeps_the_snapshot(bus: Bus, uni
         )
         event: PodChanged = events[0].data
         assert event.owner == WorkloadRef(
-            kind="Deployment", namespace=namespace, name="web", api_version="apps/v1"
+            kind="Deployment.apps", namespace=namespace, name="web"
         )
         assert event.role == "serving" and event.requests.cpu == 0.5
         await watcher.flushed()
@@ -111,7 +111,7 @@ async def test_watcher_publishes_pod_events_and_keeps_the_snapshot(bus: Bus, uni
         stored = await snapshot.get(keys[0], PodChanged)
         assert stored is not None and stored.node == "n1"
 
-        cluster.scale(TargetRef(namespace, "Deployment", "web"), 1)
+        cluster.scale(WorkloadRef(namespace, "Deployment", "web"), 1)
         cluster.step(2.0)
         await eventually(lambda: any(e.data.change == "deleted" for e in events), "a deletion")
         deleted = next(e.data for e in events if e.data.change == "deleted")
@@ -133,7 +133,7 @@ async def test_a_late_watcher_publishes_only_what_changed(bus: Bus, unique: str)
     assert await second_check.reconcile() == 0
 
     # While no watcher runs: one pod goes away, a node arrives.
-    cluster.scale(TargetRef(namespace, "Deployment", "web"), 2)
+    cluster.scale(WorkloadRef(namespace, "Deployment", "web"), 2)
     cluster.step(2.0)
     cluster.add_node(Node("n2", Resources(cpu=4)))
     events: list[Any] = []
@@ -156,7 +156,7 @@ def command(
 ) -> ScaleCommand:
     return ScaleCommand(
         target=WorkloadRef(
-            kind="Deployment", namespace=namespace, name=name, api_version="apps/v1"
+            kind="Deployment.apps", namespace=namespace, name=name
         ),
         desired=desired,
         reason="test",
@@ -214,7 +214,7 @@ async def test_commands_apply_once_and_replays_and_stale_ones_are_noops(
     namespace = f"x-{unique}"
     cluster = sim_cluster(namespace)
     executor = await executor_for(bus, cluster, unique)
-    ref = TargetRef(namespace, "Deployment", "web")
+    ref = WorkloadRef(namespace, "Deployment", "web")
     async with (
         results_of(namespace) as results,
         running(
@@ -248,7 +248,7 @@ async def test_bounds_max_step_dry_run_and_unknown_targets(
 ) -> None:
     namespace = f"x-{unique}"
     cluster = sim_cluster(namespace, replicas=2, high=8)
-    ref = TargetRef(namespace, "Deployment", "web")
+    ref = WorkloadRef(namespace, "Deployment", "web")
     limited = await executor_for(bus, cluster, unique, max_step=3)
     dry = await executor_for(bus, cluster, unique + "d", dry_run=True)
 
@@ -273,7 +273,7 @@ async def test_scale_cli_path_and_two_executors_sharing_the_durable(
     for name in names:
         cluster.add_workload(
             SimWorkload(
-                ref=TargetRef(namespace, "Deployment", name),
+                ref=WorkloadRef(namespace, "Deployment", name),
                 kind="Deployment",
                 role="serving",
                 pod_requests=Resources(cpu=0.1),
@@ -308,4 +308,4 @@ async def test_scale_cli_path_and_two_executors_sharing_the_durable(
         await second_bus.close()
     assert {r.data.idempotency_key for r in results} >= {f"c{i}" for i in range(1, len(names))}
     for index, name in enumerate(names[1:], start=1):
-        assert cluster.workload(TargetRef(namespace, "Deployment", name)).replicas == index + 1
+        assert cluster.workload(WorkloadRef(namespace, "Deployment", name)).replicas == index + 1

@@ -70,5 +70,5 @@ def test_only_applied_serving_scale_ups_are_announced(
 
 def test_kinds_are_configurable() -> None:
     job_up = result("Job", "applied", 1, 8)
-    assert chat_webhook.scale_up_text(job_up, kinds=["Job"]) is not None
-    assert mqtt_scale_alerts.scale_up_alert(job_up, kinds=["Job"]) is not None
+    assert chat_webhook.scale_up_text(job_up, kinds=["Job.batch"]) is not None
+    assert mqtt_scale_alerts.scale_up_alert(job_up, kinds=["Job.batch"]) is not None

@@ -160,7 +160,9 @@ async def test_chat_webhook_example_posts_serving_scale_ups_only(
 
         await publish_until(hook.arrived, round_of_events, what="a webhook post")
     # The noise of a round precedes its scale-up, and posts go out in order.
-    assert hook.posts[0] == {"text": f":arrow_up: Deployment {unique}/web scaled up 2 → 5 replicas"}
+    assert hook.posts[0] == {
+        "text": f":arrow_up: Deployment.apps {unique}/web scaled up 2 → 5 replicas"
+    }
     assert all("scaled up 2 → 5" in str(post["text"]) for post in hook.posts)
 
 
@@ -184,7 +186,9 @@ async def test_chat_webhook_example_keeps_listening_when_the_webhook_fails(
         await publish_until(hook.arrived, scale_up, what="a post after a failed one")
         assert process.returncode is None, "the reaction died on a webhook error"
     assert hook.failures_answered == 1
-    assert hook.posts[0]["text"] == f":arrow_up: Deployment {unique}/api scaled up 1 → 3 replicas"
+    assert (
+        hook.posts[0]["text"] == f":arrow_up: Deployment.apps {unique}/api scaled up 1 → 3 replicas"
+    )
 
 
 async def test_chat_webhook_example_rejects_a_missing_webhook_url(
@@ -228,7 +232,7 @@ async def test_mqtt_example_prints_the_same_scale_ups_through_the_mqtt_listener(
         await publish_result(bus, result(unique, name="web", previous=4, current=9))
         line = await asyncio.wait_for(process.stdout.readline(), WAIT)
     assert json.loads(line) == {
-        "workload": f"Deployment/{unique}/web",
+        "workload": f"Deployment.apps/{unique}/web",
         "previous": 4,
         "current": 9,
         "at": AT.isoformat(),

@@ -7,9 +7,9 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from tideshift.services.cluster.kubernetes import _classified
-from tideshift.services.cluster.port import ClusterError, TargetRef
+from tideshift.services.cluster.port import ClusterError, WorkloadRef
 
-TARGET = TargetRef("shop", "Deployment", "web")
+TARGET = WorkloadRef("shop", "Deployment", "web")
 
 
 def test_not_found_is_a_key_error() -> None:
@@ -20,7 +20,7 @@ def test_not_found_is_a_key_error() -> None:
 def test_retryable_answers_are_transient(status: int) -> None:
     error = _classified(TARGET, "write", ApiException(status=status, reason="Busy"))
     assert isinstance(error, ClusterError) and error.transient and error.status == status
-    assert f"HTTP {status} Busy" in str(error) and "shop/Deployment/web" in str(error)
+    assert f"HTTP {status} Busy" in str(error) and "Deployment.apps/shop/web" in str(error)
 
 
 @pytest.mark.parametrize("status", [400, 403, 422])

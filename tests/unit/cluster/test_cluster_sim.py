@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from tideshift.services.cluster.port import ClusterChange, ClusterPort, Node, Resources, TargetRef
+from tideshift.services.cluster.port import ClusterChange, ClusterPort, Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
 
 GIB = 2**30
-WEB = TargetRef("prod", "Deployment", "web")
-JOB = TargetRef("ml", "ElasticJob", "job")
+WEB = WorkloadRef("prod", "Deployment", "web")
+JOB = WorkloadRef("ml", "ElasticJob", "job")
 
 
 def node(name: str, cpu: float = 4.0, gpu: int = 0) -> Node:
@@ -92,7 +92,7 @@ def test_gang_binds_all_or_nothing() -> None:
     assert cluster.job_running(JOB)
 
 
-def test_deployment_scale_down_removes_pending_then_the_fullest_node() -> None:
+def test_deployment_scale_down_removes_pending_then_frees_a_whole_node() -> None:
     cluster = SimCluster([node("a", cpu=3.0), node("b", cpu=1.0)])
     cluster.add_workload(deployment(5))
     cluster.step(0.0)
@@ -100,7 +100,7 @@ def test_deployment_scale_down_removes_pending_then_the_fullest_node() -> None:
     cluster.scale(WEB, 3)
     cluster.step(1.0)
     per_node = sorted(pod.node or "" for pod in cluster.pods())
-    assert per_node == ["a", "a", "b"]  # the pending one, then one from the fuller node
+    assert per_node == ["a", "a", "a"]  # the pending one, then b's only pod: b is free
     assert cluster.counters.pods_stopped.get("serving") == 1
 
 
@@ -143,4 +143,4 @@ async def test_port_lists_watches_and_scales() -> None:
     assert [c.type for c in seen] == ["added", "modified"]
     assert (await port.get_scale(WEB)).replicas == 2
     with pytest.raises(KeyError):
-        await port.get_scale(TargetRef("x", "Deployment", "missing"))
+        await port.get_scale(WorkloadRef("x", "Deployment", "missing"))

@@ -8,12 +8,10 @@ import pytest
 
 from tideshift.events import WorkloadRef
 from tideshift.services.cluster.adapters.kinds import (
+    API_VERSION,
     VOLCANO_JOB,
     normalise_kind,
     qualified_kind,
-    split_kind,
-    to_target,
-    to_workload_ref,
 )
 from tideshift.services.cluster.adapters.targets import (
     BatchJobAdapter,
@@ -23,7 +21,7 @@ from tideshift.services.cluster.adapters.targets import (
     annotation_bounds,
     default_adapters,
 )
-from tideshift.services.cluster.port import TargetRef, UnsupportedTarget
+from tideshift.services.cluster.port import UnsupportedTarget
 
 
 def meta(**annotations: str) -> dict[str, Any]:
@@ -44,7 +42,7 @@ def test_annotation_bounds(annotations: dict[str, str], expected: tuple[int, int
 
 
 def test_deployment_reads_replicas_ready_and_annotated_bounds() -> None:
-    target = TargetRef("ns", "Deployment", "x")
+    target = WorkloadRef("ns", "Deployment", "x")
     obj = {
         "metadata": meta(**{"tideshift.io/max-replicas": "4"}),
         "spec": {"replicas": 3},
@@ -62,7 +60,7 @@ def test_deployment_reads_replicas_ready_and_annotated_bounds() -> None:
 def test_job_scales_parallelism() -> None:
     adapter = BatchJobAdapter()
     obj = {"metadata": meta(), "spec": {"parallelism": 2}, "status": {"active": 2, "ready": 1}}
-    state = adapter.observe(TargetRef("ns", "Job", "x"), obj)
+    state = adapter.observe(WorkloadRef("ns", "Job", "x"), obj)
     assert (state.replicas, state.ready_replicas) == (2, 1)
     assert adapter.scaled(obj, 5) == {"spec": {"parallelism": 5}}
 
@@ -110,7 +108,7 @@ def volcano(tasks: list[dict[str, Any]], min_available: int | None = None, **ann
     ],
 )
 def test_volcano_job_keeps_min_available_valid(obj: Any, replicas: int, low: int) -> None:
-    state = VolcanoJobAdapter().observe(TargetRef("ns", VOLCANO_JOB, "x"), obj)
+    state = VolcanoJobAdapter().observe(WorkloadRef("ns", VOLCANO_JOB, "x"), obj)
     assert (state.replicas, state.min_replicas) == (replicas, low)
 
 
@@ -133,7 +131,7 @@ def test_volcano_patch_rewrites_only_the_scaled_task() -> None:
 def test_volcano_with_ambiguous_tasks_is_unsupported() -> None:
     obj = volcano([{"name": "a", "replicas": 1}, {"name": "b", "replicas": 1}])
     with pytest.raises(UnsupportedTarget, match=r"tideshift\.io/scale-task"):
-        VolcanoJobAdapter().observe(TargetRef("ns", VOLCANO_JOB, "x"), obj)
+        VolcanoJobAdapter().observe(WorkloadRef("ns", VOLCANO_JOB, "x"), obj)
 
 
 def pytorch(elastic: dict[str, Any] | None, workers: int = 2, **ann: str) -> Any:
@@ -157,7 +155,7 @@ def pytorch(elastic: dict[str, Any] | None, workers: int = 2, **ann: str) -> Any
 def test_pytorch_job_bounds_come_from_elastic_policy(
     obj: Any, bounds: tuple[int, int | None]
 ) -> None:
-    state = PyTorchJobAdapter().observe(TargetRef("ns", "PyTorchJob", "x"), obj)
+    state = PyTorchJobAdapter().observe(WorkloadRef("ns", "PyTorchJob", "x"), obj)
     assert (state.min_replicas, state.max_replicas) == bounds
     assert PyTorchJobAdapter().scaled(obj, 3) == {
         "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}
@@ -166,33 +164,51 @@ def test_pytorch_job_bounds_come_from_elastic_policy(
 
 def test_non_elastic_pytorch_job_is_unsupported() -> None:
     with pytest.raises(UnsupportedTarget, match="elasticPolicy"):
-        PyTorchJobAdapter().observe(TargetRef("ns", "PyTorchJob", "x"), pytorch(None))
+        PyTorchJobAdapter().observe(WorkloadRef("ns", "PyTorchJob", "x"), pytorch(None))
 
 
 @pytest.mark.parametrize(
     ("kind", "api_version", "qualified"),
     [
-        ("Deployment", "apps/v1", "Deployment"),
-        ("Job", "batch/v1", "Job"),
+        ("Deployment", "apps/v1", "Deployment.apps"),
+        ("Job", "batch/v1", "Job.batch"),
         ("Job", "batch.volcano.sh/v1alpha1", VOLCANO_JOB),
-        ("PyTorchJob", "kubeflow.org/v1", "PyTorchJob"),
-        ("Deployment", "", "Deployment"),
+        ("PyTorchJob", "kubeflow.org/v1", "PyTorchJob.kubeflow.org"),
+        ("Pod", "v1", "Pod"),
         ("Widget", "example.com/v1", "Widget.example.com"),
     ],
 )
-def test_kind_spellings_round_trip(kind: str, api_version: str, qualified: str) -> None:
+def test_owner_kinds_are_group_qualified_and_round_trip(
+    kind: str, api_version: str, qualified: str
+) -> None:
     assert qualified_kind(kind, api_version) == qualified
-    ref = WorkloadRef(kind=kind, namespace="ns", name="x", api_version=api_version)
-    target = to_target(ref)
-    assert target.kind == qualified
-    if qualified in default_adapters():
-        assert to_workload_ref(target).kind == kind
-        assert split_kind(qualified)[1] == (api_version or split_kind(qualified)[1])
+    ref = WorkloadRef("ns", qualified_kind(kind, api_version), "x")
+    assert str(ref) == f"{qualified}/ns/x"
+    assert WorkloadRef.parse(str(ref)) == ref
+    assert ref.plain_kind == kind
+
+
+def test_every_adapter_kind_has_an_api_version() -> None:
+    assert set(default_adapters()) == set(API_VERSION)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("Deployment/web", "Kind.group/namespace/name"), ("deploy/ns/web", "Kind.group")],
+)
+def test_bad_identity_text_names_what_was_expected(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        WorkloadRef.parse(text)
 
 
 @pytest.mark.parametrize(
     ("text", "kind"),
-    [("deploy", "Deployment"), ("STS", "StatefulSet"), ("vcjob", VOLCANO_JOB), ("pod", None)],
+    [
+        ("deploy", "Deployment.apps"),
+        ("STS", "StatefulSet.apps"),
+        ("vcjob", VOLCANO_JOB),
+        ("pod", None),
+    ],
 )
 def test_command_line_kinds(text: str, kind: str | None) -> None:
     assert normalise_kind(text) == kind

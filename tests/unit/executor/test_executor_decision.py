@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tideshift.services.cluster.port import ScaleState, TargetRef
+from tideshift.services.cluster.port import ScaleState, WorkloadRef
 from tideshift.services.executor.decision import AppliedRecord, decide, screen
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-TARGET = TargetRef("ns", "Deployment", "web")
+TARGET = WorkloadRef("ns", "Deployment", "web")
 
 
 def state(replicas: int, low: int = 0, high: int | None = None) -> ScaleState:

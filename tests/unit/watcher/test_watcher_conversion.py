@@ -18,13 +18,13 @@ from tideshift.services.cluster.kubernetes import (
     pod_requests,
     role_of,
 )
-from tideshift.services.cluster.port import Node, Pod, Resources, TargetRef
+from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
 from tideshift.services.watcher.snapshot import node_key, pod_event, pod_key, same_state
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def no_lookup(namespace: str, reference: Mapping[str, Any]) -> TargetRef | None:
+def no_lookup(namespace: str, reference: Mapping[str, Any]) -> WorkloadRef | None:
     return direct_owner(namespace, reference)
 
 
@@ -116,7 +116,7 @@ def test_owner_kinds_and_default_roles(reference: dict[str, Any], kind: str, rol
     obj = pod_object()
     obj["metadata"]["ownerReferences"] = [{**reference, "controller": True, "uid": "o"}]
     pod = pod_from_object(obj, no_lookup)
-    assert pod.owner == TargetRef("shop", kind, reference["name"])
+    assert pod.owner == WorkloadRef("shop", kind, reference["name"])
     assert pod.role == role
 
 
@@ -126,11 +126,11 @@ def test_replica_set_owner_goes_through_the_resolver() -> None:
         {"kind": "ReplicaSet", "apiVersion": "apps/v1", "name": "web-5d8", "controller": True}
     ]
 
-    def resolve(namespace: str, reference: Mapping[str, Any]) -> TargetRef | None:
+    def resolve(namespace: str, reference: Mapping[str, Any]) -> WorkloadRef | None:
         assert reference["name"] == "web-5d8"
-        return TargetRef(namespace, "Deployment", "web")
+        return WorkloadRef(namespace, "Deployment", "web")
 
-    assert pod_from_object(obj, resolve).owner == TargetRef("shop", "Deployment", "web")
+    assert pod_from_object(obj, resolve).owner == WorkloadRef("shop", "Deployment", "web")
 
 
 @pytest.mark.parametrize(
@@ -147,7 +147,7 @@ def test_replica_set_owner_goes_through_the_resolver() -> None:
 def test_role_resolution(
     labels: dict[str, str], annotations: dict[str, str], owner_kind: str | None, role: str
 ) -> None:
-    owner = TargetRef("ns", owner_kind, "x") if owner_kind else None
+    owner = WorkloadRef("ns", owner_kind, "x") if owner_kind else None
     assert role_of(labels, annotations, owner) == role
 
 
@@ -215,7 +215,7 @@ def test_pod_event_and_snapshot_keys() -> None:
         "shop",
         "web.v2-1",
         Resources(cpu=0.5),
-        owner=TargetRef("shop", "Job.batch.volcano.sh", "train"),
+        owner=WorkloadRef("shop", "Job.batch.volcano.sh", "train"),
         role="training",
         phase="Running",
         node="n1",
@@ -223,7 +223,7 @@ def test_pod_event_and_snapshot_keys() -> None:
     )
     event = pod_event("added", pod, observed_at=AT)
     assert event.owner is not None
-    assert (event.owner.kind, event.owner.api_version) == ("Job", "batch.volcano.sh/v1alpha1")
+    assert event.owner.kind == "Job.batch.volcano.sh"
     assert pod_key("shop", "web.v2-1") == "pod.shop.web_2Ev2-1"
     assert node_key("n.1") == "node.n_2E1"
     later = pod_event("modified", pod, observed_at=datetime(2026, 1, 2, tzinfo=UTC))
