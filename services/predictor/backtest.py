@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tideshift.loadgen import families
 from tideshift.loadgen.traces import TraceError
 from tideshift.services.predictor.evaluation import (
     BacktestPlan,
@@ -53,8 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
             "In --json output rates are fractions (0.05 = 5 %%)."
         ),
     )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="CSV with header timestamp_s,requests")
+    source.add_argument(
+        "--family",
+        choices=families.family_names(),
+        help="a synthetic traffic family instead of a trace (see --seed, --family-days)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the family member (default 0)")
     parser.add_argument(
-        "--trace", required=True, type=Path, help="CSV with header timestamp_s,requests"
+        "--family-days", type=float, default=21.0, help="days of the family to generate (21)"
+    )
+    parser.add_argument(
+        "--family-interval", type=_duration, default=60.0, help="the family's grid (1m)"
     )
     parser.add_argument("--horizon", type=_duration, default=900.0, help="forecast horizon (15m)")
     parser.add_argument("--step", type=_duration, default=300.0, help="origin spacing (5m)")
@@ -82,15 +94,30 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
-    try:
-        with args.trace.open(encoding="utf-8") as handle:
-            trace = parse_trace(handle, source=str(args.trace))
-    except OSError as error:
-        print(f"tideshift backtest: --trace: cannot read {args.trace}: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except (TraceError, UnicodeDecodeError) as error:
-        print(f"tideshift backtest: --trace: {error}", file=sys.stderr)
-        return EXIT_USAGE
+    if args.family is not None:
+        if not args.family_days > 0:
+            parser.error("--family-days: expected a number of days > 0")
+        series = families.generate(
+            args.family,
+            seed=args.seed,
+            duration_s=args.family_days * 86400.0,
+            interval_s=args.family_interval,
+        )
+        trace = parse_trace(
+            families.to_csv(series).splitlines(), source=f"{args.family}#{args.seed}"
+        )
+    else:
+        try:
+            with args.trace.open(encoding="utf-8") as handle:
+                trace = parse_trace(handle, source=str(args.trace))
+        except OSError as error:
+            print(
+                f"tideshift backtest: --trace: cannot read {args.trace}: {error}", file=sys.stderr
+            )
+            return EXIT_USAGE
+        except (TraceError, UnicodeDecodeError) as error:
+            print(f"tideshift backtest: --trace: {error}", file=sys.stderr)
+            return EXIT_USAGE
     if args.duration is not None:
         trace = trace.head(args.duration)
     try:
@@ -127,7 +154,7 @@ def main(argv: Sequence[str]) -> int:
                 for name, score in scores.items()
             },
             "default": DEFAULT_MODEL,
-            "trace": str(args.trace),
+            "trace": trace.source,
             "horizon_s": args.horizon,
         }
         print(json.dumps(document, indent=2))

@@ -24,12 +24,14 @@ serving:
     stabilization_s: 300
     quantile: 0.95
     priority: 1000
-    traffic:                   # one of: constant, points, diurnal, trace
+    traffic:                   # one of: constant, points, diurnal, trace, family
       kind: trace
       path: ../../../shared/traces/nasa_http_jul95_1min.csv   # relative to this file
       start_s: 518400          # offset into the trace (trace seconds)
       time_scale: 1            # trace seconds per simulated second
       amplitude: 0.5           # multiplies the rate
+    # or a synthetic family member (loadgen/families.py), history before t = 0 included:
+    # traffic: {kind: family, family: flash_crowds, seed: 3, interval_s: 60, amplitude: 1}
 training:
   restart_cost_s: 10           # a job makes no progress this long after its trainer set changes
   speedup_exponent: 0.8        # progress/s = ready_trainers ** exponent (sublinear)
@@ -65,6 +67,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tideshift.loadgen import families
 from tideshift.loadgen.profiles import (
     ConstantProfile,
     DiurnalProfile,
@@ -203,8 +206,43 @@ class TraceTraffic(_Model):
         )
 
 
+class FamilyTraffic(_Model):
+    """A synthetic member of a traffic family (`tideshift.loadgen.families`), generated
+    from its seed: the history before t = 0 and the run itself come from the same series."""
+
+    kind: Literal["family"]
+    family: str
+    seed: int = 0
+    interval_s: float = Field(60.0, gt=0)
+    history_s: float = Field(7 * 86_400.0, ge=0)  # generated before t = 0 (model fitting)
+    duration_s: float = Field(2 * 86_400.0, gt=0)  # generated from t = 0 on
+    amplitude: float = Field(1.0, gt=0)  # multiplies the rate
+
+    @model_validator(mode="after")
+    def _known_family(self) -> FamilyTraffic:
+        if self.family not in families.FAMILIES:
+            raise ValueError(f"family: expected one of {', '.join(families.FAMILIES)}")
+        return self
+
+    def profile(self, base_dir: Path, trace_dir: Path | None) -> TraceProfile:
+        series = families.generate(
+            self.family,
+            seed=self.seed,
+            duration_s=self.history_s + self.duration_s,
+            interval_s=self.interval_s,
+        )
+        return TraceProfile(
+            tuple(float(t) for t in series.timestamps),
+            tuple(float(c) for c in series.counts),
+            self.interval_s,
+            start_s=self.history_s,
+            amplitude=self.amplitude,
+            loop=False,
+        )
+
+
 Traffic = Annotated[
-    ConstantTraffic | PointsTraffic | DiurnalTraffic | TraceTraffic,
+    ConstantTraffic | PointsTraffic | DiurnalTraffic | TraceTraffic | FamilyTraffic,
     Field(discriminator="kind"),
 ]
 

@@ -1,0 +1,182 @@
+"""Synthetic traffic families: seeded request-count series of shapes nobody tuned for.
+
+Each family draws its own parameters (levels, peak hours, ratios, event sizes and times)
+from the seed, so a family with many seeds is a population of workloads rather than one
+curve; forecasters and policies are judged on the spread over seeds. Pure: numpy only, no
+clock, no files; the same (family, seed, length, interval) always gives the same counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.signal import lfilter
+
+FloatArray = NDArray[np.float64]
+
+DAY_S = 86_400.0
+WEEK_S = 7 * DAY_S
+
+
+@dataclass(frozen=True)
+class FamilySeries:
+    """Counts per interval; row i covers [timestamps[i], timestamps[i] + interval_s)."""
+
+    family: str
+    seed: int
+    interval_s: float
+    timestamps: FloatArray
+    counts: FloatArray
+
+
+def _daily_shape(
+    t: FloatArray, rng: np.random.Generator, *, ratio: tuple[float, float]
+) -> FloatArray:
+    """A day curve with a random peak hour and peak/trough ratio, mean about 1."""
+    peak_hour = rng.uniform(9.0, 21.0)
+    peak_to_trough = rng.uniform(*ratio)
+    phase = 2 * np.pi * (t / DAY_S - peak_hour / 24.0)
+    # A sharpened cosine: peaks narrower than troughs, as on most request traces.
+    wave = (1 + np.cos(phase)) / 2
+    wave = wave ** rng.uniform(1.0, 2.5)
+    shape = 1.0 + (peak_to_trough - 1.0) * wave
+    return shape / float(np.mean(shape))
+
+
+def _weekly_factor(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """Two consecutive quiet days a week (the weekend), starting on a random day."""
+    dip = rng.uniform(0.5, 0.85)
+    first_quiet_day = int(rng.integers(0, 7))
+    day_of_week = np.floor(t / DAY_S).astype(np.int64) % 7
+    quiet = (day_of_week == first_quiet_day) | (day_of_week == (first_quiet_day + 1) % 7)
+    return np.where(quiet, dip, 1.0)
+
+
+def _drift(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """Slow growth or decline: up to +-40 % a week, compounded."""
+    weekly = rng.uniform(-0.4, 0.4)
+    result: FloatArray = np.exp(np.log1p(weekly) * t / WEEK_S)
+    return result
+
+
+def _daily_drift(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    return _daily_shape(t, rng, ratio=(2.0, 6.0)) * _drift(t, rng)
+
+
+def _weekly(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    return _daily_shape(t, rng, ratio=(1.5, 4.0)) * _weekly_factor(t, rng) * _drift(t, rng)
+
+
+def _flash_crowds(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A mild day curve plus surges of random size (2-10x) at random times."""
+    rate = _daily_shape(t, rng, ratio=(1.3, 3.0))
+    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    count = int(rng.poisson(1.2 * span / DAY_S))
+    for _ in range(count):
+        start = t[0] + rng.uniform(0, span)
+        size = rng.uniform(1.0, 9.0)  # extra demand at the crest, in units of the mean
+        rise_s = rng.uniform(60.0, 900.0)
+        half_life_s = rng.uniform(600.0, 3 * 3600.0)
+        after = t - start
+        ramp = np.clip(after / rise_s, 0.0, 1.0)
+        decay = np.exp2(-np.maximum(after - rise_s, 0.0) / half_life_s)
+        rate = rate + size * ramp * decay
+    return rate
+
+
+def _bursty(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A weak day curve times log-normal bursts that persist for a few intervals."""
+    base = _daily_shape(t, rng, ratio=(1.2, 2.5))
+    persistence = rng.uniform(0.5, 0.9)
+    sigma = rng.uniform(0.3, 0.8)
+    shocks = np.asarray(
+        rng.normal(0.0, sigma * math.sqrt(1 - persistence**2), t.shape[0]), dtype=np.float64
+    )
+    # AR(1) in log space: a burst lasts a few intervals, as real bursts do.
+    log_burst = np.asarray(lfilter([1.0], [1.0, -persistence], shocks), dtype=np.float64)
+    result: FloatArray = base * np.exp(log_burst - sigma**2 / 2)
+    return result
+
+
+def _level_shifts(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A day curve whose level steps up or down (by 0.5x-2x) at random times."""
+    rate = _daily_shape(t, rng, ratio=(1.5, 4.0))
+    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    for _ in range(int(rng.poisson(0.4 * span / DAY_S))):
+        at = t[0] + rng.uniform(0, span)
+        rate = rate * np.where(t >= at, math.exp(rng.uniform(-0.7, 0.7)), 1.0)
+    return rate
+
+
+def _holidays(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A weekly pattern with whole days (about one in ten) at 30-70 % of their usual level."""
+    rate = _weekly(t, rng)
+    day = np.floor((t - t[0]) / DAY_S).astype(np.int64)
+    days = int(day[-1]) + 1 if day.shape[0] else 0
+    holiday_level = np.where(
+        rng.random(days) < 0.1, np.asarray(rng.uniform(0.3, 0.7, days), dtype=np.float64), 1.0
+    )
+    result: FloatArray = rate * holiday_level[day]
+    return result
+
+
+@dataclass(frozen=True)
+class _Family:
+    shape: Callable[[FloatArray, np.random.Generator], FloatArray]
+    # Mean requests per minute is drawn log-uniformly from this range.
+    per_minute: tuple[float, float]
+    # Extra-Poisson noise: the count is Poisson(rate * Gamma(k, 1/k)); None = plain Poisson.
+    gamma_shape: float | None
+    summary: str
+
+
+FAMILIES: dict[str, _Family] = {
+    "daily_drift": _Family(_daily_drift, (200, 5000), None, "daily cycle, growth or decline"),
+    "weekly": _Family(_weekly, (200, 5000), None, "daily and weekly cycles with drift"),
+    "flash_crowds": _Family(_flash_crowds, (100, 2000), None, "surges of random size and time"),
+    "bursty_low": _Family(_bursty, (1, 10), 2.0, "bursty noise at a few requests a minute"),
+    "bursty_high": _Family(_bursty, (5000, 50000), 20.0, "bursty noise at high counts"),
+    "level_shifts": _Family(_level_shifts, (200, 5000), None, "the level steps up or down"),
+    "holidays": _Family(_holidays, (200, 5000), None, "weekly cycle with quiet holidays"),
+}
+
+
+def family_names() -> list[str]:
+    return list(FAMILIES)
+
+
+def generate(family: str, *, seed: int, duration_s: float, interval_s: float) -> FamilySeries:
+    """Counts per `interval_s` over `duration_s` for one member of a family.
+
+    Raises ValueError naming the argument on an unknown family or a non-positive length.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family: unknown {family!r}; expected one of {', '.join(FAMILIES)}")
+    if not interval_s > 0:
+        raise ValueError(f"interval_s: expected > 0, got {interval_s!r}")
+    if not duration_s >= interval_s:
+        raise ValueError(f"duration_s: expected >= interval_s ({interval_s:g}), got {duration_s!r}")
+    spec = FAMILIES[family]
+    # One stream per (family, seed): the same seed in two families gives unrelated series.
+    rng = np.random.default_rng([seed, list(FAMILIES).index(family)])
+    timestamps = np.arange(0.0, duration_s, interval_s)
+    low, high = spec.per_minute
+    per_interval = math.exp(rng.uniform(math.log(low), math.log(high))) * interval_s / 60.0
+    rate = per_interval * spec.shape(timestamps + interval_s / 2, rng)
+    if spec.gamma_shape is not None:
+        rate = rate * rng.gamma(spec.gamma_shape, 1.0 / spec.gamma_shape, rate.shape[0])
+    counts = rng.poisson(np.maximum(rate, 0.0)).astype(np.float64)
+    return FamilySeries(family, seed, interval_s, timestamps, counts)
+
+
+def to_csv(series: FamilySeries) -> str:
+    """The series as a `timestamp_s,requests` trace (the format backtest and simulate read)."""
+    rows = [
+        f"{timestamp:g},{count:g}"
+        for timestamp, count in zip(series.timestamps, series.counts, strict=True)
+    ]
+    return "timestamp_s,requests\n" + "\n".join(rows) + "\n"
