@@ -297,6 +297,9 @@ class Informer(Generic[Obj]):
         self.tuning = tuning
         self.cache: dict[str, Obj] = {}
         self.resource_version = ""
+        # Whether the cache follows the server now: false until the first list and from a
+        # failed list or watch until the next one succeeds (the service is not ready then).
+        self.watching = False
         self._response: Any = None
         self._lock = threading.Lock()  # guards _response for interrupt()
 
@@ -374,6 +377,7 @@ class Informer(Generic[Obj]):
         )
         with self._lock:
             self._response = response
+        self.watching = True
         try:
             for line in self.http.lines(response):
                 if stop.is_set():
@@ -408,7 +412,17 @@ class Informer(Generic[Obj]):
                 response.shutdown()
 
     def run(self, emit: Emit, stop: threading.Event) -> None:
-        """The informer loop: relist when needed, watch, reconnect; until `stop`."""
+        """The informer loop: relist when needed, watch, reconnect; until `stop`.
+
+        No exception ends it (a closed event loop only stops it through `stop`, which the
+        port sets when its watch ends); `watching` says whether the cache follows the server.
+        """
+        try:
+            self._run(emit, stop)
+        finally:
+            self.watching = False
+
+    def _run(self, emit: Emit, stop: threading.Event) -> None:
         failures = 0
         next_resync = time.monotonic() + self.tuning.resync_seconds
         cause = "start" if not self.resource_version else ""
@@ -439,6 +453,7 @@ class Informer(Generic[Obj]):
                 if status_of(error) == 410:
                     cause = "gone"
                     continue
+                self.watching = False
                 WATCH_ERRORS.labels(self.resource).inc()
                 failures += 1
                 backoff = self.tuning.retry.delay(failures)
@@ -450,12 +465,10 @@ class Informer(Generic[Obj]):
                     backoff,
                 )
                 stop.wait(backoff)
-            except RuntimeError:
-                # The event loop that receives our changes is gone: nobody is listening.
-                return
-            except Exception:  # never let one surprise end the watch for good
+            except Exception:  # anything else, RecursionError included: list and watch again
                 if stop.is_set():
                     return
+                self.watching = False
                 WATCH_ERRORS.labels(self.resource).inc()
                 failures += 1
                 log.exception("%s watch hit an unexpected error; retrying", self.resource)
@@ -586,6 +599,12 @@ class KubernetesClusterPort:
         if not self._watching:
             await asyncio.to_thread(self.pods.relist, "list")
         return list(self.pods.cache.values())
+
+    def unwatched(self) -> list[str]:
+        """Resources whose list+watch is down while this port is being watched."""
+        if not self._watching:
+            return []
+        return [informer.resource for informer in (self.nodes, self.pods) if not informer.watching]
 
     async def watch(self) -> AsyncIterator[ClusterChange]:
         if self._watching:

@@ -543,6 +543,10 @@ class SimClusterPort:
         finally:
             unsubscribe()
 
+    def unwatched(self) -> list[str]:
+        """Nothing: the simulated cluster calls its subscribers directly."""
+        return []
+
     async def get_scale(self, target: WorkloadRef) -> ScaleState:
         return self.cluster.scale_state(target)
 

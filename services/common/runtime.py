@@ -65,7 +65,18 @@ class ServiceContext:
     instance: str
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # Each returns why the service cannot do its work right now (empty: nothing wrong);
+    # /readyz answers 503 with the reasons while any check has one.
+    readiness_checks: list[Callable[[], list[str]]] = field(default_factory=list)
     health_port: int | None = None
+
+    def not_ready_reasons(self) -> list[str]:
+        reasons = [] if self.ready.is_set() else ["starting"]
+        if not self.bus.connected:
+            reasons.append("NATS disconnected")
+        for check in self.readiness_checks:
+            reasons.extend(check())
+        return reasons
 
 
 async def _start_health_server(context: ServiceContext) -> web.AppRunner | None:
@@ -77,9 +88,10 @@ async def _start_health_server(context: ServiceContext) -> web.AppRunner | None:
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        if context.ready.is_set() and context.bus.connected:
+        reasons = context.not_ready_reasons()
+        if not reasons:
             return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready\n")
+        return web.Response(status=503, text=f"not ready: {'; '.join(reasons)}\n")
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})

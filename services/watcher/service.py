@@ -56,6 +56,7 @@ async def serve(context: ServiceContext) -> None:
         label_selector=settings.label_selector,
         resync_seconds=settings.resync_seconds,
     )
+    context.readiness_checks.append(lambda: [f"not watching {name}" for name in port.unwatched()])
     watcher = Watcher(port, context.bus, bucket=settings.snapshot_bucket)
     while not context.stopping.is_set():
         task = asyncio.create_task(watcher.run(context.ready))
