@@ -1,14 +1,16 @@
 """An in-process cluster driven by explicit time: nodes, pods, a scheduler, workload controllers.
 
 `SimCluster.step(now)` advances the cluster to `now`: workload controllers create or delete
-pods to match each workload's desired replicas, the scheduler binds pending pods (best fit per
-node, gang minimums for elastic jobs, priority preemption) and bound pods become ready after
-their start-up delay. Nothing happens between steps, so a simulated day costs only as many
-steps as the caller takes. The async `ClusterPort` methods wrap the synchronous ones.
+pods to match each workload's desired replicas, the scheduler binds pending pods (the packing
+model of `cluster.placement`, gang minimums for elastic jobs, priority preemption) and bound
+pods become ready after their start-up delay. Nothing happens between steps, so a simulated
+day costs only as many steps as the caller takes. The async `ClusterPort` methods wrap the
+synchronous ones.
 
 Modelled after Kubernetes where it matters to a capacity planner:
 * A Deployment's scale-down deletes unbound pods first, then not-ready ones, then pods on the
-  node holding most replicas of that Deployment, newest first.
+  node that stays emptiest without that Deployment's pods (the order the executor's
+  pod-deletion-cost annotations give the ReplicaSet controller), fewest there first.
 * An elastic job (Volcano / PyTorchJob-like) has fixed companion pods (parameter servers) and
   a trainer count; its pods bind only while at least `gang_min` trainers can bind with them.
 * Preemption evicts the lowest-priority, newest pods on the one node where that frees enough
@@ -24,6 +26,9 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
+from tideshift.services.cluster.placement import best_node, fullness
 from tideshift.services.cluster.port import (
     COMPANION_LABEL,
     ClusterChange,
@@ -33,6 +38,7 @@ from tideshift.services.cluster.port import (
     Resources,
     Role,
     ScaleState,
+    Workload,
     WorkloadRef,
 )
 
@@ -189,6 +195,13 @@ class SimCluster:
             if sim_node.node.schedulable:
                 total = total + sim_node.node.allocatable
         return total
+
+    def free_room(self) -> np.ndarray:
+        """Free (cpu, memory, GPU) per schedulable node, (nodes, 3)."""
+        return np.array(
+            [sim_node.free for sim_node in self._nodes.values() if sim_node.node.schedulable],
+            dtype=np.float64,
+        ).reshape(-1, 3)
 
     def bound_requests_total(self) -> Resources:
         """Requests of every pod bound to a node (starting or ready)."""
@@ -371,17 +384,34 @@ class SimCluster:
             per_node: dict[str | None, int] = {}
             for pod in workers:
                 per_node[pod.node] = per_node.get(pod.node, 0) + 1
+            rest = self._rest_fullness(workload, per_node)
 
-            def deletion_rank(pod: _SimPod) -> tuple[int, int, int, int]:
+            def deletion_rank(pod: _SimPod) -> tuple[int, int, float, int, int]:
+                # the executor's pod-deletion-cost order: pods whose node then stays emptiest
                 return (
                     0 if pod.node is None else 1,
                     0 if not pod.ready else 1,
-                    -per_node[pod.node],
+                    rest.get(pod.node, 0.0),
+                    per_node[pod.node],
                     -pod.seq,
                 )
 
             for pod in sorted(workers, key=deletion_rank)[:-missing]:
                 self._delete_pod(pod, evicted=False)
+
+    def _rest_fullness(
+        self, workload: SimWorkload, per_node: dict[str | None, int]
+    ) -> dict[str | None, float]:
+        """How full each node holding the workload's pods stays once they are gone."""
+        names = [name for name in per_node if name is not None]
+        if not names:
+            return {}
+        request = np.array(_as_list(workload.pod_requests))
+        allocatable = np.array([_as_list(self._nodes[name].node.allocatable) for name in names])
+        used = allocatable - np.array([self._nodes[name].free for name in names])
+        counts = np.array([per_node[name] for name in names], dtype=np.float64)
+        rest = np.maximum(used - counts[:, None] * request, 0.0)
+        return dict(zip(names, fullness(rest, allocatable).tolist(), strict=True))
 
     # ---- scheduling ------------------------------------------------------------------------
 
@@ -444,26 +474,16 @@ class SimCluster:
     def _best_node(
         self, request: Resources, free: dict[str, list[float]] | None = None
     ) -> str | None:
-        """Best fit: the schedulable node left with the least room in the scarcest resource."""
-        best_name: str | None = None
-        best_score = float("inf")
-        for name, sim_node in self._nodes.items():
-            if not sim_node.node.schedulable:
-                continue
-            slot = sim_node.free if free is None else free[name]
-            if not _fits(request, slot):
-                continue
-            allocatable = sim_node.node.allocatable
-            # GPU-less pods avoid GPU nodes (they would fragment them), then best fit by cpu.
-            score = (slot[0] - request.cpu) / max(allocatable.cpu, _EPS)
-            if request.gpu == 0 and allocatable.gpu > 0:
-                score += 10.0
-            elif request.gpu > 0:
-                score += (slot[2] - request.gpu) / max(allocatable.gpu, 1)
-            if score < best_score:
-                best_score = score
-                best_name = name
-        return best_name
+        """The node `cluster.placement` picks (the packing scheduler profile's model)."""
+        names = [name for name, sim_node in self._nodes.items() if sim_node.node.schedulable]
+        if not names:
+            return None
+        free_rows = np.array(
+            [self._nodes[name].free if free is None else free[name] for name in names]
+        )
+        allocatable = np.array([_as_list(self._nodes[name].node.allocatable) for name in names])
+        row = best_node(free_rows, allocatable, np.array(_as_list(request)))
+        return None if row is None else names[row]
 
     def _place(self, pod: _SimPod) -> bool:
         name = self._best_node(pod.requests)
@@ -527,12 +547,20 @@ class SimClusterPort:
 
     def __init__(self, cluster: SimCluster) -> None:
         self.cluster = cluster
+        self.events: list[tuple[WorkloadRef, str, str]] = []  # record_event's, in order
 
     async def list_nodes(self) -> list[Node]:
         return self.cluster.nodes()
 
     async def list_pods(self) -> list[Pod]:
         return self.cluster.pods()
+
+    async def list_workloads(self) -> list[Workload]:
+        """None: simulated workloads are named in the settings, not labelled."""
+        return []
+
+    async def record_event(self, target: Workload, *, reason: str, message: str) -> None:
+        self.events.append((target.ref, reason, message))
 
     async def watch(self) -> AsyncIterator[ClusterChange]:
         queue: asyncio.Queue[ClusterChange] = asyncio.Queue()

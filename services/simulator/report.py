@@ -13,17 +13,22 @@ from tideshift.services.simulator.scenario import Scenario
 
 def format_table(results: Sequence[PolicyResult]) -> str:
     header = (
-        f"{'policy':<10} {'util cpu':>8} {'util mem':>8} {'util gpu':>8} {'short min':>9} "
+        f"{'policy':<10} {'util cpu':>8} {'used cpu':>8} {'util mem':>8} {'util gpu':>8} "
+        f"{'strand cpu':>10} {'strand gpu':>10} {'starved':>7} {'short min':>9} "
         f"{'short %':>8} {'train work':>11} {'spare %':>7} {'pend mean':>9} {'pend p95':>9} "
         f"{'churn':>6} {'jobs':>9} {'wall s':>6}"
     )
     lines = [header, "-" * len(header)]
     for r in results:
         gpu = r.utilization.get("gpu")
+        stranded_gpu = r.stranded.get("gpu")
         lines.append(
-            f"{r.name:<10} {r.utilization.get('cpu', 0):>8.1%} "
+            f"{r.name:<10} {r.utilization.get('cpu', 0):>8.1%} {r.cpu_used:>8.1%} "
             f"{r.utilization.get('memory', 0):>8.1%} "
             f"{(f'{gpu:.1%}' if gpu is not None else '-'):>8} "
+            f"{r.stranded.get('cpu', 0):>10.1%} "
+            f"{(f'{stranded_gpu:.1%}' if stranded_gpu is not None else '-'):>10} "
+            f"{r.serving_starved_minutes:>7d} "
             f"{r.shortfall_minutes:>9d} {r.shortfall_fraction:>8.3%} {r.training_work:>11.0f} "
             f"{r.training_share_of_spare:>7.1%} {r.pending_mean_s:>9.1f} {r.pending_p95_s:>9.1f} "
             f"{r.trainer_churn:>6d} {f'{r.jobs_started}/{r.jobs_total}':>9} {r.wall_s:>6.1f}"

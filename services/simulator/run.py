@@ -7,6 +7,13 @@ sync periods), applies changed counts to the cluster, steps the cluster, and int
 metrics over the step:
 
 * utilisation: requests of bound pods / allocatable, per resource, time-averaged;
+* cpu used: what pods use / allocatable, from a usage model: a serving pod uses
+  demand / ready capacity x its request (never above it), every other pod its request;
+* stranded capacity: free cpu and GPUs on nodes where not one trainer of a job that wants more
+  fits (`policy.stranded_capacity`), as a fraction of allocatable, time-averaged;
+* serving starved minutes: minutes in which some node's pods held more than its allocatable,
+  so serving could not get what its demand needed (must stay 0; trainers bind on requests
+  here, so only a binder that lends serving's idle reservation could make it non-zero);
 * serving shortfall: request-seconds above ready replicas x `capacity_rps`; minutes with any;
 * training work: progress units, ready_trainers ** speedup_exponent per second while the job
   runs (gang and parameter servers ready), none for `restart_cost_s` after its trainer set
@@ -60,6 +67,9 @@ class PolicyResult:
     utilization: dict[str, float]
     shortfall_minutes: int
     shortfall_fraction: float
+    cpu_used: float
+    stranded: dict[str, float]
+    serving_starved_minutes: int
     training_work: float
     pending_mean_s: float
     pending_p95_s: float
@@ -76,6 +86,9 @@ class PolicyResult:
             "utilization": {k: round(v, 4) for k, v in self.utilization.items()},
             "shortfall_minutes": self.shortfall_minutes,
             "shortfall_fraction": round(self.shortfall_fraction, 6),
+            "cpu_used": round(self.cpu_used, 4),
+            "stranded": {k: round(v, 4) for k, v in self.stranded.items()},
+            "serving_starved_minutes": self.serving_starved_minutes,
             "training_work": round(self.training_work, 1),
             "pending_mean_s": round(self.pending_mean_s, 1),
             "pending_p95_s": round(self.pending_p95_s, 1),
@@ -135,6 +148,9 @@ class _Totals:
     """The metrics integrated over the run so far."""
 
     util_sum: Any = field(default_factory=lambda: np.zeros(3))
+    used_cpu_sum: float = 0.0
+    stranded_sum: Any = field(default_factory=lambda: np.zeros(3))
+    starved_minutes: set[int] = field(default_factory=set)
     demand: float = 0.0
     shortfall: float = 0.0
     shortfall_minutes: set[int] = field(default_factory=set)
@@ -314,7 +330,44 @@ class _Run:
         spare = max(0.0, self.alloc.cpu - serving_need_cpu - other_cpu)
         totals.spare += spare
         totals.training += min(training_cpu, spare)
+        serving_used_cpu = self._serving_used_cpu(demands)
+        used_cpu = bound.cpu - sum(
+            cluster.bound_count(ref) * spec.replica.cpu
+            for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
+        )
+        totals.used_cpu_sum += (used_cpu + serving_used_cpu) / max(self.alloc.cpu, 1e-9)
+        if np.any(cluster.free_room()[:, 0] < -1e-6):
+            totals.starved_minutes.add(int(now // 60))
+        totals.stranded_sum += np.divide(
+            self._stranded(),
+            alloc_vector,
+            out=np.zeros(3),
+            where=alloc_vector > 0,
+        )
         return used, capacity_total
+
+    def _serving_used_cpu(self, demands: Sequence[float]) -> float:
+        """Serving's cpu in use: demand / ready capacity x the requests of its bound pods."""
+        cluster, used = self.cluster, 0.0
+        for spec, ref, demand in zip(
+            self.scenario.serving, self.serving_refs, demands, strict=True
+        ):
+            ready_capacity = cluster.ready_count(ref) * spec.capacity_rps
+            requested = cluster.bound_count(ref) * spec.replica.cpu
+            busy = min(1.0, demand / ready_capacity) if ready_capacity > 0 else 0.0
+            used += busy * requested
+        return used
+
+    def _stranded(self) -> Any:
+        """Free room on nodes where no trainer of a job that wants more fits."""
+        shapes = [
+            run.policy_job.trainer_requests
+            for ref, run in self.live.items()
+            if self.cluster.bound_count(ref) < run.policy_job.max_trainers
+        ]
+        return pol.stranded_capacity(
+            self.cluster.free_room(), np.array(shapes, dtype=np.float64).reshape(-1, 3)
+        )
 
     def _progress_jobs(self, now: float) -> float:
         """Advance each live job's work over the step; returns the cpu training holds."""
@@ -377,6 +430,13 @@ class _Run:
             utilization=utilization,
             shortfall_minutes=len(totals.shortfall_minutes),
             shortfall_fraction=totals.shortfall / totals.demand if totals.demand else 0.0,
+            cpu_used=totals.used_cpu_sum / steps_taken,
+            stranded={
+                name: float(totals.stranded_sum[i] / steps_taken)
+                for i, name in enumerate(pol.RESOURCE_NAMES)
+                if name != "memory" and self.alloc_vector[i] > 0
+            },
+            serving_starved_minutes=len(totals.starved_minutes),
             training_work=sum(run.work_done for run in jobs),
             pending_mean_s=float(np.mean(pending)) if pending else 0.0,
             pending_p95_s=_p95(pending),

@@ -132,12 +132,19 @@ def test_simulate_json_has_exactly_the_documented_keys(
             "utilization",
             "shortfall_minutes",
             "shortfall_fraction",
+            "cpu_used",
+            "stranded",
+            "serving_starved_minutes",
             "training_work",
             "pending_mean_s",
             "pending_p95_s",
             "trainer_churn",
         }
         assert set(metrics["utilization"]) == {"cpu", "memory"}
+        assert set(metrics["stranded"]) == {"cpu"}
+        # serving's idle reservation is counted: used cpu is below requested cpu
+        assert 0 < metrics["cpu_used"] < metrics["utilization"]["cpu"]
+        assert metrics["serving_starved_minutes"] == 0
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "small-hpa.png",
         "small-tideshift.png",

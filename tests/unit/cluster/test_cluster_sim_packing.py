@@ -1,0 +1,47 @@
+"""The simulated scheduler packs as `cluster.placement` says: CPU-only pods keep off GPU nodes
+while CPU nodes have room, and pods pile onto the busiest node that fits."""
+
+from __future__ import annotations
+
+from tideshift.services.cluster.port import Node, Resources, WorkloadRef
+from tideshift.services.cluster.sim import SimCluster, SimWorkload
+
+GIB = 2**30
+WEB = WorkloadRef("prod", "Deployment", "web")
+
+
+def web(replicas: int) -> SimWorkload:
+    return SimWorkload(
+        ref=WEB,
+        kind="Deployment",
+        role="serving",
+        pod_requests=Resources(1.0, GIB),
+        replicas=replicas,
+        priority=100,
+        startup_delay_s=1.0,
+        max_replicas=100,
+    )
+
+
+def nodes_of(cluster: SimCluster) -> list[str]:
+    return sorted(pod.node or "" for pod in cluster.pods())
+
+
+def test_cpu_only_pods_fill_cpu_nodes_before_gpu_nodes() -> None:
+    cluster = SimCluster(
+        [Node("gpu", Resources(8.0, 32 * GIB, 4)), Node("cpu", Resources(4.0, 16 * GIB))]
+    )
+    cluster.add_workload(web(4))
+    cluster.step(0.0)
+    assert nodes_of(cluster) == ["cpu"] * 4
+    cluster.scale(WEB, 5)
+    cluster.step(1.0)
+    assert nodes_of(cluster) == ["cpu"] * 4 + ["gpu"]  # only once the cpu node is full
+
+
+def test_pods_pile_onto_the_busiest_node_leaving_others_whole() -> None:
+    cluster = SimCluster([Node(name, Resources(4.0, 16 * GIB)) for name in ("a", "b", "c")])
+    cluster.add_workload(web(6))
+    cluster.step(0.0)
+    placed = nodes_of(cluster)
+    assert sorted(placed.count(name) for name in ("a", "b", "c")) == [0, 2, 4]
