@@ -30,7 +30,12 @@ from typing import Any
 
 import yaml
 
+from tideshift.services.common.lifetime import die_with_parent
 from tideshift.services.devcluster import pki
+from tideshift.services.devcluster.scheduler_profile import (
+    GPU_NODE_LABEL,
+    write_scheduler_config,
+)
 from tideshift.services.devcluster.versions import K8S_VERSION, require_binaries
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -103,7 +108,8 @@ def default_nodes(
     """`count` CPU nodes kwok-node-<i>, then `gpu_nodes` GPU nodes kwok-gpu-node-<i>."""
     extra = dict(labels or {})
     nodes = [NodeSpec(f"kwok-node-{i}", cpu=cpu, memory=memory, labels=extra) for i in range(count)]
-    gpu_labels = {**extra, "tideshift.io/accelerator": "nvidia"}
+    # GPU_NODE_LABEL as GPU feature discovery sets it: the packing profile keys on it
+    gpu_labels = {**extra, "tideshift.io/accelerator": "nvidia", GPU_NODE_LABEL: "true"}
     nodes += [
         NodeSpec(
             f"kwok-gpu-node-{i}", cpu=cpu, memory=memory, gpus=gpus_per_node, labels=gpu_labels
@@ -550,7 +556,10 @@ class LocalCluster:
         ]
 
     def _scheduler_args(self) -> list[str]:
-        return self._component_common_args("scheduler", "scheduler")
+        config = write_scheduler_config(
+            self.state_dir / "scheduler" / "config.yaml", self.pki_dir / "scheduler.kubeconfig"
+        )
+        return [*self._component_common_args("scheduler", "scheduler"), f"--config={config}"]
 
     def _kwok_args(self) -> list[str]:
         return [
@@ -575,9 +584,8 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 cwd=self.state_dir,
                 start_new_session=True,
-                # Only prctl and getppid run between fork and exec: no locks to deadlock on.
-                preexec_fn=(  # noqa: PLW1509
-                    _die_with_parent_preexec(os.getpid()) if self.options.die_with_parent else None
+                preexec_fn=(  # noqa: PLW1509  # only prctl and getppid run before exec
+                    die_with_parent(os.getpid()) if self.options.die_with_parent else None
                 ),
             )
         self._popens[name] = process
