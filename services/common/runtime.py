@@ -122,7 +122,9 @@ async def _serve(
     url = settings.nats_url
     if url is None:
         embedded = EmbeddedNats()
-        await asyncio.to_thread(embedded.start)
+        # On this (the main) thread: the server's parent-death signal follows the thread
+        # that started it, and nothing else runs yet for the wait to block.
+        embedded.start()
         url = embedded.url
         log.info("no NATS URL configured: started the bundled nats-server at %s", url)
     instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
