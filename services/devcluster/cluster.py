@@ -174,21 +174,6 @@ def runs_binary(pid: int, binary: str) -> bool:
         return False
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True) if hasattr(ctypes, "CDLL") else None
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent_preexec(parent_pid: int) -> Callable[[], None]:
-    def preexec() -> None:
-        if _LIBC is not None:
-            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        # The parent may have died between fork and prctl.
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-    return preexec
-
-
 def _log_tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
