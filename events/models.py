@@ -148,6 +148,67 @@ class PodChanged(EventData):
     observed_at: AwareDatetime
 
 
+class ServingPolicy(_Frozen):
+    """How to size a serving workload, from its `tideshift.io/*` annotations."""
+
+    capacity_rps: float = Field(gt=0, description="requests/s one replica serves at target")
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=1000, ge=1)
+    lead_time_seconds: float = Field(default=60.0, ge=0, description="pod start-up until ready")
+    quantile: float = Field(default=0.95, gt=0, lt=1, description="forecast quantile sized for")
+    demand_query: str = Field(default="", description="PromQL of its demand; empty: default")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> ServingPolicy:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max-replicas must be >= min-replicas")
+        return self
+
+
+class TrainingPolicy(_Frozen):
+    """How to share capacity with a training job, from its `tideshift.io/*` annotations."""
+
+    min_replicas: int = Field(default=1, ge=1, description="fewest trainers")
+    max_replicas: int | None = Field(default=None, ge=1, description="most; None: its own")
+    gang_min: int | None = Field(default=None, ge=1, description="trainers that must run at once")
+    priority: int = 0
+    weight: float = Field(default=1.0, gt=0)
+    scale_task: str = Field(default="", description="Volcano: the task to scale")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> TrainingPolicy:
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError("max-replicas must be >= min-replicas")
+        return self
+
+
+class WorkloadChanged(EventData):
+    """A labelled scale target (`tideshift.io/role`) appeared, changed or was deleted."""
+
+    event_name: ClassVar[str] = "cluster.workload.changed"
+
+    change: Change
+    workload: WorkloadRef
+    role: Literal["serving", "training"]
+    replicas: int = Field(ge=0, description="desired replicas in its spec (Volcano: its task's)")
+    ready_replicas: int = Field(default=0, ge=0)
+    min_replicas: int = Field(default=0, ge=0, description="its own lower bound (gang, elastic)")
+    max_replicas: int | None = Field(default=None, ge=0, description="its own upper bound")
+    requests: Resources = Field(description="per replica, from the pod template")
+    serving: ServingPolicy | None = None
+    training: TrainingPolicy | None = None
+    paused: bool = Field(default=False, description="tideshift.io/paused: leave it alone")
+    resource_version: str = ""
+    observed_at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _policy_of_its_role(self) -> WorkloadChanged:
+        policy = self.serving if self.role == "serving" else self.training
+        if policy is None:
+            raise ValueError(f"a {self.role} workload carries its {self.role} policy")
+        return self
+
+
 class ForecastPoint(_Frozen):
     """Forecast demand (requests per second) for the step starting at `at`."""
 

@@ -24,6 +24,7 @@ from tideshift.events.models import (
     ScaleResult,
     ShardTask,
     TrainerMembership,
+    WorkloadChanged,
 )
 from tideshift.events.tokens import decode_token, encode_token
 
@@ -166,6 +167,11 @@ POD_CHANGED = Subject(
     description="a pod changed phase, node or owner",
     model=PodChanged,
 )
+WORKLOAD_CHANGED = Subject(
+    f"{ROOT}.cluster.workload.{{namespace}}.{{kind}}.{{name}}",
+    description="a labelled scale target (tideshift.io/role) appeared, changed or was deleted",
+    model=WorkloadChanged,
+)
 FORECAST = Subject(
     f"{ROOT}.forecast.{{namespace}}.{{workload}}",
     description="demand forecast for a serving workload",
@@ -224,6 +230,7 @@ PSERVER_RPC = RawSubject(
 ALL_SUBJECTS: tuple[Subject[Any], ...] = (
     NODE_CHANGED,
     POD_CHANGED,
+    WORKLOAD_CHANGED,
     FORECAST,
     PLAN_DECIDED,
     PLANNER_STATUS,

@@ -1,6 +1,7 @@
 """`ClusterPort` over a real Kubernetes apiserver, with the official `kubernetes` client.
 
-Watching works like a client-go informer, one per resource (Nodes, Pods), each in its own
+Watching works like a client-go informer, one per resource (Nodes, Pods, and each supported
+scale target kind, labelled `tideshift.io/role: serving|training` only), each in its own
 thread because the client blocks:
 
 * list (paged), remember the list's resourceVersion, then watch from it with bookmarks, so a
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -39,7 +41,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -51,7 +53,12 @@ from kubernetes.utils import parse_quantity
 from prometheus_client import Counter
 
 from tideshift.services.cluster.adapters.http import JsonObject, KubeHttp, status_of
-from tideshift.services.cluster.adapters.kinds import PYTORCH_JOB, VOLCANO_JOB, qualified_kind
+from tideshift.services.cluster.adapters.kinds import (
+    API_VERSION,
+    PYTORCH_JOB,
+    VOLCANO_JOB,
+    qualified_kind,
+)
 from tideshift.services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
 from tideshift.services.cluster.port import (
     ROLE_LABEL,
@@ -64,8 +71,9 @@ from tideshift.services.cluster.port import (
     Resources,
     Role,
     ScaleState,
-    WorkloadRef,
     UnsupportedTarget,
+    Workload,
+    WorkloadRef,
 )
 from tideshift.services.common.retry import Backoff, exponential
 
@@ -229,10 +237,37 @@ def pod_from_object(obj: Mapping[str, Any], resolve_owner: OwnerResolver) -> Pod
     )
 
 
-Obj = TypeVar("Obj", Node, Pod)
+WORKLOAD_SELECTOR = f"{ROLE_LABEL} in (serving,training)"
 
 
-def same_content(before: Node | Pod, after: Node | Pod) -> bool:
+def workload_from_object(adapter: TargetAdapter, obj: JsonObject) -> Workload:
+    """A labelled scale target: its scale and bounds (the adapter's), one replica's requests."""
+    metadata = obj["metadata"]
+    labels: dict[str, str] = metadata.get("labels") or {}
+    label = labels.get(ROLE_LABEL)
+    if label not in ("serving", "training"):
+        raise ValueError(f"label {ROLE_LABEL}={label!r}: expected serving or training")
+    role: Role = "serving" if label == "serving" else "training"
+    ref = WorkloadRef(str(metadata["namespace"]), adapter.kind, str(metadata["name"]))
+    state = adapter.observe(ref, obj)
+    return Workload(
+        ref=ref,
+        role=role,
+        replicas=state.replicas,
+        ready_replicas=state.ready_replicas,
+        min_replicas=state.min_replicas,
+        max_replicas=state.max_replicas,
+        requests=pod_requests(adapter.pod_spec(obj)),
+        annotations=tuple(sorted((metadata.get("annotations") or {}).items())),
+        uid=str(metadata.get("uid", "")),
+        resource_version=str(metadata.get("resourceVersion", "")),
+    )
+
+
+Obj = TypeVar("Obj", Node, Pod, Workload)
+
+
+def same_content(before: Node | Pod | Workload, after: Node | Pod | Workload) -> bool:
     """Equal in everything Tideshift reads (the resourceVersion alone does not count)."""
     return replace(before, resource_version="") == replace(after, resource_version="")
 
@@ -524,6 +559,10 @@ def _node_key(node: Node) -> str:
     return node.name
 
 
+def _workload_key(workload: Workload) -> str:
+    return str(workload.ref)
+
+
 class KubernetesClusterPort:
     """`ClusterPort` on a real cluster. Blocking client calls run in threads."""
 
@@ -565,6 +604,19 @@ class KubernetesClusterPort:
             label_selector=label_selector,
             tuning=self.tuning,
         )
+        # One informer per supported kind, over objects labelled with a role only.
+        self.workloads = [
+            Informer[Workload](
+                self.http,
+                resource=kind,
+                path=adapter.collection(namespace),
+                convert=functools.partial(workload_from_object, adapter),
+                key=_workload_key,
+                label_selector=WORKLOAD_SELECTOR,
+                tuning=self.tuning,
+            )
+            for kind, adapter in self.adapters.items()
+        ]
         self._watching = False
         self._recent_reads: dict[WorkloadRef, tuple[float, Observed]] = {}
         self._recent_lock = threading.Lock()
@@ -606,6 +658,54 @@ class KubernetesClusterPort:
             return []
         return [informer.resource for informer in (self.nodes, self.pods) if not informer.watching]
 
+    def _list_workloads(self) -> list[Workload]:
+        listed: list[Workload] = []
+        for informer in self.workloads:
+            try:
+                informer.relist("list")
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                log.info("%s is not served by this cluster: not watched", informer.resource)
+            listed.extend(informer.cache.values())
+        return listed
+
+    async def list_workloads(self) -> list[Workload]:
+        if not self._watching:
+            return await asyncio.to_thread(self._list_workloads)
+        return [w for informer in self.workloads for w in informer.cache.values()]
+
+    def _record_event(self, target: Workload, reason: str, message: str) -> None:
+        now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        ref = target.ref
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{ref.name[:200]}.", "namespace": ref.namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION.get(ref.kind, ""),
+                "kind": ref.plain_kind,
+                "name": ref.name,
+                "namespace": ref.namespace,
+                "uid": target.uid,
+                "resourceVersion": target.resource_version,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning",
+            "source": {"component": "tideshift-watcher"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.http.json("POST", f"/api/v1/namespaces/{ref.namespace}/events", body=body)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            raise _classified(ref, "record an event on", error) from error
+
+    async def record_event(self, target: Workload, *, reason: str, message: str) -> None:
+        await asyncio.to_thread(self._record_event, target, reason, message)
+
     async def watch(self) -> AsyncIterator[ClusterChange]:
         if self._watching:
             raise RuntimeError("this port is already being watched")
@@ -617,7 +717,11 @@ class KubernetesClusterPort:
             loop.call_soon_threadsafe(queue.put_nowait, change)
 
         self._watching = True
-        informers: list[tuple[str, Informer[Any]]] = [("nodes", self.nodes), ("pods", self.pods)]
+        informers: list[tuple[str, Informer[Any]]] = [
+            ("nodes", self.nodes),
+            ("pods", self.pods),
+            *((informer.resource, informer) for informer in self.workloads),
+        ]
         threads = [
             threading.Thread(
                 target=informer.run,

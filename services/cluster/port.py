@@ -11,8 +11,26 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-# The contract's workload identity is the port's target type too (re-exported for adapters).
-from tideshift.events.models import WorkloadRef as WorkloadRef
+from tideshift.events.models import WorkloadRef
+
+# The contract's workload identity is the port's target type too, re-exported with the rest.
+__all__ = [
+    "COMPANION_LABEL",
+    "ROLE_LABEL",
+    "ChangeType",
+    "ClusterChange",
+    "ClusterError",
+    "ClusterPort",
+    "Node",
+    "Pod",
+    "PodPhase",
+    "Resources",
+    "Role",
+    "ScaleState",
+    "UnsupportedTarget",
+    "Workload",
+    "WorkloadRef",
+]
 
 # Labels users put on pod templates (documented in the README).
 ROLE_LABEL = "tideshift.io/role"  # serving | training | other (also read as an annotation)
@@ -84,6 +102,24 @@ class Pod:
 
 
 @dataclass(frozen=True, slots=True)
+class Workload:
+    """A scale target labelled `tideshift.io/role` (serving or training), as the cluster has it:
+    its scale and own bounds, one replica's requests (from its pod template) and its
+    annotations, which the watcher reads as the workload's policy."""
+
+    ref: WorkloadRef
+    role: Role
+    replicas: int  # desired replicas in its spec (Volcano: the scaled task's)
+    ready_replicas: int
+    min_replicas: int  # its own bounds (gang minimum, elasticPolicy, bound annotations)
+    max_replicas: int | None
+    requests: Resources  # one replica's, from the pod template
+    annotations: tuple[tuple[str, str], ...] = ()
+    uid: str = ""
+    resource_version: str = ""  # the apiserver's version of this object
+
+
+@dataclass(frozen=True, slots=True)
 class ScaleState:
     """A target's current scale and the bounds it accepts (elastic jobs carry their own)."""
 
@@ -99,7 +135,7 @@ class ClusterChange:
     """One observed change; `obj` is the object after the change (before, for deletions)."""
 
     type: ChangeType
-    obj: Node | Pod
+    obj: Node | Pod | Workload
 
 
 class UnsupportedTarget(ValueError):
@@ -118,11 +154,15 @@ class ClusterError(RuntimeError):
 
 
 class ClusterPort(Protocol):
-    """List+watch nodes and pods, read and set a target's scale."""
+    """List+watch nodes, pods and labelled workloads, read and set a target's scale."""
 
     async def list_nodes(self) -> list[Node]: ...
 
     async def list_pods(self) -> list[Pod]: ...
+
+    async def list_workloads(self) -> list[Workload]:
+        """Labelled scale targets of every kind the backend supports (and the cluster serves)."""
+        ...
 
     def watch(self) -> AsyncIterator[ClusterChange]:
         """Changes after the last list, in order, until the iterator is closed."""
@@ -141,6 +181,10 @@ class ClusterPort(Protocol):
     async def set_scale(self, target: WorkloadRef, replicas: int) -> ScaleState:
         """Sets the target's desired replicas (clamped to its own bounds); returns the result.
         Raises as `get_scale` does."""
+        ...
+
+    async def record_event(self, target: Workload, *, reason: str, message: str) -> None:
+        """Leave a warning on the object for its owner to see (`kubectl describe`)."""
         ...
 
     async def close(self) -> None:

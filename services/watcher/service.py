@@ -1,4 +1,5 @@
-"""`tideshift run watcher`: Kubernetes nodes and pods -> cluster events and the KV snapshot."""
+"""`tideshift run watcher`: Kubernetes nodes, pods and labelled workloads -> cluster events
+and the KV snapshot."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ the latest `NodeChanged` or `PodChanged` for it:
 
 * `node.<name>` for nodes,
 * `pod.<namespace>.<name>` for pods,
+* `workload.<namespace>.<kind>.<name>` for labelled workloads (`WorkloadChanged`),
 
 each name encoded with `tideshift.events.encode_token` (dots in names become `_2E`). A planner that
 starts late reads every key once and then follows the live subjects. Pure: no I/O.
@@ -14,7 +15,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from tideshift.events import NodeChanged, PodChanged, Resources, encode_token
+from tideshift.events import (
+    NodeChanged,
+    PodChanged,
+    Resources,
+    WorkloadChanged,
+    WorkloadRef,
+    encode_token,
+)
 from tideshift.services.cluster.port import ChangeType, Node, Pod
 from tideshift.services.cluster.port import Resources as PortResources
 
@@ -27,6 +35,11 @@ def node_key(name: str) -> str:
 
 def pod_key(namespace: str, name: str) -> str:
     return f"pod.{encode_token(namespace)}.{encode_token(name)}"
+
+
+def workload_key(ref: WorkloadRef) -> str:
+    parts = (ref.namespace, ref.kind, ref.name)
+    return "workload." + ".".join(encode_token(part) for part in parts)
 
 
 def _resources(amount: PortResources) -> Resources:
@@ -66,7 +79,10 @@ def pod_event(change: ChangeType, pod: Pod, *, observed_at: datetime) -> PodChan
     )
 
 
-def same_state(before: NodeChanged | PodChanged, after: NodeChanged | PodChanged) -> bool:
+def same_state(
+    before: NodeChanged | PodChanged | WorkloadChanged,
+    after: NodeChanged | PodChanged | WorkloadChanged,
+) -> bool:
     """Equal apart from bookkeeping (change type, observation time, resourceVersion)."""
     ignore = {"change", "observed_at", "resource_version"}
     return type(before) is type(after) and before.model_dump(exclude=ignore) == after.model_dump(

@@ -18,9 +18,26 @@ from datetime import UTC, datetime
 from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
-from tideshift.events import NODE_CHANGED, POD_CHANGED, NodeChanged, PodChanged
-from tideshift.services.cluster.port import ChangeType, ClusterChange, ClusterPort, Node, Pod
+from tideshift.events import (
+    DEAD_LETTER,
+    NODE_CHANGED,
+    POD_CHANGED,
+    WORKLOAD_CHANGED,
+    DeadLetter,
+    NodeChanged,
+    PodChanged,
+    WorkloadChanged,
+)
+from tideshift.services.cluster.port import (
+    ChangeType,
+    ClusterChange,
+    ClusterPort,
+    Node,
+    Pod,
+    Workload,
+)
 from tideshift.services.common.bus import Bus, TypedKV
+from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
 from tideshift.services.watcher.snapshot import (
     SNAPSHOT_BUCKET,
     node_event,
@@ -28,6 +45,7 @@ from tideshift.services.watcher.snapshot import (
     pod_event,
     pod_key,
     same_state,
+    workload_key,
 )
 
 log = logging.getLogger("tideshift.watcher")
@@ -37,8 +55,12 @@ FAILURES = Counter(
     "tideshift_watcher_failures_total", "Changes that could not be published or stored", ["stage"]
 )
 SNAPSHOT_OBJECTS = Gauge("tideshift_watcher_snapshot_objects", "Objects in the snapshot")
+INVALID_POLICIES = Counter(
+    "tideshift_watcher_invalid_policies_total", "Labelled workloads skipped for bad annotations"
+)
+INVALID_POLICY_REASON = "TideshiftInvalidPolicy"
 
-ClusterEvent = NodeChanged | PodChanged
+ClusterEvent = NodeChanged | PodChanged | WorkloadChanged
 
 
 def _now() -> datetime:
@@ -68,19 +90,27 @@ class Watcher:
         self._pending_ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._reported: dict[str, str] = {}  # workload -> the invalid-policy message last recorded
 
     # -- conversion and publishing -------------------------------------------------------
 
-    def _event(self, change: ChangeType, obj: Node | Pod) -> tuple[str, ClusterEvent]:
+    def _event(self, change: ChangeType, obj: Node | Pod | Workload) -> tuple[str, ClusterEvent]:
         now = self.clock()
         if isinstance(obj, Node):
             return node_key(obj.name), node_event(change, obj, observed_at=now)
+        if isinstance(obj, Workload):
+            return workload_key(obj.ref), workload_event(change, obj, observed_at=now)
         return pod_key(obj.namespace, obj.name), pod_event(change, obj, observed_at=now)
 
     async def _publish(self, event: ClusterEvent) -> None:
         if isinstance(event, NodeChanged):
             await self.bus.publish(NODE_CHANGED.at(name=event.name), event)
             resource = "nodes"
+        elif isinstance(event, WorkloadChanged):
+            ref = event.workload
+            subject = WORKLOAD_CHANGED.at(namespace=ref.namespace, kind=ref.kind, name=ref.name)
+            await self.bus.publish(subject, event)
+            resource = "workloads"
         else:
             await self.bus.publish(
                 POD_CHANGED.at(namespace=event.namespace, name=event.name), event
@@ -94,10 +124,51 @@ class Watcher:
         self._idle.clear()
         self._pending_ready.set()
 
+    async def _invalid_policy(self, workload: Workload, error: InvalidPolicy) -> None:
+        """Skip the workload (its last valid policy stands); tell its owner, count, dead-letter."""
+        INVALID_POLICIES.inc()
+        message = f"Tideshift skips {workload.ref}: {error}"
+        key = str(workload.ref)
+        if self._reported.get(key) == message:
+            return  # already told; the object's status changes would repeat it
+        self._reported[key] = message
+        log.warning("%s", message)
+        try:
+            await self.port.record_event(workload, reason=INVALID_POLICY_REASON, message=message)
+        except Exception as failure:  # the count and the dead letter still say it
+            FAILURES.labels("record_event").inc()
+            log.warning("cannot record an event on %s: %s", workload.ref, failure)
+        ref = workload.ref
+        payload = repr(dict(workload.annotations))
+        letter = DeadLetter(
+            consumer="watcher",
+            original_subject=WORKLOAD_CHANGED.at(
+                namespace=ref.namespace, kind=ref.kind, name=ref.name
+            ).value,
+            reason=message,
+            payload=payload[:1024],
+            payload_bytes=len(payload.encode()),
+            received_at=self.clock(),
+        )
+        try:
+            await self.bus.publish_durable(DEAD_LETTER.at(consumer="watcher"), letter)
+        except Exception as failure:
+            FAILURES.labels("deadletter").inc()
+            log.warning("cannot dead-letter %s: %s", workload.ref, failure)
+
     async def handle(self, change: ClusterChange) -> None:
         """Publish one change and queue its snapshot update; never raises on bad input."""
         try:
             key, event = self._event(change.type, change.obj)
+        except InvalidPolicy as error:
+            assert isinstance(change.obj, Workload)
+            if change.type != "deleted":
+                await self._invalid_policy(change.obj, error)
+                return
+            key = workload_key(change.obj.ref)  # gone: forget it, valid or not
+            self._reported.pop(str(change.obj.ref), None)
+            self._store_later(key, None)
+            return
         except (ValidationError, ValueError, TypeError) as error:
             FAILURES.labels("convert").inc()
             log.warning("cannot convert %s change: %s", change.type, error)
@@ -145,7 +216,13 @@ class Watcher:
 
         async def read(key: str) -> None:
             assert self.snapshot is not None
-            model: type[ClusterEvent] = NodeChanged if key.startswith("node.") else PodChanged
+            model: type[ClusterEvent] = (
+                NodeChanged
+                if key.startswith("node.")
+                else WorkloadChanged
+                if key.startswith("workload.")
+                else PodChanged
+            )
             try:
                 value = await self.snapshot.get(key, model)
             except ValueError as error:  # written by an older version, or damaged
@@ -166,12 +243,20 @@ class Watcher:
         self.snapshot = await self.bus.kv(self.bucket)
         nodes = await self.port.list_nodes()
         pods = await self.port.list_pods()
+        workloads = await self.port.list_workloads()
         stored = await self._read_snapshot()
         listed: dict[str, ClusterEvent] = {}
-        objects: list[Node | Pod] = [*nodes, *pods]
+        objects: list[Node | Pod | Workload] = [*nodes, *pods, *workloads]
         for obj in objects:
             try:
                 key, event = self._event("added", obj)
+            except InvalidPolicy as error:
+                assert isinstance(obj, Workload)
+                await self._invalid_policy(obj, error)
+                key = workload_key(obj.ref)
+                if key in stored:  # keep its last valid policy: not a deletion
+                    listed[key] = stored[key]
+                continue
             except (ValidationError, ValueError, TypeError) as error:
                 FAILURES.labels("convert").inc()
                 log.warning("cannot convert a listed object: %s", error)
@@ -198,9 +283,10 @@ class Watcher:
             self._store_later(key, None)
         SNAPSHOT_OBJECTS.set(len(listed))
         log.info(
-            "snapshot reconciled: %d nodes, %d pods, %d differences",
+            "snapshot reconciled: %d nodes, %d pods, %d workloads, %d differences",
             len(nodes),
             len(pods),
+            len(workloads),
             differences,
         )
         return differences

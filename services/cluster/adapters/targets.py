@@ -92,6 +92,15 @@ class TargetAdapter:
         """The merge patch (without resourceVersion) that sets `replicas`."""
         raise NotImplementedError
 
+    def pod_spec(self, obj: JsonObject) -> JsonObject:
+        """The pod spec of one scaled replica (its template); companions excluded."""
+        return ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+
+    def collection(self, namespace: str | None) -> str:
+        """The path to list and watch this kind, in one namespace or all."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return f"{self.api_prefix}{where}/{self.plural}"
+
     def read(self, http: KubeHttp, target: WorkloadRef) -> Observed:
         obj = http.get(self.path(target))
         metadata = obj.get("metadata") or {}
@@ -228,6 +237,10 @@ class VolcanoJobAdapter(TargetAdapter):
             max_replicas=high,
         )
 
+    def pod_spec(self, obj: JsonObject) -> JsonObject:
+        task = ((obj.get("spec") or {}).get("tasks") or [])[self.task_index(obj)]
+        return (task.get("template") or {}).get("spec") or {}
+
     def scaled(self, obj: JsonObject, replicas: int) -> JsonObject:
         # A merge patch replaces lists whole: send every task, with this one's count changed.
         tasks = [dict(task) for task in (obj.get("spec") or {}).get("tasks") or []]
@@ -265,6 +278,10 @@ class PyTorchJobAdapter(TargetAdapter):
             min_replicas=low,
             max_replicas=high,
         )
+
+    def pod_spec(self, obj: JsonObject) -> JsonObject:
+        worker = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}
+        return (worker.get("template") or {}).get("spec") or {}
 
     def scaled(self, obj: JsonObject, replicas: int) -> JsonObject:
         return {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": replicas}}}}

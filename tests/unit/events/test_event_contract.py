@@ -28,7 +28,9 @@ resources = st.builds(
 )
 workload = st.builds(
     events.WorkloadRef,
-    kind=st.sampled_from(["Deployment", "StatefulSet", "Job", "PyTorchJob"]),
+    kind=st.sampled_from(
+        ["Deployment", "StatefulSet.apps", "Job", "Job.batch.volcano.sh", "PyTorchJob"]
+    ),
     namespace=kube_name,
     name=kube_name,
 )
@@ -160,6 +162,42 @@ STRATEGIES: dict[type[events.EventData], st.SearchStrategy[events.EventData]] = 
         payload=text,
         payload_bytes=counts,
         received_at=times,
+    ),
+    events.WorkloadChanged: st.one_of(
+        st.builds(
+            events.WorkloadChanged,
+            change=change,
+            workload=workload,
+            role=st.just("serving"),
+            replicas=counts,
+            ready_replicas=counts,
+            requests=resources,
+            serving=st.builds(
+                events.ServingPolicy,
+                capacity_rps=st.floats(min_value=0.1, max_value=1e6),
+                quantile=st.floats(min_value=0.5, max_value=0.99),
+                demand_query=text,
+            ),
+            paused=st.booleans(),
+            observed_at=times,
+        ),
+        st.builds(
+            events.WorkloadChanged,
+            change=change,
+            workload=workload,
+            role=st.just("training"),
+            replicas=counts,
+            min_replicas=counts,
+            max_replicas=st.none() | counts,
+            requests=resources,
+            training=st.builds(
+                events.TrainingPolicy,
+                gang_min=st.none() | st.integers(min_value=1, max_value=64),
+                priority=st.integers(min_value=-100, max_value=100),
+                scale_task=label,
+            ),
+            observed_at=times,
+        ),
     ),
 }
 

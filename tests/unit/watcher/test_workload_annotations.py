@@ -1,0 +1,90 @@
+"""A labelled workload's annotations -> its WorkloadChanged event, or a message naming the
+annotation and what it expects."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from tideshift.events import WorkloadRef
+from tideshift.services.cluster.port import Resources, Role, Workload
+from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
+
+AT = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def workload(role: Role, kind: str = "Deployment.apps", **annotations: str) -> Workload:
+    return Workload(
+        ref=WorkloadRef("shop", kind, "web"),
+        role=role,
+        replicas=3,
+        ready_replicas=2,
+        min_replicas=0,
+        max_replicas=None,
+        requests=Resources(cpu=0.5, memory=2**28, gpu=0),
+        annotations=tuple(sorted((f"tideshift.io/{k}", v) for k, v in annotations.items())),
+    )
+
+
+def test_serving_annotations_become_its_policy() -> None:
+    event = workload_event(
+        "added",
+        workload(
+            "serving",
+            **{
+                "capacity-rps": "40",
+                "min-replicas": "2",
+                "max-replicas": "30",
+                "lead-time-seconds": "45",
+                "quantile": "0.9",
+                "demand-query": 'sum(rate(http_requests_total{app="web"}[1m]))',
+            },
+        ),
+        observed_at=AT,
+    )
+    assert event.serving is not None and event.training is None
+    assert (event.serving.capacity_rps, event.serving.min_replicas) == (40.0, 2)
+    assert (event.serving.max_replicas, event.serving.lead_time_seconds) == (30, 45.0)
+    assert event.serving.quantile == 0.9 and "http_requests_total" in event.serving.demand_query
+    assert (event.replicas, event.ready_replicas, event.requests.cpu) == (3, 2, 0.5)
+    assert not event.paused
+
+
+def test_training_annotations_become_its_policy_with_defaults() -> None:
+    event = workload_event(
+        "modified",
+        workload(
+            "training",
+            "Job.batch.volcano.sh",
+            **{"gang-min": "2", "priority": "-5", "scale-task": "trainer", "paused": "true"},
+        ),
+        observed_at=AT,
+    )
+    assert event.training is not None and event.serving is None
+    assert (event.training.gang_min, event.training.priority) == (2, -5)
+    assert (event.training.min_replicas, event.training.max_replicas) == (1, None)
+    assert event.training.scale_task == "trainer" and event.training.weight == 1.0
+    assert event.paused and event.workload.kind == "Job.batch.volcano.sh"
+
+
+@pytest.mark.parametrize(
+    ("role", "annotations", "message"),
+    [
+        ("serving", {}, "tideshift.io/capacity-rps is required for a serving workload"),
+        ("serving", {"capacity-rps": "lots"}, "tideshift.io/capacity-rps='lots': expected a num"),
+        ("serving", {"capacity-rps": "-1"}, "tideshift.io/capacity-rps='-1'"),
+        ("serving", {"capacity-rps": "5", "quantile": "95"}, "tideshift.io/quantile='95'"),
+        ("serving", {"capacity-rps": "5", "min-replicas": "3", "max-replicas": "2"}, ">= min"),
+        ("training", {"gang-min": "0"}, "tideshift.io/gang-min='0': expected a whole number"),
+        ("training", {"weight": "heavy"}, "tideshift.io/weight='heavy': expected a number > 0"),
+        ("training", {"min-replicas": "2.5"}, "tideshift.io/min-replicas='2.5'"),
+        ("training", {"paused": "yes"}, "tideshift.io/paused='yes': expected \"true\" or"),
+    ],
+)
+def test_unreadable_annotations_name_the_annotation_and_what_it_expects(
+    role: Role, annotations: dict[str, str], message: str
+) -> None:
+    with pytest.raises(InvalidPolicy) as caught:
+        workload_event("added", workload(role, **annotations), observed_at=AT)
+    assert message in str(caught.value)
