@@ -7,6 +7,7 @@ users can react to events with this package alone.
 
 from tideshift.events.codec import Envelope, EventRejected, decode, encode
 from tideshift.events.models import (
+    PINS_BUCKET,
     DeadLetter,
     EventData,
     ForecastIssued,
@@ -18,6 +19,7 @@ from tideshift.events.models import (
     PodChanged,
     Resources,
     ScaleCommand,
+    ScalePin,
     ScaleResult,
     ServingPolicy,
     ShardTask,
@@ -53,6 +55,7 @@ __all__ = [
     "FORECAST",
     "JOB_PROGRESS",
     "NODE_CHANGED",
+    "PINS_BUCKET",
     "PLANNER_STATUS",
     "PLAN_DECIDED",
     "POD_CHANGED",
@@ -75,6 +78,7 @@ __all__ = [
     "PodChanged",
     "Resources",
     "ScaleCommand",
+    "ScalePin",
     "ScaleResult",
     "ServingPolicy",
     "ShardTask",

@@ -4,7 +4,13 @@ The loop:
 * Bootstraps the cluster view from the watcher's KV snapshot, after subscribing to the live
   node/pod subjects, so nothing between the read and the subscription is lost (for each
   object the newer observation wins).
-* Plans after every relevant change (debounced) and on a tick, with the registry's policy.
+* Plans on the leading edge of every relevant change (a change plans at once; changes during
+  a plan, or within `debounce_seconds` of the last one, are coalesced into the next) and on a
+  tick, with the registry's policy.
+* Targets: those in its settings plus the workloads the watcher announces (labelled
+  `tideshift.io/role`, `WorkloadChanged`); settings win on conflict. Workloads annotated
+  `tideshift.io/paused` and targets an operator pinned (KV bucket `tideshift_pins`, written by
+  `tideshift scale --for`) are left alone and reported in the plan (`services/planner/targets.py`).
 * Publishes a `ScaleCommand` only where the desired count differs from what the target is
   known to want (its last command or executor result, else its live pods), each with the
   policy's reason, plus one `PlanDecided` per plan.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import sys
 import time
 import uuid
@@ -36,11 +43,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from tideshift.events import (
     FORECAST,
     NODE_CHANGED,
+    PINS_BUCKET,
     PLAN_DECIDED,
     PLANNER_STATUS,
     POD_CHANGED,
     SCALE_COMMAND,
     SCALE_RESULT,
+    WORKLOAD_CHANGED,
     BoundSubject,
     Envelope,
     EventData,
@@ -50,16 +59,19 @@ from tideshift.events import (
     PlannerStatus,
     PodChanged,
     ScaleCommand,
+    ScalePin,
     ScaleResult,
+    WorkloadChanged,
 )
 from tideshift.events.models import TargetDecision as EventTargetDecision
-from tideshift.services.common.bus import Bus
+from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.common.retry import fixed
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
 from tideshift.services.planner.inputs import ClusterTable, plan_inputs
+from tideshift.services.planner.targets import Held, TargetBook, Targets
 
 log = logging.getLogger("tideshift.planner")
 T = TypeVar("T", bound=EventData)
@@ -77,6 +89,11 @@ _POLICY_DEFAULTS = pol.PolicyConfig()
 # A subscription that broke (NATS gone, reconnecting) is made again after this wait.
 RESUBSCRIBE_RETRY = fixed(1.0)
 SNAPSHOT_BUCKET = "tideshift_cluster"  # the watcher's bucket (services/watcher/snapshot.py)
+
+
+# Pods of a training job whose name contains one of these are its fixed helpers (parameter
+# servers, coordinators), not trainers, unless they carry the tideshift.io/companion label.
+DEFAULT_COMPANION_MARKERS = ("pserver", "-ps-", "coordinator", "master")
 
 
 class ServingTarget(BaseModel):
@@ -115,21 +132,28 @@ class TrainingTarget(BaseModel):
     gang_min: int | None = Field(None, ge=1)
     priority: int = 0
     weight: float = Field(1.0, gt=0)
-    # Pods of the job whose name contains one of these are fixed helpers (parameter servers,
-    # coordinators), not trainers, for clusters whose pods lack the tideshift.io/companion label.
-    companion_markers: tuple[str, ...] = ("pserver", "-ps-", "coordinator", "master")
+    companion_markers: tuple[str, ...] = DEFAULT_COMPANION_MARKERS
 
 
 class PlannerSettings(ServiceSettings):
     """Plan serving and training scale from cluster events and forecasts; publish commands."""
 
     policy: str = Field(default="tideshift", description=f"one of {', '.join(POLICIES)}")
-    serving: list[ServingTarget] = Field(default_factory=list, description="serving workloads")
-    training: list[TrainingTarget] = Field(default_factory=list, description="elastic jobs")
+    serving: list[ServingTarget] = Field(
+        default_factory=list,
+        description="serving workloads besides those labelled tideshift.io/role (these win)",
+    )
+    training: list[TrainingTarget] = Field(
+        default_factory=list,
+        description="elastic jobs besides those labelled tideshift.io/role (these win)",
+    )
     tick_seconds: float = Field(default=15.0, gt=0, description="plan at least this often")
     debounce_seconds: float = Field(
-        default=1.0, ge=0, description="wait this long after a change for more before planning"
+        default=1.0,
+        ge=0,
+        description="a change plans at once; changes within this long of a plan wait for the next",
     )
+    pins_bucket: str = Field(default=PINS_BUCKET, pattern=r"^[A-Za-z0-9_-]+$")
     lease_name: str = Field(default="planner", pattern=r"^[A-Za-z0-9_-]+$")
     lease_ttl_seconds: float = Field(default=15.0, gt=0, description="leadership lease TTL")
     forecast_max_age_seconds: float = Field(
@@ -197,6 +221,7 @@ class PlannerState:
     confirmed: dict[pol.Target, int] = field(default_factory=dict)  # executor results only
     last_cluster_event: float = field(default_factory=time.time)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    book: TargetBook = field(default_factory=TargetBook)
 
     def apply_node(self, event: NodeChanged) -> None:
         previous = self.node_seen.get(event.name)
@@ -252,6 +277,20 @@ class PlannerState:
             pol.Target(j.namespace, j.kind, j.name): j.companion_markers
             for j in self.settings.training
         }
+        self.book = TargetBook(self._static_serving(), self._static_jobs())
+
+    def apply_workload(self, event: WorkloadChanged) -> None:
+        target = event.workload
+        if not self.book.apply(event):
+            return
+        if event.change == "deleted":
+            self.known.pop(target, None)
+            self.confirmed.pop(target, None)
+        else:
+            self.known[target] = event.replicas  # its spec, as the watcher last saw it
+            if event.role == "training" and target not in self.book.static_targets():
+                self._markers.setdefault(target, DEFAULT_COMPANION_MARKERS)
+        self.changed.set()
 
     def apply_forecast(self, event: ForecastIssued) -> None:
         self.forecasts[event.workload] = _forecast(event)
@@ -267,9 +306,8 @@ class PlannerState:
             self.known.pop(target, None)
             self.confirmed.pop(target, None)
 
-    def inputs(self, now: float) -> pol.PlanInputs:
-        settings = self.settings
-        serving = tuple(
+    def _static_serving(self) -> tuple[pol.ServingWorkload, ...]:
+        return tuple(
             pol.ServingWorkload(
                 target=pol.Target(s.namespace, s.kind, s.name),
                 replica_requests=(s.cpu, s.memory, float(s.gpu)),
@@ -281,9 +319,11 @@ class PlannerState:
                 stabilization_s=s.stabilization_s,
                 quantile=s.quantile,
             )
-            for s in settings.serving
+            for s in self.settings.serving
         )
-        jobs = tuple(
+
+    def _static_jobs(self) -> tuple[pol.TrainingJob, ...]:
+        return tuple(
             pol.TrainingJob(
                 target=pol.Target(j.namespace, j.kind, j.name),
                 trainer_requests=(j.cpu, j.memory, float(j.gpu)),
@@ -294,12 +334,20 @@ class PlannerState:
                 weight=j.weight,
                 submitted_at=float(index),
             )
-            for index, j in enumerate(settings.training)
+            for index, j in enumerate(self.settings.training)
         )
+
+    def targets(self, pins: dict[pol.Target, ScalePin]) -> Targets:
+        return self.book.targets(pins, datetime.now(UTC))
+
+    def inputs(self, now: float, targets: Targets | None = None) -> pol.PlanInputs:
+        settings = self.settings
+        if targets is None:
+            targets = self.targets({})
         return plan_inputs(
             self.table.view(),
-            serving,
-            jobs,
+            targets.serving,
+            targets.jobs,
             dict(self.forecasts),
             wanted=self.known,
             config=pol.PolicyConfig(
@@ -334,11 +382,14 @@ class Planner:
         self.policy: Policy[Any] = make_policy(self.settings.policy)
         self.policy_state: Any = self.policy.initial_state()
         self.sent: dict[pol.Target, tuple[int, float]] = {}
+        self._pin_kv: TypedKV | None = None
+        self._last_pins: dict[pol.Target, ScalePin] = {}
 
     async def run(self) -> None:
         tasks = [
             asyncio.create_task(self._follow(NODE_CHANGED.filter(), self.state.apply_node)),
             asyncio.create_task(self._follow(POD_CHANGED.filter(), self.state.apply_pod)),
+            asyncio.create_task(self._follow(WORKLOAD_CHANGED.filter(), self.state.apply_workload)),
             asyncio.create_task(self._follow(FORECAST.filter(), self.state.apply_forecast)),
             asyncio.create_task(self._follow(SCALE_RESULT.filter(), self.state.apply_result)),
         ]
@@ -399,6 +450,11 @@ class Planner:
                     if node is not None:
                         self.state.apply_node(node)
                         loaded += 1
+                elif key.startswith("workload."):
+                    workload = await kv.get(key, WorkloadChanged)
+                    if workload is not None:
+                        self.state.apply_workload(workload)
+                        loaded += 1
                 elif key.startswith("pod."):
                     pod = await kv.get(key, PodChanged)
                     if pod is not None:
@@ -445,6 +501,7 @@ class Planner:
     async def _plan_loop(self) -> None:
         settings = self.settings
         next_tick = self.clock()
+        last_change_plan = -math.inf  # monotonic time of the last plan a change triggered
         while not self.stopping.is_set():
             timeout = max(0.0, next_tick - self.clock())
             changed = asyncio.ensure_future(self.state.changed.wait())
@@ -457,9 +514,16 @@ class Planner:
             trigger = "change" if changed in done else "tick"
             if self.stopping.is_set():
                 return
-            if trigger == "change" and settings.debounce_seconds > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), settings.debounce_seconds)
+            if trigger == "change":
+                # Leading edge: a change plans at once. Changes arriving during a plan or within
+                # debounce_seconds of the last change-triggered one are coalesced into the next.
+                hold = last_change_plan + settings.debounce_seconds - time.monotonic()
+                if hold > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.stopping.wait(), hold)
+                    if self.stopping.is_set():
+                        return
+                last_change_plan = time.monotonic()
             self.state.changed.clear()
             try:
                 await self.plan_once(trigger)
@@ -468,9 +532,21 @@ class Planner:
             if trigger == "tick" or self.clock() >= next_tick:
                 next_tick = self.clock() + settings.tick_seconds
 
+    async def _pins(self) -> dict[pol.Target, ScalePin]:
+        """Operators' pins from the KV bucket; on a read failure, the last ones read."""
+        try:
+            if self._pin_kv is None:
+                self._pin_kv = await self.bus.kv(self.settings.pins_bucket)
+            self._last_pins = {pin.target: pin async for _, pin in self._pin_kv.items(ScalePin)}
+        except Exception as error:
+            SKIPPED.labels("pins").inc()
+            log.warning("cannot read pins from %s: %s", self.settings.pins_bucket, error)
+        return self._last_pins
+
     async def plan_once(self, trigger: str) -> None:
         now = self.clock()
-        inputs = self.state.inputs(now)
+        targets = self.state.targets(await self._pins())
+        inputs = self.state.inputs(now, targets)
         started = time.perf_counter()
         decision, self.policy_state = self.policy.plan(inputs, self.policy_state, now)
         PLAN_SECONDS.observe(time.perf_counter() - started)
@@ -511,6 +587,8 @@ class Planner:
             self.commands += 1
             COMMANDS.labels(item.role).inc()
             log.info("scale %s -> %d: %s", item.target, item.desired, item.reason)
+        # Pinned and paused targets are reported beside the planned ones, with why.
+        shown: list[pol.TargetDecision | Held] = [*decision.targets, *targets.held]
         plan = PlanDecided(
             plan_id=plan_id,
             policy=self.settings.policy,
@@ -522,7 +600,7 @@ class Planner:
                     desired=item.desired,
                     reason=item.reason,
                 )
-                for item in decision.targets
+                for item in shown
             ),
             infeasible=tuple(f"{item.target}: {item.reason}" for item in decision.infeasible),
         )
