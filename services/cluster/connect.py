@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tideshift.services.cluster.adapters.packing import KubernetesPackingWriter
 from tideshift.services.cluster.kubernetes import KubernetesClusterPort, WatchTuning
 from tideshift.services.cluster.port import ClusterPort
 
@@ -30,3 +31,11 @@ async def open_kubernetes(
         label_selector=label_selector,
         tuning=tuning,
     )
+
+
+def packing_writer(port: ClusterPort) -> KubernetesPackingWriter | None:
+    """Deletion-cost and Node extended-resource writes on `port`'s cluster; None when `port` is
+    not a Kubernetes one (the simulated cluster models both itself)."""
+    if isinstance(port, KubernetesClusterPort):
+        return KubernetesPackingWriter(port.http)
+    return None

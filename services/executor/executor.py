@@ -18,7 +18,7 @@ written twice. The caller publishes the result, then acks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -75,6 +75,8 @@ class Executor:
     max_step: int = 0
     dry_run: bool = False
     clock: Callable[[], datetime] = _now
+    # Runs before replicas are lowered (target, new count): marks the pods to delete first.
+    before_scale_down: Callable[[WorkloadRef, int], Awaitable[object]] | None = None
 
     def result_for(
         self,
@@ -153,6 +155,8 @@ class Executor:
                     current=state.replicas,
                     message=decision.message,
                 )
+            if self.before_scale_down is not None and decision.replicas < state.replicas:
+                await self.before_scale_down(target, decision.replicas)
             try:
                 after = await self.port.set_scale(target, decision.replicas)
             except KeyError:

@@ -10,23 +10,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import Counter, Histogram
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tideshift.events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
-from tideshift.services.cluster.connect import open_kubernetes
+from tideshift.services.cluster.connect import open_kubernetes, packing_writer
+from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import ClusterError, ClusterPort
 from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery
 from tideshift.services.common.retry import exponential
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.executor.batch_capacity import BatchAdvertiser, PrometheusNodeUsage
+from tideshift.services.executor.compaction import mark_scale_down_victims
 from tideshift.services.executor.executor import RECORD_BUCKET, Executor, RecordStore
 
 log = logging.getLogger("tideshift.executor")
+
+# Non-batch usage per node (cAdvisor series relabelled with `node`); trainers that borrow
+# batch resources run in the training namespace and are left out.
+NON_BATCH_CPU_QUERY = (
+    'sum by (node) (rate(container_cpu_usage_seconds_total{container!="",'
+    'namespace!="tideshift-training"}[2m]))'
+)
+NON_BATCH_MEMORY_QUERY = (
+    'sum by (node) (container_memory_working_set_bytes{container!="",'
+    'namespace!="tideshift-training"})'
+)
 
 # A failed command goes back to JetStream with this delay before its next delivery.
 COMMAND_RETRY = exponential(initial=2.0, maximum=30.0)
@@ -68,6 +83,39 @@ class ExecutorSettings(ServiceSettings):
         pattern=r"^[A-Za-z0-9_-]+$",
         description="NATS KV bucket of per-target applied commands (idempotency)",
     )
+    compaction: bool = Field(
+        default=True,
+        description="before lowering a Deployment, mark the pods whose removal frees whole "
+        "nodes with pod-deletion-cost so they go first",
+    )
+    batch_resources: bool = Field(
+        default=False,
+        description="advertise tideshift.io/batch-cpu and batch-memory on each Node's status: "
+        "allocatable - non-batch usage (from Prometheus) - batch_margin",
+    )
+    prometheus_url: str | None = Field(
+        default=None, description="Prometheus with per-node usage (needed by batch_resources)"
+    )
+    batch_margin: float = Field(
+        default=0.1, ge=0.0, lt=1.0, description="fraction of each node's allocatable never lent"
+    )
+    batch_interval_seconds: float = Field(
+        default=30.0, gt=0, description="how often batch resources are re-advertised"
+    )
+    batch_cpu_query: str = Field(
+        default=NON_BATCH_CPU_QUERY,
+        description="PromQL: cpu cores used by non-batch pods, one series per `node` label",
+    )
+    batch_memory_query: str = Field(
+        default=NON_BATCH_MEMORY_QUERY,
+        description="PromQL: memory bytes used by non-batch pods, one series per `node` label",
+    )
+
+    @model_validator(mode="after")
+    def _prometheus_for_batch(self) -> ExecutorSettings:
+        if self.batch_resources and not self.prometheus_url:
+            raise ValueError("prometheus_url: required when batch_resources is on")
+        return self
 
 
 def _is_transient(error: BaseException) -> bool:
@@ -187,10 +235,31 @@ async def build_executor(
     return Executor(port, records, name=name, dry_run=dry_run, max_step=max_step)
 
 
+def _packing(
+    executor: Executor, port: ClusterPort, settings: ExecutorSettings
+) -> BatchAdvertiser | None:
+    """Wires compaction into the executor; the batch-resource advertiser when it is on."""
+    writer = packing_writer(port)
+    if writer is None:
+        return None
+    if settings.compaction:
+        executor.before_scale_down = functools.partial(mark_scale_down_victims, port, writer)
+    if settings.dry_run or not settings.batch_resources or settings.prometheus_url is None:
+        return None
+    usage = PrometheusNodeUsage(
+        settings.prometheus_url,
+        cpu_query=settings.batch_cpu_query,
+        memory_query=settings.batch_memory_query,
+        timeout_s=10.0,
+    )
+    return BatchAdvertiser(port, writer, usage, OvercommitConfig(margin=settings.batch_margin))
+
+
 async def serve(context: ServiceContext) -> None:
     settings = context.settings
     assert isinstance(settings, ExecutorSettings)
     port = await open_kubernetes(settings.kubeconfig, context=settings.kube_context)
+    advertising: asyncio.Task[None] | None = None
     try:
         executor = await build_executor(
             context.bus,
@@ -200,6 +269,11 @@ async def serve(context: ServiceContext) -> None:
             dry_run=settings.dry_run,
             max_step=settings.max_step,
         )
+        advertiser = _packing(executor, port, settings)
+        if advertiser is not None:
+            advertising = asyncio.create_task(
+                advertiser.run(settings.batch_interval_seconds, context.stopping)
+            )
         await consume(
             executor,
             context.bus,
@@ -210,6 +284,10 @@ async def serve(context: ServiceContext) -> None:
             ready=context.ready,
         )
     finally:
+        if advertising is not None:
+            advertising.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await advertising
         await port.close()
 
 

@@ -333,8 +333,11 @@ async def test_the_executor_role_is_denied_everything_else(
         await port.set_scale(WorkloadRef(k8s_namespace, "Deployment", "rbac"), 2)
         denied_requests: list[tuple[str, str, Any]] = [
             ("GET", f"/api/v1/namespaces/{k8s_namespace}/secrets", None),
-            ("GET", f"/api/v1/namespaces/{k8s_namespace}/pods", None),
-            ("GET", "/api/v1/nodes", None),
+            # Pods and nodes: read, annotate and advertise batch resources, nothing more.
+            ("DELETE", f"/api/v1/namespaces/{k8s_namespace}/pods/any", None),
+            ("POST", f"/api/v1/namespaces/{k8s_namespace}/pods", {"metadata": {"name": "x"}}),
+            ("PATCH", "/api/v1/nodes/kwok-node-0", {"spec": {"unschedulable": True}}),
+            ("DELETE", "/api/v1/nodes/kwok-node-0", None),
             ("DELETE", f"{base}/rbac", None),
             # Changing anything but the scale (e.g. the pod template) is not allowed.
             ("PATCH", f"{base}/rbac", {"spec": {"template": {"metadata": {"labels": {"x": "y"}}}}}),

@@ -1,7 +1,7 @@
-"""Per-node packing: how many pods of a shape fit where, placement as the scheduler packs
-(`cluster.placement`), which pods leave when a target shrinks (the ones that free whole nodes),
-stranded capacity, and the cluster's pods as sparse per-node entries of the managed targets.
-Pure numpy; no I/O."""
+"""Per-node packing: how many pods of a shape fit where, placement as the scheduler packs and
+which pods leave when a target shrinks (both `cluster.placement`, shared with the simulator and
+the executor), stranded capacity, and the cluster's pods as sparse per-node entries of the
+managed targets. Pure numpy; no I/O."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tideshift.services.cluster.placement import fits, fullness, placement_order
+from tideshift.services.cluster.placement import fits, placement_order
 from tideshift.services.planner.policy.model import (
     FloatArray,
     IntArray,
@@ -48,50 +48,6 @@ def pack_sparse(
     nodes: IntArray = order[used]
     counts: IntArray = taken[used].astype(np.int64)
     return nodes, counts
-
-
-def compact_down(
-    counts: IntArray, rows: IntArray, row_count: int, keep: IntArray, node_rest: FloatArray
-) -> IntArray:
-    """Which pods stay when targets shrink, chosen so that scale-downs free whole nodes.
-
-    Entries (rows[e], counts[e]) are one target's pods on one node, grouped by row in
-    ascending order; `keep[row]` pods stay per target; `node_rest[e]` is how full entry e's
-    node stays once that target's pods there are gone (`placement.fullness`). Each target
-    empties its entries in order of that fullness (the emptiest node first, then the entry
-    with fewer pods, then the lower position), all of an entry's pods before the next's.
-    Worked example (test_compact_down_frees_the_emptiest_node): counts [2, 3] on nodes that
-    stay 0.5 and 0.0 full, keep 2: the second entry goes, [2, 0] stay.
-    """
-    if counts.size == 0:
-        return counts.copy()
-    totals = np.bincount(rows, weights=counts, minlength=row_count).astype(np.int64)
-    remove = totals - np.clip(keep, 0, totals)
-    order = np.lexsort((np.arange(counts.size), counts, node_rest, rows))
-    ordered_rows, ordered_counts = rows[order], counts[order]
-    running = np.cumsum(ordered_counts) - ordered_counts  # pods before, over all rows
-    row_start = np.searchsorted(ordered_rows, np.arange(row_count))
-    before = running - running[np.minimum(row_start, counts.size - 1)][ordered_rows]
-    removed = np.clip(remove[ordered_rows] - before, 0, ordered_counts)
-    stays = counts.copy()
-    stays[order] = ordered_counts - removed
-    result: IntArray = stays.astype(np.int64)
-    return result
-
-
-def entry_rest(
-    used: FloatArray,
-    allocatable: FloatArray,
-    nodes: IntArray,
-    counts: IntArray,
-    requests: FloatArray,
-) -> FloatArray:
-    """`compact_down`'s node_rest: how full each entry's node stays without the entry's pods
-    (`used`: requests per node now; `requests[e]`: one pod of entry e)."""
-    if nodes.size == 0:
-        return np.zeros(0)
-    rest = np.maximum(used[nodes] - counts[:, None] * requests, 0.0)
-    return fullness(rest, allocatable[nodes])
 
 
 def stranded_capacity(free: FloatArray, shapes: FloatArray) -> FloatArray:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tideshift.services.cluster.placement import compact_down, entry_rest
 from tideshift.services.planner.policy.model import (
     FloatArray,
     Forecast,
@@ -25,8 +26,6 @@ from tideshift.services.planner.policy.model import (
 )
 from tideshift.services.planner.policy.packing import (
     ClusterEntries,
-    compact_down,
-    entry_rest,
     node_sums,
     pack_sparse,
 )

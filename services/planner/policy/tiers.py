@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tideshift.services.cluster.placement import compact_down, entry_rest
 from tideshift.services.planner.policy.model import EPS, FloatArray, IntArray, TrainingJob
 from tideshift.services.planner.policy.packing import (
-    compact_down,
-    entry_rest,
     node_sums,
     pack_sparse,
     slots_per_node,

@@ -7,13 +7,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tideshift.services.cluster.placement import best_node, fullness, placement_order
-from tideshift.services.planner.policy import (
+from tideshift.services.cluster.placement import (
+    best_node,
     compact_down,
     entry_rest,
-    pack_sparse,
-    stranded_capacity,
+    fullness,
+    placement_order,
 )
+from tideshift.services.planner.policy import pack_sparse, stranded_capacity
 
 GIB = 2.0**30
 CPU_NODE = [8.0, 32 * GIB, 0.0]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tideshift.services.planner.policy.model import FloatArray, IntArray
+from tideshift.services.cluster.placement import FloatArray, IntArray
 
 # Extended resources the executor advertises on each Node's status; opted-in trainers request
 # these instead of cpu / memory.
