@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -20,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from tideshift.services.trainer.model import DatasetSpec, dataset_uris
 
 log = logging.getLogger("tideshift.demo.fleet")
 STOP_GRACE_S = 15.0
@@ -52,7 +55,10 @@ class TrainingFleet:
     nats_url: str
     log_dir: Path
     min_task_seconds: float = 1.0
-    coordinator_args: Sequence[str] = ("--shards", "48", "--samples-per-shard", "1000")
+    coordinator_args: Sequence[str] = (
+        "--dataset",
+        json.dumps(dataset_uris(DatasetSpec(num_shards=48, samples_per_shard=1000))),
+    )
     data_dir: Path | None = None
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
     started: int = 0
@@ -101,8 +107,6 @@ class TrainingFleet:
     async def start_job(self, job: str, *, pservers: int) -> None:
         """The job's coordinator and parameter servers (they live for the whole run)."""
         extra = [*self.coordinator_args, "--pservers", str(pservers), "--instance", job]
-        if self.data_dir is not None:
-            extra += ["--data-dir", str(self.data_dir / job)]
         await self._start(f"{job}-coordinator", self._command("coordinator", job, extra))
         for index in range(pservers):
             name = f"{job}-pserver-{index}"

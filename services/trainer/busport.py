@@ -13,7 +13,7 @@ from tideshift.events.subjects import PSERVER_RPC
 from tideshift.events.tokens import encode_token
 from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus
 
-PServerOp = Literal["params", "push", "status"]
+PServerOp = Literal["init", "params", "push", "status"]
 JOBS_BUCKET = "tideshift_trainer_jobs"  # job spec and coordinator state per job
 MEMBERS_BUCKET = "tideshift_trainer_members"  # one key per live trainer, expiring
 CHECKPOINT_BUCKET = "tideshift_trainer_checkpoints"
@@ -37,7 +37,7 @@ def member_prefix(job: str) -> str:
     return f"{encode_token(job)}."
 
 
-def job_key(job: str, part: Literal["spec", "state"]) -> str:
+def job_key(job: str, part: Literal["spec", "state", "layout"]) -> str:
     return f"{encode_token(job)}.{part}"
 
 

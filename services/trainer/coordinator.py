@@ -1,11 +1,12 @@
-"""`tideshift run coordinator --job NAME [--epochs E]`: the job's master (EDL's "master").
+"""`tideshift run coordinator --job NAME --dataset DATA [--epochs E]`: the job's master.
 
-Writes the job spec and the shard files once, then ticks: reads the work queue depth and
-the pservers' applied sets, lets protocol.step decide what to publish, publishes shard tasks
-to the JetStream work queue (message ids make a re-publish after a crash a no-op), persists
-its state to KV, and reports progress and trainer crashes on the bus. A lease keeps a second
-coordinator of the same job passive. With --epochs it exits 0 once the last epoch is
-applied, printing a JSON summary as its last stdout line.
+Writes the job spec once (shard locations, optimiser, pserver count), then ticks: reads the
+work queue depth and the pservers' finished shards, lets protocol.step decide what to
+publish, publishes shard tasks to the JetStream work queue (message ids make a re-publish
+after a crash a no-op), persists its state to KV, and reports progress and trainer
+crashes on the bus. A lease keeps a second coordinator of the same job passive. With
+--epochs it exits 0 once the last epoch is applied, printing a JSON summary (shards and
+batches applied, duplicates refused) as its last stdout line.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError
@@ -43,15 +43,11 @@ from tideshift.services.trainer.busport import (
     member_prefix,
     queued_tasks,
 )
-from tideshift.services.trainer.dataset import (
-    default_data_dir,
-    ensure_dataset,
-    holdout_path,
-    load_shard,
-)
+from tideshift.services.trainer.dataset import resolve_shards
 from tideshift.services.trainer.jobs import read_spec, sleep_unless
 from tideshift.services.trainer.jobspec import JobSpec, PersistedCoordinator
-from tideshift.services.trainer.model import log_loss
+from tideshift.services.trainer.layout import DEFAULT_MAX_PIECE_BYTES
+from tideshift.services.trainer.optim import OptimizerSpec
 from tideshift.services.trainer.protocol import (
     CoordinatorState,
     Decision,
@@ -61,7 +57,7 @@ from tideshift.services.trainer.protocol import (
     resume_coordinator,
     step,
 )
-from tideshift.services.trainer.pserver_client import PServerClient
+from tideshift.services.trainer.pserver_client import StatusClient
 
 log = logging.getLogger("tideshift.coordinator")
 PROGRESS_EVERY_SECONDS = 2.0
@@ -75,19 +71,21 @@ class CoordinatorSettings(ServiceSettings):
     epochs: int | None = Field(
         default=None, gt=0, description="stop after this many epochs; unset = until stopped"
     )
-    data_dir: str | None = Field(
-        default=None, description="shared shard directory; default: <tmp>/tideshift-data/<job>"
+    dataset: str = Field(
+        min_length=1,
+        description="shard locations: a directory, a glob, a URI or a JSON list of them",
     )
-    seed: int = Field(default=7, ge=0, description="seed of the synthetic click log")
-    shards: int = Field(default=32, gt=0, description="shards per epoch")
-    samples_per_shard: int = Field(default=2000, gt=0, description="impressions per shard")
-    holdout_samples: int = Field(default=20000, gt=0, description="held-out impressions")
-    field_cardinality: int = Field(default=200, gt=0, description="raw values per field")
-    num_buckets: int = Field(default=2048, gt=0, description="hashed feature buckets")
-    num_fields: int = Field(default=8, gt=0, description="categorical fields per impression")
-    learning_rate: float = Field(default=0.3, gt=0, description="Adagrad step")
-    l2: float = Field(default=1e-4, ge=0, description="L2 penalty on weights")
-    pservers: int = Field(default=1, gt=0, description="parameter servers (key ranges)")
+    optimizer: OptimizerSpec = Field(
+        default=OptimizerSpec(),
+        description='optimiser the pservers apply, JSON: {"kind": "adam", "learning_rate": 0.01}',
+    )
+    pservers: int = Field(default=1, gt=0, le=256, description="parameter servers")
+    max_piece_bytes: int = Field(
+        default=DEFAULT_MAX_PIECE_BYTES,
+        ge=1024,
+        le=4 * 1024 * 1024,
+        description="largest array slice per message; keep below the NATS payload limit",
+    )
     ack_wait_seconds: float = Field(
         default=10.0, gt=0, description="seconds before an unacked task is redelivered"
     )
@@ -99,20 +97,14 @@ class CoordinatorSettings(ServiceSettings):
     )
 
     def job_spec(self) -> JobSpec:
+        """The spec to publish; raises ValueError when the dataset names no shard."""
         return JobSpec(
             job=self.job,
-            seed=self.seed,
-            shards=self.shards,
-            samples_per_shard=self.samples_per_shard,
-            holdout_samples=self.holdout_samples,
-            field_cardinality=self.field_cardinality,
-            num_buckets=self.num_buckets,
-            num_fields=self.num_fields,
-            learning_rate=self.learning_rate,
-            l2=self.l2,
+            shards=resolve_shards(self.dataset),
+            optimizer=self.optimizer,
             pservers=self.pservers,
             ack_wait_seconds=self.ack_wait_seconds,
-            data_dir=self.data_dir or default_data_dir(self.job),
+            max_piece_bytes=self.max_piece_bytes,
         )
 
 
@@ -170,9 +162,9 @@ class Coordinator:
         self.spec = spec
         self.state = state
         self.jobs = jobs
-        self.client = PServerClient(bus, spec)
+        self.client = StatusClient(bus, spec)
         self.in_flight = 0
-        self.redelivered = 0
+        self.duplicates = 0
         self.applied_total = 0
         self.trainers = 0
 
@@ -186,8 +178,8 @@ class Coordinator:
         queued = await queued_tasks(self.bus, self.spec.job)
         statuses = await self.client.status(from_epoch=self.state.epoch)
         self.in_flight = queued
-        self.redelivered = max(s.redelivered for s in statuses) + self.state.republished
-        self.applied_total = min(s.applied_total for s in statuses)
+        self.duplicates = sum(s.duplicates for s in statuses)
+        self.applied_total = min(s.version for s in statuses)
         return Observation(
             queued_tasks=queued,
             applied=applied_everywhere(s.applied for s in statuses),
@@ -203,7 +195,7 @@ class Coordinator:
                     job=self.spec.job,
                     epoch=task.epoch,
                     shard=task.shard,
-                    shards=self.spec.shards,
+                    shards=self.spec.num_shards,
                     issued_at=now,
                 ),
                 msg_id=task.message_id(self.spec.job),
@@ -226,7 +218,7 @@ class Coordinator:
         await self.persist()
         return decision
 
-    async def report(self, *, logloss: float | None = None) -> None:
+    async def report(self) -> None:
         state = self.state
         with contextlib.suppress(Exception):
             await self.bus.publish(
@@ -240,51 +232,43 @@ class Coordinator:
                     applied_in_epoch=len(state.applied),
                     applied_total=self.applied_total,
                     in_flight=self.in_flight,
-                    redelivered=self.redelivered,
+                    redelivered=self.state.republished,
                     trainers=self.trainers,
-                    logloss=logloss,
                     at=datetime.now(UTC),
                 ),
             )
 
     async def summary(self) -> dict[str, Any]:
-        statuses = await self.client.status(from_epoch=0)
+        statuses = await self.client.status(from_epoch=self.state.epoch)
         epochs = self.state.epochs or self.state.epoch + 1
-        applied = {
-            key for key in applied_everywhere(s.applied for s in statuses) if key[0] < epochs
-        }
-        params = await self.client.pull()
-        holdout = await asyncio.to_thread(
-            load_shard, holdout_path(self.spec.data_dir), self.spec.dataset
-        )
         return {
             "job": self.spec.job,
             "epochs": epochs,
-            "shards": self.spec.shards,
-            "applied": len(applied),
-            "redelivered": max(s.redelivered for s in statuses) + self.state.republished,
-            "logloss": round(log_loss(params, holdout), 6),
+            "shards": self.spec.num_shards,
+            "watermark": min(s.watermark for s in statuses),
+            "batches_applied": [s.version for s in statuses],
+            "duplicates_refused": [s.duplicates for s in statuses],
+            "republished": self.state.republished,
         }
 
 
 async def _prepare_spec(bus: Bus, settings: CoordinatorSettings) -> tuple[JobSpec, TypedKV]:
-    spec = settings.job_spec()
+    spec = await asyncio.to_thread(settings.job_spec)
     stored = await read_spec(bus, spec.job)
     if stored is not None and not stored.same_training(spec):
         raise ValueError(
-            f"job {spec.job} already exists with another model or dataset "
-            f"({stored.model_dump(exclude={'data_dir', 'ack_wait_seconds'})}); "
+            f"job {spec.job} already exists with other shards, optimiser or pservers; "
             "use a new job name or the same settings"
         )
-    written = await asyncio.to_thread(ensure_dataset, spec.dataset, spec.data_dir)
-    if written:
-        log.info("job %s: wrote %d data files to %s", spec.job, written, spec.data_dir)
     jobs = await bus.kv(JOBS_BUCKET)
     await jobs.put(job_key(spec.job, "spec"), spec)
+    log.info("job %s: %d shards, optimiser %s", spec.job, spec.num_shards, spec.optimizer.kind)
     return spec, jobs
 
 
-async def _load_state(jobs: TypedKV, settings: CoordinatorSettings) -> CoordinatorState:
+async def _load_state(
+    jobs: TypedKV, settings: CoordinatorSettings, num_shards: int
+) -> CoordinatorState:
     try:
         persisted = await jobs.get(job_key(settings.job, "state"), PersistedCoordinator)
         previous = None if persisted is None else CoordinatorState.from_json(persisted.state)
@@ -301,7 +285,7 @@ async def _load_state(jobs: TypedKV, settings: CoordinatorSettings) -> Coordinat
             len(previous.applied),
         )
     return resume_coordinator(
-        previous, job=settings.job, num_shards=settings.shards, epochs=settings.epochs
+        previous, job=settings.job, num_shards=num_shards, epochs=settings.epochs
     )
 
 
@@ -328,7 +312,8 @@ async def run(settings: CoordinatorSettings, context: ServiceContext) -> None:
     if not await _lead(lease, stopping, settings.job):
         return
     spec, jobs = await _prepare_spec(bus, settings)
-    coordinator = Coordinator(bus, spec, await _load_state(jobs, settings), jobs)
+    state = await _load_state(jobs, settings, spec.num_shards)
+    coordinator = Coordinator(bus, spec, state, jobs)
     membership = Membership(bus, spec.job)
     members = await bus.kv(MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
     listener = asyncio.create_task(membership.listen())
@@ -347,7 +332,7 @@ async def run(settings: CoordinatorSettings, context: ServiceContext) -> None:
                 coordinator.trainers = await membership.refresh(members)
                 if decision.finished:
                     summary = await coordinator.summary()
-                    await coordinator.report(logloss=summary["logloss"])
+                    await coordinator.report()
                     log.info("job %s: finished: %s", spec.job, summary)
                     print(json.dumps(summary), flush=True)
                     return
@@ -370,10 +355,9 @@ async def run(settings: CoordinatorSettings, context: ServiceContext) -> None:
 
 def main(argv: Sequence[str]) -> int:
     settings = parse_settings(CoordinatorSettings, argv, prog="tideshift run coordinator")
-    if settings.data_dir is not None and Path(settings.data_dir).is_file():
-        print(
-            f"tideshift run coordinator: invalid --data-dir: {settings.data_dir} is a file",
-            file=sys.stderr,
-        )
+    try:
+        settings.job_spec()
+    except (ValueError, ValidationError) as error:
+        print(f"tideshift run coordinator: invalid --dataset: {error}", file=sys.stderr)
         return 2
     return run_service("coordinator", settings, partial(run, settings))

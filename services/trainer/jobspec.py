@@ -1,61 +1,55 @@
 """A training job's fixed description, shared by its coordinator, pservers and trainers.
 
 The coordinator writes it once to the KV bucket; the others wait for it, so a pserver or a
-trainer needs nothing but the job name. Pure (pydantic only).
+trainer needs nothing but the job name. It names the data (shard locations the user's code
+reads) and the optimiser the pservers apply, never a model: the model's arrays are whatever
+the first trainer initialises. Pure (pydantic only).
 """
 
 from __future__ import annotations
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from tideshift.services.trainer.model import DatasetSpec, KeyRange, ModelSpec, partition_keys
+from tideshift.services.trainer.layout import DEFAULT_MAX_PIECE_BYTES
+from tideshift.services.trainer.optim import OptimizerSpec
+
+MAX_SHARDS = 100_000
 
 
 class JobSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     job: str = Field(min_length=1, max_length=253)
-    seed: int = Field(ge=0)
-    shards: int = Field(gt=0)
-    samples_per_shard: int = Field(gt=0)
-    holdout_samples: int = Field(gt=0)
-    field_cardinality: int = Field(gt=0)
-    num_buckets: int = Field(gt=0)
-    num_fields: int = Field(gt=0)
-    learning_rate: float = Field(gt=0)
-    l2: float = Field(ge=0)
-    pservers: int = Field(gt=0, description="parameter servers, each owning one key range")
+    shards: tuple[str, ...] = Field(
+        min_length=1, max_length=MAX_SHARDS, description="shard locations: paths or URIs"
+    )
+    optimizer: OptimizerSpec = OptimizerSpec()
+    pservers: int = Field(gt=0, le=256, description="parameter servers the model is spread over")
     ack_wait_seconds: float = Field(gt=0, description="redelivery delay of an unacked task")
-    data_dir: str = Field(min_length=1)
+    max_piece_bytes: int = Field(
+        default=DEFAULT_MAX_PIECE_BYTES,
+        ge=1024,
+        le=4 * 1024 * 1024,
+        description="largest slice of an array in one message (below the NATS payload limit)",
+    )
 
     @property
-    def model(self) -> ModelSpec:
-        return ModelSpec(
-            num_buckets=self.num_buckets,
-            num_fields=self.num_fields,
-            learning_rate=self.learning_rate,
-            l2=self.l2,
-        )
-
-    @property
-    def dataset(self) -> DatasetSpec:
-        return DatasetSpec(
-            seed=self.seed,
-            num_shards=self.shards,
-            samples_per_shard=self.samples_per_shard,
-            holdout_samples=self.holdout_samples,
-            field_cardinality=self.field_cardinality,
-            model=self.model,
-        )
-
-    @property
-    def key_ranges(self) -> tuple[KeyRange, ...]:
-        return partition_keys(self.model.num_params, self.pservers)
+    def num_shards(self) -> int:
+        return len(self.shards)
 
     def same_training(self, other: JobSpec) -> bool:
-        """Whether `other` trains the same model on the same data (paths may differ)."""
-        ignored = {"data_dir", "ack_wait_seconds"}
+        """Whether `other` trains on the same data with the same optimiser and layout."""
+        ignored = {"ack_wait_seconds"}
         return self.model_dump(exclude=ignored) == other.model_dump(exclude=ignored)
+
+
+class StoredLayout(BaseModel):
+    """The model's arrays (name, shape, dtype) as the first trainer initialised them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    arrays: list[dict[str, object]]
+    initialised_by: str
 
 
 class PersistedCoordinator(BaseModel):

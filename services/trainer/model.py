@@ -1,22 +1,25 @@
-"""Click-through-rate model maths: a logistic regression over hashed sparse features.
+"""The built-in example model: a logistic regression over hashed click-log features, and
+the seeded synthetic click log (with its known ground truth) every training example uses.
 
-Everything here is a pure function of its arguments (numpy only): the synthetic click log,
-the gradient of one shard, the Adagrad update a parameter server applies, the held-out
-log-loss and the split of the parameter vector into key ranges, one per parameter server.
-
-Parameter layout: one flat float64 vector of ``num_buckets + 1`` entries, the hashed-feature
-weights first and the bias last, so a key range is just ``[start, stop)`` over that vector.
+Everything here is a pure function of its arguments (numpy only). The model's parameters are
+named arrays, `weights` (one per hashed bucket) and `bias` (a scalar), so it trains on the
+elastic SDK like any user model; its gradient is sparse: a batch touches only the buckets it
+saw. Shards are addressed by `clicks://` URIs, so a job's dataset is a list of locations and
+any trainer can regenerate a shard bit-for-bit without shared files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 IndexArray = npt.NDArray[np.int64]
+SparseRows = tuple[IndexArray, FloatArray]
 
 # Multiplicative hashing constants (odd 32-bit golden-ratio style mixers); any fixed odd
 # constants would do, they only have to be the same for every process.
@@ -25,23 +28,20 @@ _VALUE_MIX = np.uint64(0x85EBCA77)
 _FINAL_MIX = np.uint64(0xC2B2AE3D)
 _HOLDOUT_STREAM = 2**31 - 1
 _TRUTH_STREAM = 2**31 - 2
+URI_SCHEME = "clicks"
+HOLDOUT = -1  # the shard number of the held-out split in a clicks:// URI
 
 
 class InvalidShard(ValueError):
     """A shard's arrays do not fit the model (shape, dtype, index range, label values)."""
 
 
-class GradientRejected(ValueError):
-    """A gradient that must not touch the parameters; the message says why."""
-
-
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape and optimiser of the model; every process of a job must agree on it."""
+    """Shape of the model; every process of a job must agree on it."""
 
     num_buckets: int = 2048  # size of the hashed feature space
     num_fields: int = 8  # categorical fields per impression (site, ad, device, ...)
-    learning_rate: float = 0.3  # Adagrad base step
     l2: float = 1e-4  # L2 penalty on the weights (not the bias), per sample-mean loss
 
     def __post_init__(self) -> None:
@@ -49,14 +49,8 @@ class ModelSpec:
             raise ValueError(f"num_buckets must be >= 1, got {self.num_buckets}")
         if self.num_fields < 1:
             raise ValueError(f"num_fields must be >= 1, got {self.num_fields}")
-        if not (self.learning_rate > 0 and np.isfinite(self.learning_rate)):
-            raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate}")
         if not (self.l2 >= 0 and np.isfinite(self.l2)):
             raise ValueError(f"l2 must be >= 0, got {self.l2}")
-
-    @property
-    def num_params(self) -> int:
-        return self.num_buckets + 1
 
 
 @dataclass(frozen=True)
@@ -68,10 +62,17 @@ class DatasetSpec:
     samples_per_shard: int = 2000
     holdout_samples: int = 20000
     field_cardinality: int = 200  # distinct raw values per field before hashing
+    batch_size: int = 500  # impressions per training batch
     model: ModelSpec = ModelSpec()
 
     def __post_init__(self) -> None:
-        for name in ("num_shards", "samples_per_shard", "holdout_samples", "field_cardinality"):
+        for name in (
+            "num_shards",
+            "samples_per_shard",
+            "holdout_samples",
+            "field_cardinality",
+            "batch_size",
+        ):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -90,26 +91,66 @@ class ShardData:
     def num_samples(self) -> int:
         return int(self.clicks.shape[0])
 
-
-@dataclass(frozen=True)
-class KeyRange:
-    """The half-open slice ``[start, stop)`` of the parameter vector one pserver owns."""
-
-    start: int
-    stop: int
-
-    @property
-    def size(self) -> int:
-        return self.stop - self.start
+    def batches(self, size: int) -> list[ShardData]:
+        return [
+            ShardData(self.buckets[start : start + size], self.clicks[start : start + size])
+            for start in range(0, self.num_samples, size)
+        ]
 
 
-@dataclass(frozen=True)
-class OptimizerState:
-    """Parameters of one key range and their Adagrad accumulators."""
+# ---------------------------------------------------------------------------------------------
+# Shard locations
 
-    key_range: KeyRange
-    params: FloatArray
-    squared_gradient_sum: FloatArray
+
+_URI_FIELDS = {
+    "seed": "seed",
+    "shards": "num_shards",
+    "samples": "samples_per_shard",
+    "holdout": "holdout_samples",
+    "cardinality": "field_cardinality",
+    "batch": "batch_size",
+}
+
+
+def shard_uri(spec: DatasetSpec, shard: int) -> str:
+    """The location of `shard` (or HOLDOUT) of the synthetic log, as a clicks:// URI."""
+    query = {key: getattr(spec, field) for key, field in _URI_FIELDS.items()}
+    query |= {"buckets": spec.model.num_buckets, "fields": spec.model.num_fields}
+    query |= {"l2": spec.model.l2, "shard": shard}
+    return f"{URI_SCHEME}://log?{urlencode(query)}"
+
+
+def dataset_uris(spec: DatasetSpec) -> list[str]:
+    return [shard_uri(spec, shard) for shard in range(spec.num_shards)]
+
+
+def parse_uri(uri: str) -> tuple[DatasetSpec, int]:
+    """The dataset spec and shard number of a clicks:// URI; ValueError names the problem."""
+    parts = urlsplit(uri)
+    if parts.scheme != URI_SCHEME:
+        raise ValueError(f"{uri!r}: expected a {URI_SCHEME}:// URI")
+    query = dict(parse_qsl(parts.query, strict_parsing=True))
+    try:
+        values: dict[str, Any] = {field: int(query.pop(key)) for key, field in _URI_FIELDS.items()}
+        model = ModelSpec(
+            num_buckets=int(query.pop("buckets")),
+            num_fields=int(query.pop("fields")),
+            l2=float(query.pop("l2")),
+        )
+        shard = int(query.pop("shard"))
+    except KeyError as error:
+        raise ValueError(f"{uri!r}: missing parameter {error.args[0]!r}") from error
+    if query:
+        raise ValueError(f"{uri!r}: unknown parameters {sorted(query)}")
+    spec = DatasetSpec(model=model, **values)
+    if not (shard == HOLDOUT or 0 <= shard < spec.num_shards):
+        raise ValueError(f"{uri!r}: shard must be in [0, {spec.num_shards}) or {HOLDOUT}")
+    return spec, shard
+
+
+def read_uri(uri: str) -> ShardData:
+    spec, shard = parse_uri(uri)
+    return generate_holdout(spec) if shard == HOLDOUT else generate_shard(spec, shard)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,12 +169,12 @@ def hash_buckets(field_values: IndexArray, num_buckets: int) -> IndexArray:
     return buckets
 
 
-def ground_truth(spec: DatasetSpec) -> FloatArray:
-    """The parameters that generated the clicks (same layout as the learned ones)."""
+def ground_truth(spec: DatasetSpec) -> dict[str, FloatArray]:
+    """The parameters that generated the clicks (same names as the learned ones)."""
     rng = np.random.default_rng([spec.seed, _TRUTH_STREAM])
-    truth = rng.normal(0.0, 0.7, size=spec.model.num_params)
-    truth[-1] = -1.3  # bias: a click rate around 20 %, like a busy ad slot
-    return truth
+    truth = rng.normal(0.0, 0.7, size=spec.model.num_buckets + 1)
+    # bias: a click rate around 20 %, like a busy ad slot
+    return {"weights": truth[:-1], "bias": np.array(-1.3)}
 
 
 def _value_probabilities(cardinality: int) -> FloatArray:
@@ -152,7 +193,7 @@ def _generate(spec: DatasetSpec, stream: int, samples: int) -> ShardData:
     ).astype(np.int64)
     buckets = hash_buckets(raw, spec.model.num_buckets)
     truth = ground_truth(spec)
-    probability = predict_proba(truth, buckets)
+    probability = predict_proba(truth["weights"], float(truth["bias"]), buckets)
     clicks = (rng.random(samples) < probability).astype(np.float64)
     return ShardData(buckets=buckets, clicks=clicks)
 
@@ -195,112 +236,73 @@ def validate_shard(shard: ShardData, model: ModelSpec) -> None:
 # Model
 
 
-def predict_proba(params: FloatArray, buckets: IndexArray) -> FloatArray:
+def predict_proba(weights: FloatArray, bias: float, buckets: IndexArray) -> FloatArray:
     """Click probability of each impression."""
-    logits = params[buckets].sum(axis=1) + params[-1]
+    logits = weights[buckets].sum(axis=1) + bias
     probability: FloatArray = 1.0 / (1.0 + np.exp(-np.clip(logits, -35.0, 35.0)))
     return probability
 
 
-def log_loss(params: FloatArray, shard: ShardData) -> float:
-    """Mean binary cross-entropy in nats."""
-    probability = np.clip(predict_proba(params, shard.buckets), 1e-12, 1.0 - 1e-12)
-    clicks = shard.clicks
+def log_loss_of(probability: FloatArray, clicks: FloatArray) -> float:
+    """Mean binary cross-entropy in nats of predicted click probabilities."""
+    probability = np.clip(probability, 1e-12, 1.0 - 1e-12)
     losses = -(clicks * np.log(probability) + (1.0 - clicks) * np.log(1.0 - probability))
     return float(losses.mean())
 
 
-def compute_gradient(params: FloatArray, shard: ShardData, *, l2: float) -> FloatArray:
-    """Gradient of the shard's mean log-loss (+ L2 on the weights) over the whole vector."""
-    num_buckets = params.shape[0] - 1
-    residual = predict_proba(params, shard.buckets) - shard.clicks
-    per_field = np.repeat(residual, shard.buckets.shape[1])
-    gradient = np.bincount(shard.buckets.ravel(), weights=per_field, minlength=num_buckets).astype(
-        np.float64
-    )
-    gradient /= shard.num_samples
-    gradient += l2 * params[:num_buckets]
-    return np.append(gradient, residual.mean())
+def log_loss(params: dict[str, Any], shard: ShardData) -> float:
+    """Mean binary cross-entropy in nats of the logistic regression `params`."""
+    weights = np.asarray(params["weights"], dtype=np.float64)
+    probability = predict_proba(weights, float(params["bias"]), shard.buckets)
+    return log_loss_of(probability, shard.clicks)
 
 
 # ---------------------------------------------------------------------------------------------
-# Parameter servers
+# Training
 
 
-def partition_keys(num_params: int, num_servers: int) -> tuple[KeyRange, ...]:
-    """Split ``[0, num_params)`` into contiguous near-equal ranges, one per server."""
-    if num_servers < 1:
-        raise ValueError(f"num_servers must be >= 1, got {num_servers}")
-    if num_params < num_servers:
-        raise ValueError(f"cannot split {num_params} parameters over {num_servers} servers")
-    base, extra = divmod(num_params, num_servers)
-    ranges: list[KeyRange] = []
-    start = 0
-    for index in range(num_servers):
-        stop = start + base + (1 if index < extra else 0)
-        ranges.append(KeyRange(start, stop))
-        start = stop
-    return tuple(ranges)
+def initial_state(model: ModelSpec) -> dict[str, FloatArray]:
+    return {"weights": np.zeros(model.num_buckets), "bias": np.zeros(())}
 
 
-def initial_state(key_range: KeyRange) -> OptimizerState:
-    return OptimizerState(
-        key_range=key_range,
-        params=np.zeros(key_range.size, dtype=np.float64),
-        squared_gradient_sum=np.zeros(key_range.size, dtype=np.float64),
-    )
+def sparse_gradient(
+    weights: FloatArray, bias: float, shard: ShardData, *, l2: float
+) -> tuple[IndexArray, FloatArray, float]:
+    """(touched buckets, their weights' gradient, the bias gradient) of the batch's mean
+    log-loss plus L2 on the touched weights."""
+    residual = predict_proba(weights, bias, shard.buckets) - shard.clicks
+    touched, inverse = np.unique(shard.buckets.ravel(), return_inverse=True)
+    per_field = np.repeat(residual, shard.buckets.shape[1])
+    rows = np.bincount(inverse, weights=per_field, minlength=touched.size) / shard.num_samples
+    rows += l2 * weights[touched]
+    return touched, rows, float(residual.mean())
 
 
-def validate_gradient(gradient: FloatArray, key_range: KeyRange) -> None:
-    """Raise GradientRejected unless ``gradient`` is a finite vector of the range's size."""
-    if gradient.ndim != 1 or gradient.shape[0] != key_range.size:
-        raise GradientRejected(
-            f"gradient: expected shape ({key_range.size},) for keys "
-            f"[{key_range.start}, {key_range.stop}), got {gradient.shape}"
-        )
-    if not np.issubdtype(gradient.dtype, np.floating):
-        raise GradientRejected(f"gradient: expected floats, got {gradient.dtype}")
-    bad = np.flatnonzero(~np.isfinite(gradient))
-    if bad.size:
-        raise GradientRejected(
-            f"gradient: {bad.size} non-finite values (first at key {key_range.start + bad[0]})"
-        )
+def gradients(
+    params: dict[str, Any], shard: ShardData, *, l2: float
+) -> dict[str, SparseRows | FloatArray]:
+    """The SDK's form: sparse rows of `weights` for the buckets the batch saw, and `bias`."""
+    weights = np.asarray(params["weights"], dtype=np.float64)
+    touched, rows, bias = sparse_gradient(weights, float(params["bias"]), shard, l2=l2)
+    return {"weights": (touched, rows), "bias": np.array(bias)}
 
 
-def apply_gradient(
-    state: OptimizerState, gradient: FloatArray, *, learning_rate: float
-) -> OptimizerState:
-    """One Adagrad step; returns a new state and never mutates ``state``.
-
-    Adagrad because hashed sparse features appear at very different rates: a per-key step
-    size lets rare buckets learn as fast as the bias without a hand-tuned schedule.
-    """
-    validate_gradient(gradient, state.key_range)
-    squared = state.squared_gradient_sum + gradient * gradient
-    step = learning_rate * gradient / (np.sqrt(squared) + 1e-8)
-    return OptimizerState(
-        key_range=state.key_range,
-        params=state.params - step,
-        squared_gradient_sum=squared,
-    )
-
-
-def train_serially(spec: DatasetSpec, *, epochs: int, num_servers: int = 1) -> FloatArray:
-    """The undisturbed reference run: every shard of every epoch applied once, in order."""
-    model = spec.model
-    ranges = partition_keys(model.num_params, num_servers)
-    states = [initial_state(key_range) for key_range in ranges]
+def train_serially(
+    spec: DatasetSpec, *, epochs: int, learning_rate: float
+) -> dict[str, FloatArray]:
+    """The undisturbed reference: every batch of every epoch once, in order, with Adagrad
+    (the example job's optimiser), without any pserver."""
+    weights, bias = np.zeros(spec.model.num_buckets), 0.0
+    weight_sum, bias_sum = np.zeros_like(weights), 0.0
     shards = [generate_shard(spec, index) for index in range(spec.num_shards)]
     for _ in range(epochs):
         for shard in shards:
-            params = np.concatenate([state.params for state in states])
-            gradient = compute_gradient(params, shard, l2=model.l2)
-            states = [
-                apply_gradient(
-                    state,
-                    gradient[state.key_range.start : state.key_range.stop],
-                    learning_rate=model.learning_rate,
+            for batch in shard.batches(spec.batch_size):
+                touched, rows, bias_gradient = sparse_gradient(
+                    weights, bias, batch, l2=spec.model.l2
                 )
-                for state in states
-            ]
-    return np.concatenate([state.params for state in states])
+                weight_sum[touched] += rows * rows
+                weights[touched] -= learning_rate * rows / (np.sqrt(weight_sum[touched]) + 1e-8)
+                bias_sum += bias_gradient**2
+                bias -= learning_rate * bias_gradient / (np.sqrt(bias_sum) + 1e-8)
+    return {"weights": weights, "bias": np.array(bias)}

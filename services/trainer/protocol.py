@@ -1,5 +1,6 @@
-"""The training job's state machines: the coordinator's epoch/shard progress and the pserver's
-at-most-once apply. Pure: inputs are observations, outputs are decisions; no I/O, no clock.
+"""The coordinator's state machine: epoch and shard progress of a training job (the pservers'
+exactly-once ledger is pserver_state.py). Pure: inputs are observations, outputs are
+decisions; no I/O, no clock.
 
 Coordinator rule (level-triggered, so a restart only has to reload its last persisted state):
   * every shard of the current epoch is published once;
@@ -8,7 +9,8 @@ Coordinator rule (level-triggered, so a restart only has to reload its last pers
     shard of an *earlier* epoch is certain (an epoch only ends once all of it was applied) and
     is published again at once. A lost shard of the *current* epoch looks like one in flight
     until the work queue is empty; then it is published again. Duplicates are harmless: the
-    pserver applies each (epoch, shard) at most once.
+    pserver applies each (epoch, shard, batch) at most once, and a trainer resumes a shard
+    at its first batch not yet applied.
   * the job finishes when the last epoch is complete and no earlier shard is missing.
 The caller must read the queue depth *before* the applied sets: a task leaves the queue
 only after its gradient was applied, so "empty queue, then not applied" means lost.
@@ -19,17 +21,8 @@ de-duplication drops a re-publish of the same batch after a crash but never a de
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import dataclass, replace
 from typing import Any
-
-from tideshift.services.trainer.model import (
-    FloatArray,
-    GradientRejected,
-    KeyRange,
-    OptimizerState,
-    apply_gradient,
-)
 
 TaskKey = tuple[int, int]  # (epoch, shard)
 
@@ -217,100 +210,9 @@ def progress_fraction(state: CoordinatorState) -> float:
     return done / (state.epochs * state.num_shards)
 
 
-# ---------------------------------------------------------------------------------------------
-# Parameter server
-
-
-class PushOutcome(StrEnum):
-    APPLIED = "applied"
-    DUPLICATE = "duplicate"  # already applied: the trainer should ack and move on
-    REJECTED = "rejected"  # bad input: the parameters were not touched
-
-
-@dataclass(frozen=True)
-class GradientPush:
-    job: str
-    epoch: int
-    shard: int
-    delivery: int  # JetStream delivery attempt of the task (1 = first)
-    key_range: KeyRange
-    gradient: FloatArray
-
-
-@dataclass(frozen=True)
-class PushResult:
-    outcome: PushOutcome
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class PServerState:
-    job: str
-    optimizer: OptimizerState
-    # (epoch, shard) -> the delivery attempt whose gradient was applied
-    applied: Mapping[TaskKey, int] = field(default_factory=dict)
-    version: int = 0  # number of gradients applied
-
-    @property
-    def redelivered(self) -> int:
-        """Deliveries beyond the first that preceded an applied gradient."""
-        return sum(delivery - 1 for delivery in self.applied.values())
-
-    def applied_in(self, epoch: int) -> frozenset[int]:
-        return frozenset(s for (e, s) in self.applied if e == epoch)
-
-
-def handle_push(
-    state: PServerState, push: GradientPush, *, learning_rate: float, num_shards: int
-) -> tuple[PServerState, PushResult]:
-    """Apply ``push`` unless it is a duplicate or bad; the state is untouched unless applied."""
-    if push.job != state.job:
-        return state, PushResult(
-            PushOutcome.REJECTED, f"unknown job {push.job!r}: this pserver serves {state.job!r}"
-        )
-    if push.epoch < 0 or push.shard < 0:
-        return state, PushResult(
-            PushOutcome.REJECTED,
-            f"epoch and shard must be >= 0, got epoch={push.epoch} shard={push.shard}",
-        )
-    if push.shard >= num_shards:
-        return state, PushResult(
-            PushOutcome.REJECTED,
-            f"shard {push.shard} out of range: the job has {num_shards} shards per epoch",
-        )
-    if push.delivery < 1:
-        return state, PushResult(
-            PushOutcome.REJECTED, f"delivery must be >= 1, got {push.delivery}"
-        )
-    owned = state.optimizer.key_range
-    if push.key_range != owned:
-        return state, PushResult(
-            PushOutcome.REJECTED,
-            f"key range [{push.key_range.start}, {push.key_range.stop}) does not match "
-            f"this pserver's [{owned.start}, {owned.stop})",
-        )
-    key = (push.epoch, push.shard)
-    if key in state.applied:
-        return state, PushResult(
-            PushOutcome.DUPLICATE, f"epoch {push.epoch} shard {push.shard} already applied"
-        )
-    try:
-        optimizer = apply_gradient(state.optimizer, push.gradient, learning_rate=learning_rate)
-    except GradientRejected as error:
-        return state, PushResult(PushOutcome.REJECTED, str(error))
-    applied = dict(state.applied)
-    applied[key] = push.delivery
-    return (
-        PServerState(
-            job=state.job, optimizer=optimizer, applied=applied, version=state.version + 1
-        ),
-        PushResult(PushOutcome.APPLIED),
-    )
-
-
 def applied_everywhere(applied_sets: Iterable[Iterable[TaskKey]]) -> frozenset[TaskKey]:
-    """(epoch, shard) pairs applied by every pserver of the job (a shard counts once all
-    key ranges took its gradient)."""
+    """(epoch, shard) pairs complete on every pserver (a shard counts once all of the
+    model's pieces took all of its batches)."""
     result: frozenset[TaskKey] | None = None
     for applied in applied_sets:
         keys = frozenset(applied)

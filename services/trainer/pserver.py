@@ -1,15 +1,20 @@
-"""`tideshift run pserver --job NAME [--index I]`: one key range of a job's parameters.
+"""`tideshift run pserver --job NAME [--index I]`: one share of a job's parameters.
 
-Serves parameter pulls and gradient pushes over NATS request/reply, applies each
-(epoch, shard) at most once (protocol.handle_push), and checkpoints parameters, Adagrad state
-and the applied set together to the JetStream object store every few seconds and on SIGTERM.
-On start it restores the last checkpoint, so a restart loses at most the applies since then;
-the coordinator notices those shards are no longer applied and publishes them again.
+Waits for the job's spec and for the first trainer to publish the model's layout, then for
+the lease of (job, index): a second pserver with the same index is a hot standby that takes
+over when the holder stops renewing. The leader serves initial values, parameter pulls,
+chunked gradient pushes and status over NATS request/reply, applies each (epoch, shard,
+batch) exactly once (pserver_state.py), and checkpoints pieces, optimiser slots and ledger
+together to the JetStream object store every few seconds, after initialisation and on
+SIGTERM. A restart loses at most the batches since the last checkpoint; the ledger forgets
+them too, so trainers resume there and the coordinator re-publishes finished shards it lost.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
 
@@ -18,37 +23,46 @@ from prometheus_client import Counter, Gauge
 from pydantic import Field
 
 from tideshift.events.tokens import encode_token
-from tideshift.services.common.bus import Bus
+from tideshift.services.common.bus import Bus, Lease
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.trainer.busport import load_object, pserver_subject, store_object
 from tideshift.services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
-from tideshift.services.trainer.jobs import sleep_unless, wait_for_spec
+from tideshift.services.trainer.jobs import sleep_unless, wait_for_layout, wait_for_spec
 from tideshift.services.trainer.jobspec import JobSpec
-from tideshift.services.trainer.model import KeyRange, initial_state
-from tideshift.services.trainer.protocol import (
+from tideshift.services.trainer.layout import Layout
+from tideshift.services.trainer.messages import pack_pieces, unpack_pieces, unpack_push_part
+from tideshift.services.trainer.pserver_state import (
+    MAX_OPEN_EPOCHS,
     GradientPush,
+    Ledger,
+    PieceUpdate,
     PServerState,
     PushOutcome,
     PushResult,
-    handle_push,
 )
 from tideshift.services.trainer.wire import WireError, header_int, header_str, pack, unpack
 
 log = logging.getLogger("tideshift.pserver")
 
 PUSHES = Counter("tideshift_pserver_pushes_total", "Gradient pushes by outcome", ["outcome"])
-VERSION = Gauge("tideshift_pserver_version", "Gradients applied so far")
+VERSION = Gauge("tideshift_pserver_version", "Batches applied so far")
 CHECKPOINTS = Counter("tideshift_pserver_checkpoints_total", "Checkpoints written")
+MAX_PENDING_PUSHES = 64  # pushes with parts still missing; the oldest is dropped beyond
 
 
 class PServerSettings(ServiceSettings):
-    """Parameter server of one elastic training job (one key range of its model)."""
+    """Parameter server of one elastic training job (one share of its model's pieces)."""
 
     job: str = Field(min_length=1, max_length=253, description="training job name")
-    index: int = Field(default=0, ge=0, description="which key range this pserver owns (0-based)")
+    index: int = Field(default=0, ge=0, description="which share this pserver owns (0-based)")
     checkpoint_seconds: float = Field(
         default=5.0, gt=0, description="seconds between checkpoints while gradients arrive"
+    )
+    lease_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="lease of (job, index); a standby takes over this long after a crash",
     )
 
 
@@ -56,119 +70,153 @@ def checkpoint_name(job: str, index: int) -> str:
     return f"{encode_token(job)}.pserver-{index}"
 
 
+def lease_name(job: str, index: int) -> str:
+    return f"pserver.{encode_token(job)}.{index}"
+
+
 class ParameterServer:
-    def __init__(self, bus: Bus, spec: JobSpec, index: int, state: PServerState) -> None:
+    def __init__(self, bus: Bus, spec: JobSpec, state: PServerState) -> None:
         self.bus = bus
         self.spec = spec
-        self.index = index
         self.state = state
         self.accepting = True
-        self.checkpointed_version = state.version
-        self.duplicates = 0  # pushes of already-applied shards since this process started
+        self.checkpointed_version = -1
+        self.pending_init: dict[int, np.ndarray] = {}
+        self.pending_pushes: OrderedDict[str, dict[int, tuple[PieceUpdate, ...]]] = OrderedDict()
 
     @property
-    def key_range(self) -> KeyRange:
-        return self.state.optimizer.key_range
+    def index(self) -> int:
+        return self.state.index
 
-    def _refuse(self) -> bytes | None:
+    def _check_job(self, header: dict[str, object]) -> str | None:
         if not self.accepting:
-            return pack({"error": "pserver is stopping; retry shortly"})
+            return "pserver is stopping; retry shortly"
+        job = header_str(header, "job")
+        if job != self.spec.job:
+            return f"unknown job {job!r}: this pserver serves {self.spec.job!r}"
         return None
 
+    async def on_init(self, raw: bytes) -> bytes:
+        """Initial values of some owned pieces; the first complete set wins."""
+        try:
+            header, values = unpack_pieces(raw)
+            if (refusal := self._check_job(header)) is not None:
+                return pack({"error": refusal})
+        except WireError as error:
+            return pack({"error": f"malformed init: {error}"})
+        if not self.state.initialised:
+            owned = {piece.id for piece in self.state.owned()}
+            self.pending_init.update({k: v.copy() for k, v in values.items() if k in owned})
+            if owned <= set(self.pending_init):
+                try:
+                    self.state.initialise(self.pending_init)
+                except ValueError as error:
+                    self.pending_init.clear()
+                    return pack({"error": f"bad initial values: {error}"})
+                self.pending_init.clear()
+                await self.checkpoint()  # initial values must survive a restart
+                log.info("job %s: pserver %d initialised", self.spec.job, self.index)
+        return pack({"initialised": self.state.initialised})
+
     async def on_params(self, raw: bytes) -> bytes:
-        if (refusal := self._refuse()) is not None:
-            return refusal
         try:
             header, _ = unpack(raw)
-            job = header_str(header, "job")
+            if (refusal := self._check_job(header)) is not None:
+                return pack({"error": refusal})
+            wanted = header.get("pieces")
+            if not isinstance(wanted, list) or not all(isinstance(i, int) for i in wanted):
+                raise WireError("field 'pieces': expected a list of piece ids")
         except WireError as error:
             return pack({"error": f"malformed params request: {error}"})
-        if job != self.spec.job:
-            return pack({"error": f"unknown job {job!r}: this pserver serves {self.spec.job!r}"})
-        state = self.state
-        return pack(
-            {
-                "job": state.job,
-                "index": self.index,
-                "start": self.key_range.start,
-                "stop": self.key_range.stop,
-                "version": state.version,
-            },
-            {"params": state.optimizer.params},
-        )
+        if not self.state.initialised:
+            return pack({"error": "not initialised yet"})
+        missing = [i for i in wanted if i not in self.state.pieces]
+        if missing:
+            return pack({"error": f"pieces {missing[:5]} are not held by pserver {self.index}"})
+        values = {i: self.state.pieces[i].params for i in wanted}
+        return pack_pieces({"version": self.state.ledger.applied_batches}, values)
 
-    def _decode_push(self, raw: bytes) -> GradientPush:
-        header, arrays = unpack(raw)
-        gradient = arrays.get("gradient")
-        if gradient is None:
-            raise WireError("missing array 'gradient'")
-        return GradientPush(
-            job=header_str(header, "job"),
-            epoch=header_int(header, "epoch"),
-            shard=header_int(header, "shard"),
-            delivery=header_int(header, "delivery"),
-            key_range=KeyRange(header_int(header, "start"), header_int(header, "stop")),
-            gradient=gradient,
-        )
+    def _assemble(self, raw: bytes) -> GradientPush | PushResult | None:
+        """The whole push once its last part arrived; a rejection; or None (parts missing)."""
+        try:
+            part = unpack_push_part(raw)
+        except WireError as error:
+            return PushResult(PushOutcome.REJECTED, f"malformed gradient push: {error}")
+        if part.job != self.spec.job:
+            return PushResult(PushOutcome.REJECTED, f"unknown job {part.job!r}")
+        if part.parts == 1:
+            received = {0: part.updates}
+        else:
+            received = self.pending_pushes.setdefault(part.push_id, {})
+            received[part.part] = part.updates
+            if len(self.pending_pushes) > MAX_PENDING_PUSHES:
+                self.pending_pushes.popitem(last=False)
+            if len(received) < part.parts:
+                return None
+            del self.pending_pushes[part.push_id]
+        updates = tuple(u for index in sorted(received) for u in received[index])
+        return GradientPush(part.epoch, part.shard, part.batch, part.last, updates)
 
     async def on_push(self, raw: bytes) -> bytes:
-        if (refusal := self._refuse()) is not None:
-            return refusal
-        try:
-            push = self._decode_push(raw)
-        except WireError as error:
-            result = PushResult(PushOutcome.REJECTED, f"malformed gradient push: {error}")
-        else:
-            # No await between reading and replacing the state: pushes apply atomically.
-            self.state, result = handle_push(
-                self.state,
-                push,
-                learning_rate=self.spec.learning_rate,
-                num_shards=self.spec.shards,
-            )
+        if not self.accepting:
+            return pack({"error": "pserver is stopping; retry shortly"})
+        assembled = self._assemble(raw)
+        if assembled is None:
+            return pack({"outcome": "partial"})
+        # No await between reading and changing the state: pushes apply atomically.
+        result = assembled if isinstance(assembled, PushResult) else self.state.push(assembled)
         PUSHES.labels(result.outcome.value).inc()
-        if result.outcome is PushOutcome.DUPLICATE:
-            self.duplicates += 1
-        VERSION.set(self.state.version)
+        VERSION.set(self.state.ledger.applied_batches)
         if result.outcome is PushOutcome.REJECTED:
             log.warning("job %s: rejected a gradient push: %s", self.spec.job, result.reason)
         return pack(
             {
                 "outcome": result.outcome.value,
                 "reason": result.reason,
-                "version": self.state.version,
+                "next_batch": result.next_batch,
+                "version": self.state.ledger.applied_batches,
             }
         )
 
     async def on_status(self, raw: bytes) -> bytes:
-        """Applied pairs of epochs >= `from_epoch`, and the pairs of earlier epochs that are
-        missing (normally none: only a restore from an older checkpoint loses them)."""
+        """Finished pairs of open epochs >= `from_epoch`, unfinished pairs of open epochs
+        below it, and optionally one shard's position. Bounded: a `from_epoch` beyond the
+        open epochs or a wrong shard count is refused, never iterated."""
         try:
             header, _ = unpack(raw)
-            job = header_str(header, "job")
+            if (refusal := self._check_job(header)) is not None:
+                return pack({"error": refusal})
             from_epoch = header_int(header, "from_epoch", minimum=0)
             shards = header_int(header, "shards", minimum=1)
         except WireError as error:
             return pack({"error": f"malformed status request: {error}"})
-        if job != self.spec.job:
-            return pack({"error": f"unknown job {job!r}: this pserver serves {self.spec.job!r}"})
-        state = self.state
-        applied = sorted(key for key in state.applied if key[0] >= from_epoch)
-        missing = [
-            (epoch, shard)
-            for epoch in range(from_epoch)
-            for shard in range(shards)
-            if (epoch, shard) not in state.applied
-        ]
+        ledger = self.state.ledger
+        if shards != ledger.num_shards:
+            return pack({"error": f"shards {shards}: the job has {ledger.num_shards}"})
+        if from_epoch > ledger.watermark + MAX_OPEN_EPOCHS:
+            return pack(
+                {
+                    "error": f"from_epoch {from_epoch} is beyond the open epochs "
+                    f"[{ledger.watermark}, {ledger.watermark + MAX_OPEN_EPOCHS}]"
+                }
+            )
+        reply: dict[str, object] = {
+            "index": self.index,
+            "initialised": self.state.initialised,
+            "version": ledger.applied_batches,
+            "duplicates": ledger.duplicates,
+            "watermark": ledger.watermark,
+        }
+        if "epoch" in header and "shard" in header:
+            try:
+                epoch, shard = header_int(header, "epoch", minimum=0), header_int(header, "shard")
+            except WireError as error:
+                return pack({"error": f"malformed status request: {error}"})
+            reply["next_batch"], reply["finished"] = ledger.position(epoch, shard)
+        applied = ledger.finished_from(from_epoch)
+        missing = ledger.missing_before(from_epoch)
         return pack(
-            {
-                "job": state.job,
-                "index": self.index,
-                "version": state.version,
-                "applied_total": len(state.applied),
-                "redelivered": state.redelivered,
-                "duplicates": self.duplicates,
-            },
+            reply,
             {
                 "applied": np.array(applied, dtype=np.int64).reshape(len(applied), 2),
                 "missing": np.array(missing, dtype=np.int64).reshape(len(missing), 2),
@@ -176,44 +224,98 @@ class ParameterServer:
         )
 
     async def checkpoint(self) -> None:
-        state = self.state
-        if state.version == self.checkpointed_version:
+        version = self.state.ledger.applied_batches
+        if version == self.checkpointed_version or not self.state.initialised:
             return
+        started = time.monotonic()
         await store_object(
-            self.bus, checkpoint_name(self.spec.job, self.index), encode_checkpoint(state)
+            self.bus, checkpoint_name(self.spec.job, self.index), encode_checkpoint(self.state)
         )
-        self.checkpointed_version = state.version
+        self.checkpointed_version = version
         CHECKPOINTS.inc()
         log.info(
-            "job %s: pserver %d checkpointed version %d (%d applied)",
+            "job %s: pserver %d checkpointed %d batches (watermark %d) in %.2fs",
             self.spec.job,
             self.index,
-            state.version,
-            len(state.applied),
+            version,
+            self.state.ledger.watermark,
+            time.monotonic() - started,
         )
 
 
-async def restore(bus: Bus, spec: JobSpec, index: int) -> PServerState:
-    """The last checkpoint, or fresh parameters; raises ValueError on an unusable checkpoint."""
-    key_range = spec.key_ranges[index]
+async def restore(bus: Bus, spec: JobSpec, layout: Layout, index: int) -> PServerState:
+    """The last checkpoint, or an uninitialised state; raises ValueError if unusable."""
+    fresh = PServerState(layout, index, spec.optimizer, Ledger(num_shards=spec.num_shards))
     payload = await load_object(bus, checkpoint_name(spec.job, index))
     if payload is None:
-        log.info("job %s: pserver %d starts from zero parameters", spec.job, index)
-        return PServerState(job=spec.job, optimizer=initial_state(key_range))
+        log.info("job %s: pserver %d has no checkpoint yet", spec.job, index)
+        return fresh
     try:
-        state = decode_checkpoint(payload, job=spec.job, key_range=key_range)
+        state = decode_checkpoint(payload, expected=fresh)
     except WireError as error:
         raise ValueError(
             f"job {spec.job}: checkpoint of pserver {index} unusable: {error}"
         ) from error
     log.info(
-        "job %s: pserver %d restored version %d with %d applied shards",
+        "job %s: pserver %d restored %d applied batches (watermark %d)",
         spec.job,
         index,
-        state.version,
-        len(state.applied),
+        state.ledger.applied_batches,
+        state.ledger.watermark,
     )
     return state
+
+
+async def _acquire(lease: Lease, context: ServiceContext, what: str) -> bool:
+    announced = False
+    while not context.stopping.is_set():
+        if await lease.try_acquire():
+            return True
+        if not announced:
+            log.info("%s: another pserver holds the lease; standing by", what)
+            announced = True
+        if await sleep_unless(context.stopping, lease.ttl_seconds / 5):
+            break
+    return False
+
+
+async def _serve_while_leading(
+    server: ParameterServer, lease: Lease, settings: PServerSettings, context: ServiceContext
+) -> bool:
+    """Serve until stopping (True) or until the lease is lost (False)."""
+    bus, job, index = context.bus, server.spec.job, server.index
+    stops = [
+        await bus.serve(pserver_subject(job, index, "init"), server.on_init),
+        await bus.serve(pserver_subject(job, index, "params"), server.on_params),
+        await bus.serve(pserver_subject(job, index, "push"), server.on_push),
+        await bus.serve(pserver_subject(job, index, "status"), server.on_status),
+    ]
+    context.ready.set()
+    log.info("job %s: pserver %d serving %d pieces", job, index, len(server.state.owned()))
+    tick = min(settings.checkpoint_seconds, settings.lease_seconds / 3)
+    last_checkpoint = time.monotonic()
+    leading = True
+    try:
+        while not await sleep_unless(context.stopping, tick):
+            if not await lease.try_acquire():
+                log.error("job %s: pserver %d lost its lease; standing down", job, index)
+                leading = False
+                return False
+            if time.monotonic() - last_checkpoint >= settings.checkpoint_seconds:
+                try:
+                    await server.checkpoint()
+                except Exception as error:  # a failed checkpoint is retried next time
+                    log.warning("job %s: checkpoint failed: %s", job, error)
+                last_checkpoint = time.monotonic()
+        return True
+    finally:
+        server.accepting = False
+        context.ready.clear()
+        for stop in stops:
+            await stop()
+        if leading:  # never overwrite the checkpoint of the pserver that took over
+            await server.checkpoint()
+            await lease.release()
 
 
 async def run(settings: PServerSettings, context: ServiceContext) -> None:
@@ -225,33 +327,21 @@ async def run(settings: PServerSettings, context: ServiceContext) -> None:
         raise ValueError(
             f"--index {settings.index} out of range: job {spec.job} has {spec.pservers} pservers"
         )
-    server = ParameterServer(bus, spec, settings.index, await restore(bus, spec, settings.index))
-    VERSION.set(server.state.version)
-    stops = [
-        await bus.serve(pserver_subject(spec.job, settings.index, "params"), server.on_params),
-        await bus.serve(pserver_subject(spec.job, settings.index, "push"), server.on_push),
-        await bus.serve(pserver_subject(spec.job, settings.index, "status"), server.on_status),
-    ]
-    context.ready.set()
-    log.info(
-        "job %s: pserver %d serving keys [%d, %d)",
-        spec.job,
-        settings.index,
-        server.key_range.start,
-        server.key_range.stop,
+    layout = await wait_for_layout(bus, spec, context.stopping)
+    if layout is None:
+        return
+    what = f"job {spec.job} pserver {settings.index}"
+    lease = await bus.lease(
+        lease_name(spec.job, settings.index),
+        holder=context.instance,
+        ttl_seconds=settings.lease_seconds,
     )
-    try:
-        while not await sleep_unless(context.stopping, settings.checkpoint_seconds):
-            try:
-                await server.checkpoint()
-            except Exception as error:  # a failed checkpoint is retried next time
-                log.warning("job %s: checkpoint failed: %s", spec.job, error)
-    finally:
-        server.accepting = False
-        for stop in stops:
-            await stop()
-        await server.checkpoint()
-        log.info("job %s: pserver %d stopped after its final checkpoint", spec.job, settings.index)
+    while await _acquire(lease, context, what):
+        server = ParameterServer(bus, spec, await restore(bus, spec, layout, settings.index))
+        VERSION.set(server.state.ledger.applied_batches)
+        if await _serve_while_leading(server, lease, settings, context):
+            break
+    log.info("%s stopped", what)
 
 
 def main(argv: Sequence[str]) -> int:

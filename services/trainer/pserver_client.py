@@ -1,21 +1,38 @@
-"""Talking to a job's parameter servers: pull the whole vector, push a gradient, ask status.
+"""Talking to a job's parameter servers: initialise, pull, push a batch, ask status.
 
-With several pservers each owns one key range; a pull concatenates their slices and a push
-sends each its slice. A shard counts as applied only once every pserver applied it.
+Each pserver holds some pieces of the model (layout.py). A pull asks every pserver for its
+pieces in requests of at most `max_piece_bytes`-ish size and reassembles the named arrays;
+a push cuts the batch's gradient into piece updates (dense rows or sparse rows) and sends
+each pserver its own, in parts when they exceed one message. A batch is applied once every
+pserver applied (or had already applied) it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tideshift.services.common.bus import Bus, RequestFailed
-from tideshift.services.trainer.busport import pserver_subject
+from tideshift.services.trainer.busport import PServerOp, pserver_subject
 from tideshift.services.trainer.jobspec import JobSpec
-from tideshift.services.trainer.model import FloatArray
+from tideshift.services.trainer.layout import Layout, Piece, rows_of
+from tideshift.services.trainer.messages import (
+    pack_pieces,
+    pack_push_part,
+    split_updates,
+    unpack_pieces,
+)
+from tideshift.services.trainer.pserver_state import MAX_OPEN_EPOCHS, PieceUpdate
 from tideshift.services.trainer.wire import WireError, header_int, pack, unpack
+
+Array = npt.NDArray[Any]
+SparseRows = tuple[Array, Array]  # (row indices, rows)
+Gradient = Array | SparseRows
 
 
 @dataclass(frozen=True)
@@ -23,115 +40,101 @@ class PushReply:
     index: int
     outcome: str  # applied | duplicate | rejected
     reason: str
+    next_batch: int
 
 
 @dataclass(frozen=True)
 class PServerStatus:
     index: int
-    version: int
-    applied_total: int
-    redelivered: int
-    duplicates: int  # gradients pushed for shards already applied (wasted work)
-    applied: frozenset[tuple[int, int]]  # only epochs >= the requested from_epoch
-    missing: frozenset[tuple[int, int]]  # epochs < from_epoch, not applied here
+    initialised: bool
+    version: int  # batches applied
+    duplicates: int  # pushes refused because already applied
+    watermark: int
+    applied: frozenset[tuple[int, int]]  # finished (epoch, shard), epochs >= from_epoch
+    missing: frozenset[tuple[int, int]]  # unfinished pairs of epochs < from_epoch
+    next_batch: int = 0
+    finished: bool = False
 
 
-def _error_of(header: dict[str, object]) -> str | None:
-    error = header.get("error")
-    return str(error) if error is not None else None
-
-
-def _unpack_reply(subject: str, raw: bytes) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+def _unpack_reply(subject: str, raw: bytes) -> tuple[dict[str, Any], dict[str, Array]]:
     if raw.startswith(b"error: "):
         raise RequestFailed(f"{subject}: {raw.decode(errors='replace')}")
     try:
         header, arrays = unpack(raw)
     except WireError as error:
         raise RequestFailed(f"{subject}: malformed reply: {error}") from error
-    if (message := _error_of(header)) is not None:
+    if (message := header.get("error")) is not None:
         raise RequestFailed(f"{subject}: {message}")
     return header, arrays
 
 
-class PServerClient:
+def _groups(layout: Layout, pieces: tuple[Piece, ...], max_bytes: int) -> list[list[Piece]]:
+    groups: list[list[Piece]] = [[]]
+    size = 0
+    for piece in pieces:
+        cost = layout.piece_bytes(piece)
+        if groups[-1] and size + cost > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(piece)
+        size += cost
+    return groups
+
+
+def piece_updates(
+    layout: Layout, gradients: Mapping[str, Gradient]
+) -> dict[int, list[PieceUpdate]]:
+    """Updates per pserver; raises ValueError naming an unknown or misshapen gradient."""
+    per_server: dict[int, list[PieceUpdate]] = {s: [] for s in range(layout.servers)}
+    for name, gradient in gradients.items():
+        spec = layout.array(name)
+        if isinstance(gradient, tuple):
+            indices = np.asarray(gradient[0], dtype=np.int64).reshape(-1)
+            rows = np.asarray(gradient[1], dtype=spec.dtype)
+            if rows.shape != (indices.shape[0], *spec.shape[1:]):
+                raise ValueError(
+                    f"gradient {name!r}: rows must have shape "
+                    f"({indices.shape[0]}, {', '.join(map(str, spec.shape[1:]))}), got {rows.shape}"
+                )
+            for piece in layout.pieces_named(name):
+                mask = (indices >= piece.start) & (indices < piece.stop)
+                if mask.any():
+                    update = PieceUpdate(
+                        piece.id, indices=indices[mask] - piece.start, rows=rows[mask]
+                    )
+                    per_server[piece.server].append(update)
+            continue
+        dense = np.asarray(gradient, dtype=spec.dtype)
+        if dense.shape != spec.shape:
+            raise ValueError(f"gradient {name!r}: expected shape {spec.shape}, got {dense.shape}")
+        for piece in layout.pieces_named(name):
+            per_server[piece.server].append(PieceUpdate(piece.id, dense=rows_of(dense, piece)))
+    return per_server
+
+
+class StatusClient:
+    """Asks a job's pservers what they applied (all the coordinator needs)."""
+
     def __init__(self, bus: Bus, spec: JobSpec, *, timeout: float = 5.0) -> None:
         self.bus = bus
         self.spec = spec
         self.timeout = timeout
 
-    async def _params_of(self, index: int) -> FloatArray:
-        subject = pserver_subject(self.spec.job, index, "params")
-        raw = await self.bus.request(subject, pack({"job": self.spec.job}), timeout=self.timeout)
-        _, arrays = _unpack_reply(subject, raw)
-        params = arrays.get("params")
-        expected = self.spec.key_ranges[index]
-        if params is None or params.shape != (expected.size,):
-            raise RequestFailed(f"{subject}: expected {expected.size} parameters")
-        return np.asarray(params, dtype=np.float64)
+    def _subject(self, index: int, op: PServerOp) -> str:
+        return pserver_subject(self.spec.job, index, op)
 
-    async def pull(self) -> FloatArray:
-        """The whole parameter vector; raises RequestFailed if any pserver does not answer."""
-        slices = await asyncio.gather(
-            *(self._params_of(index) for index in range(self.spec.pservers))
-        )
-        return np.concatenate(slices)
-
-    async def _push_to(
-        self,
-        index: int,
-        *,
-        epoch: int,
-        shard: int,
-        delivery: int,
-        gradient: FloatArray,
-        trainer: str,
-    ) -> PushReply:
-        key_range = self.spec.key_ranges[index]
-        subject = pserver_subject(self.spec.job, index, "push")
-        payload = pack(
-            {
-                "job": self.spec.job,
-                "epoch": epoch,
-                "shard": shard,
-                "delivery": delivery,
-                "start": key_range.start,
-                "stop": key_range.stop,
-                "trainer": trainer,
-            },
-            {"gradient": gradient[key_range.start : key_range.stop]},
-        )
-        raw = await self.bus.request(subject, payload, timeout=self.timeout)
-        header, _ = _unpack_reply(subject, raw)
-        return PushReply(
-            index=index, outcome=str(header.get("outcome")), reason=str(header.get("reason", ""))
-        )
-
-    async def push(
-        self, *, epoch: int, shard: int, delivery: int, gradient: FloatArray, trainer: str
-    ) -> list[PushReply]:
-        return list(
-            await asyncio.gather(
-                *(
-                    self._push_to(
-                        index,
-                        epoch=epoch,
-                        shard=shard,
-                        delivery=delivery,
-                        gradient=gradient,
-                        trainer=trainer,
-                    )
-                    for index in range(self.spec.pservers)
-                )
-            )
-        )
-
-    async def _status_of(self, index: int, from_epoch: int) -> PServerStatus:
-        subject = pserver_subject(self.spec.job, index, "status")
-        raw = await self.bus.request(
-            subject,
-            pack({"job": self.spec.job, "from_epoch": from_epoch, "shards": self.spec.shards}),
-            timeout=self.timeout,
-        )
+    async def _status_of(
+        self, index: int, from_epoch: int, position: tuple[int, int] | None
+    ) -> PServerStatus:
+        subject = self._subject(index, "status")
+        request: dict[str, Any] = {
+            "job": self.spec.job,
+            "from_epoch": from_epoch,
+            "shards": self.spec.num_shards,
+        }
+        if position is not None:
+            request["epoch"], request["shard"] = position
+        raw = await self.bus.request(subject, pack(request), timeout=self.timeout)
         header, arrays = _unpack_reply(subject, raw)
         applied, missing = arrays.get("applied"), arrays.get("missing")
         for name, pairs in (("applied", applied), ("missing", missing)):
@@ -139,21 +142,156 @@ class PServerClient:
                 raise RequestFailed(f"{subject}: {name} must have shape (n, 2)")
         assert applied is not None and missing is not None
         try:
+            watermark = header_int(header, "watermark", minimum=0)
+            # Epochs below the watermark are finished and no longer listed one by one.
+            below = range(from_epoch, min(watermark, from_epoch + MAX_OPEN_EPOCHS))
+            finished = {(e, s) for e in below for s in range(self.spec.num_shards)}
             return PServerStatus(
                 index=index,
+                initialised=bool(header.get("initialised")),
                 version=header_int(header, "version", minimum=0),
-                applied_total=header_int(header, "applied_total", minimum=0),
-                redelivered=header_int(header, "redelivered", minimum=0),
                 duplicates=header_int(header, "duplicates", minimum=0),
-                applied=frozenset((int(e), int(s)) for e, s in applied),
+                watermark=watermark,
+                applied=frozenset((int(e), int(s)) for e, s in applied) | finished,
                 missing=frozenset((int(e), int(s)) for e, s in missing),
+                next_batch=int(header.get("next_batch", 0)),
+                finished=bool(header.get("finished", False)),
             )
         except WireError as error:
             raise RequestFailed(f"{subject}: {error}") from error
 
-    async def status(self, *, from_epoch: int = 0) -> list[PServerStatus]:
+    async def status(
+        self, *, from_epoch: int = 0, position: tuple[int, int] | None = None
+    ) -> list[PServerStatus]:
         return list(
             await asyncio.gather(
-                *(self._status_of(index, from_epoch) for index in range(self.spec.pservers))
+                *(
+                    self._status_of(index, from_epoch, position)
+                    for index in range(self.spec.pservers)
+                )
+            )
+        )
+
+
+class PServerClient(StatusClient):
+    """Initialise, pull and push the named arrays of a model laid out over the pservers."""
+
+    def __init__(self, bus: Bus, spec: JobSpec, layout: Layout, *, timeout: float = 5.0) -> None:
+        super().__init__(bus, spec, timeout=timeout)
+        self.layout = layout
+
+    async def initialise(self, arrays: Mapping[str, Array]) -> None:
+        """Offer initial values to every pserver (each keeps the first complete set)."""
+        for index in range(self.layout.servers):
+            owned = self.layout.pieces_of(index)
+            for group in _groups(self.layout, owned, self.spec.max_piece_bytes):
+                values = {
+                    piece.id: rows_of(np.asarray(arrays[piece.name]), piece) for piece in group
+                }
+                subject = self._subject(index, "init")
+                raw = await self.bus.request(
+                    subject, pack_pieces({"job": self.spec.job}, values), timeout=self.timeout
+                )
+                _unpack_reply(subject, raw)
+
+    async def _pull_group(self, index: int, group: list[Piece]) -> dict[int, Array]:
+        subject = self._subject(index, "params")
+        payload = pack({"job": self.spec.job, "pieces": [piece.id for piece in group]})
+        raw = await self.bus.request(subject, payload, timeout=self.timeout)
+        if raw.startswith(b"error: "):
+            raise RequestFailed(f"{subject}: {raw.decode(errors='replace')}")
+        try:
+            header, values = unpack_pieces(raw)
+        except WireError as error:
+            raise RequestFailed(f"{subject}: malformed reply: {error}") from error
+        if (message := header.get("error")) is not None:
+            raise RequestFailed(f"{subject}: {message}")
+        return values
+
+    async def pull(self) -> dict[str, Array]:
+        """Every named array; raises RequestFailed if a pserver does not answer."""
+        requests = [
+            self._pull_group(index, group)
+            for index in range(self.layout.servers)
+            for group in _groups(
+                self.layout, self.layout.pieces_of(index), self.spec.max_piece_bytes
+            )
+        ]
+        values: dict[int, Array] = {}
+        for part in await asyncio.gather(*requests):
+            values.update(part)
+        arrays: dict[str, Array] = {}
+        for spec in self.layout.arrays:
+            pieces = self.layout.pieces_named(spec.name)
+            try:
+                joined = np.concatenate([values[piece.id] for piece in pieces])
+            except KeyError as error:
+                raise RequestFailed(f"piece {error.args[0]} missing from the pull") from error
+            if joined.size != int(np.prod(spec.shape, dtype=np.int64)):
+                raise RequestFailed(f"array {spec.name!r}: pulled {joined.size} values")
+            arrays[spec.name] = joined.reshape(spec.shape)
+        return arrays
+
+    async def _push_to(
+        self,
+        index: int,
+        updates: list[PieceUpdate],
+        *,
+        push_id: str,
+        epoch: int,
+        shard: int,
+        batch: int,
+        last: bool,
+    ) -> PushReply:
+        subject = self._subject(index, "push")
+        parts = split_updates(updates, self.spec.max_piece_bytes)
+        header: dict[str, Any] = {}
+        for number, part in enumerate(parts):
+            payload = pack_push_part(
+                job=self.spec.job,
+                push_id=f"{push_id}/{index}",
+                epoch=epoch,
+                shard=shard,
+                batch=batch,
+                last=last,
+                part=number,
+                parts=len(parts),
+                updates=part,
+            )
+            raw = await self.bus.request(subject, payload, timeout=self.timeout)
+            header, _ = _unpack_reply(subject, raw)
+        return PushReply(
+            index=index,
+            outcome=str(header.get("outcome")),
+            reason=str(header.get("reason", "")),
+            next_batch=int(header.get("next_batch", 0)),
+        )
+
+    async def push(
+        self,
+        gradients: Mapping[str, Gradient],
+        *,
+        push_id: str,
+        epoch: int,
+        shard: int,
+        batch: int,
+        last: bool,
+    ) -> list[PushReply]:
+        """Send the batch to every pserver (an empty update still records the batch)."""
+        per_server = piece_updates(self.layout, gradients)
+        return list(
+            await asyncio.gather(
+                *(
+                    self._push_to(
+                        index,
+                        updates,
+                        push_id=push_id,
+                        epoch=epoch,
+                        shard=shard,
+                        batch=batch,
+                        last=last,
+                    )
+                    for index, updates in per_server.items()
+                )
             )
         )

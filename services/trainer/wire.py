@@ -1,6 +1,6 @@
 """Binary payloads of the parameter server: a JSON header plus raw little-endian arrays.
 
-Parameters and gradients are thousands of floats per message; JSON numbers would be ~3x the
+Parameters and gradients are many thousands of floats per message; JSON numbers would be ~3x the
 size and lossy to round-trip, so they travel as raw bytes next to a small JSON header.
 Layout: 4-byte big-endian header length, UTF-8 JSON header, then the arrays back to back.
 The header lists each array's name, dtype and shape; `unpack` checks every byte is
@@ -18,7 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 _LENGTH = struct.Struct(">I")
-_ALLOWED_DTYPES = {"<f8": np.dtype("<f8"), "<i8": np.dtype("<i8")}
+_ALLOWED_DTYPES: dict[str, np.dtype[Any]] = {
+    "<f4": np.dtype("<f4"),
+    "<f8": np.dtype("<f8"),
+    "<i8": np.dtype("<i8"),
+}
 MAX_HEADER_BYTES = 64 * 1024
 
 
@@ -27,11 +31,15 @@ class WireError(ValueError):
 
 
 def pack(header: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]] | None = None) -> bytes:
-    """Encode ``header`` (JSON-serialisable) and ``arrays`` (float64 or int64)."""
+    """Encode ``header`` (JSON-serialisable) and ``arrays`` (float32 stays float32, other
+    floats travel as float64, anything else as int64)."""
     layout: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name, array in (arrays or {}).items():
-        kind = "<f8" if np.issubdtype(array.dtype, np.floating) else "<i8"
+        if array.dtype == np.float32:
+            kind = "<f4"
+        else:
+            kind = "<f8" if np.issubdtype(array.dtype, np.floating) else "<i8"
         data = np.ascontiguousarray(array, dtype=_ALLOWED_DTYPES[kind])
         layout.append({"name": name, "dtype": kind, "shape": list(data.shape)})
         blobs.append(data.tobytes())

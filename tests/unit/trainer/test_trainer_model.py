@@ -1,4 +1,4 @@
-"""Model maths: data determinism, convergence to the ground truth, key ranges, rejection."""
+"""The example model: data determinism, shard URIs, convergence to the ground truth."""
 
 from __future__ import annotations
 
@@ -8,20 +8,21 @@ import numpy as np
 import pytest
 
 from tideshift.services.trainer.model import (
+    HOLDOUT,
     DatasetSpec,
-    GradientRejected,
     InvalidShard,
-    KeyRange,
     ModelSpec,
     ShardData,
-    apply_gradient,
-    compute_gradient,
+    dataset_uris,
     generate_holdout,
     generate_shard,
+    gradients,
     ground_truth,
     initial_state,
     log_loss,
-    partition_keys,
+    parse_uri,
+    read_uri,
+    shard_uri,
     train_serially,
     validate_shard,
 )
@@ -48,76 +49,56 @@ def test_other_seed_gives_other_data() -> None:
 def test_serial_training_converges_near_ground_truth() -> None:
     holdout = generate_holdout(SMALL)
     truth_loss = log_loss(ground_truth(SMALL), holdout)
-    untrained = log_loss(np.zeros(SMALL.model.num_params), holdout)
-    learned = log_loss(train_serially(SMALL, epochs=4), holdout)
+    untrained = log_loss(initial_state(SMALL.model), holdout)
+    learned = log_loss(train_serially(SMALL, epochs=4, learning_rate=0.3), holdout)
     assert learned < untrained - 0.2
     assert truth_loss <= learned < truth_loss + 0.03
 
 
-def test_sharded_servers_train_exactly_like_one() -> None:
-    one = train_serially(SMALL, epochs=1, num_servers=1)
-    three = train_serially(SMALL, epochs=1, num_servers=3)
-    assert np.allclose(one, three)
+def test_a_shard_uri_regenerates_the_same_shard_anywhere() -> None:
+    uris = dataset_uris(SMALL)
+    assert len(uris) == SMALL.num_shards
+    assert parse_uri(uris[5]) == (SMALL, 5)
+    assert np.array_equal(read_uri(uris[5]).buckets, generate_shard(SMALL, 5).buckets)
+    holdout = read_uri(shard_uri(SMALL, HOLDOUT))
+    assert holdout.num_samples == SMALL.holdout_samples
 
 
 @pytest.mark.parametrize(
-    ("num_params", "servers", "expected"),
+    ("uri", "reason"),
     [
-        (10, 1, [(0, 10)]),
-        (10, 3, [(0, 4), (4, 7), (7, 10)]),
-        (4, 4, [(0, 1), (1, 2), (2, 3), (3, 4)]),
+        ("file:///tmp/x", "expected a clicks:// URI"),
+        ("clicks://log?seed=1", "missing parameter 'shards'"),
+        (shard_uri(SMALL, 0) + "&colour=red", "unknown parameters"),
+        (shard_uri(SMALL, 99), "shard must be in"),
     ],
 )
-def test_partition_keys_covers_every_key_once(
-    num_params: int, servers: int, expected: list[tuple[int, int]]
-) -> None:
-    assert [(r.start, r.stop) for r in partition_keys(num_params, servers)] == expected
+def test_a_bad_shard_uri_is_named(uri: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        parse_uri(uri)
 
 
-@pytest.mark.parametrize(("num_params", "servers"), [(3, 4), (10, 0)])
-def test_partition_keys_rejects_impossible_splits(num_params: int, servers: int) -> None:
-    with pytest.raises(ValueError):
-        partition_keys(num_params, servers)
-
-
-def test_gradient_matches_finite_differences() -> None:
+def test_sparse_gradient_matches_finite_differences() -> None:
     spec = DatasetSpec(
         seed=1, num_shards=1, samples_per_shard=50, model=ModelSpec(num_buckets=16, num_fields=3)
     )
     shard = generate_shard(spec, 0)
     rng = np.random.default_rng(0)
-    params = rng.normal(size=spec.model.num_params)
-    gradient = compute_gradient(params, shard, l2=0.0)
-    for key in (0, 7, spec.model.num_params - 1):
-        bump = np.zeros_like(params)
+    params = {"weights": rng.normal(size=16), "bias": np.array(0.3)}
+    grads = gradients(params, shard, l2=0.0)
+    touched, rows = grads["weights"]
+    dense = np.zeros(16)
+    dense[touched] = rows
+    assert set(touched) == set(np.unique(shard.buckets))
+    for key in (0, 7, 15):
+        bump = np.zeros(16)
         bump[key] = 1e-6
-        numeric = (log_loss(params + bump, shard) - log_loss(params - bump, shard)) / 2e-6
-        assert gradient[key] == pytest.approx(numeric, rel=1e-4, abs=1e-7)
-
-
-@pytest.mark.parametrize(
-    ("gradient", "reason"),
-    [
-        (np.zeros(3), "expected shape (4,)"),
-        (np.zeros((4, 1)), "expected shape (4,)"),
-        (np.array([0.0, np.nan, 0.0, 0.0]), "non-finite values (first at key 11)"),
-        (np.array([0.0, 0.0, np.inf, 0.0]), "non-finite"),
-        (np.zeros(4, dtype=np.int64), "expected floats"),
-    ],
-)
-def test_bad_gradient_rejected_and_state_untouched(gradient: np.ndarray, reason: str) -> None:
-    state = initial_state(KeyRange(10, 14))
-    before = state.params.copy()
-    with pytest.raises(GradientRejected, match=reason.replace("(", r"\(").replace(")", r"\)")):
-        apply_gradient(state, gradient, learning_rate=0.1)
-    assert np.array_equal(state.params, before)
-
-
-def test_apply_gradient_returns_new_state() -> None:
-    state = initial_state(KeyRange(0, 3))
-    after = apply_gradient(state, np.array([1.0, -1.0, 0.0]), learning_rate=0.5)
-    assert np.allclose(after.params, [-0.5, 0.5, 0.0])
-    assert np.array_equal(state.params, np.zeros(3))
+        up = log_loss({**params, "weights": params["weights"] + bump}, shard)
+        down = log_loss({**params, "weights": params["weights"] - bump}, shard)
+        assert dense[key] == pytest.approx((up - down) / 2e-6, rel=1e-4, abs=1e-7)
+    up = log_loss({**params, "bias": params["bias"] + 1e-6}, shard)
+    down = log_loss({**params, "bias": params["bias"] - 1e-6}, shard)
+    assert float(grads["bias"]) == pytest.approx((up - down) / 2e-6, rel=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -135,9 +116,7 @@ def test_invalid_shard_rejected(buckets: np.ndarray, clicks: np.ndarray, reason:
         validate_shard(ShardData(buckets=buckets, clicks=clicks), ModelSpec())
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"num_buckets": 0}, {"learning_rate": 0.0}, {"learning_rate": float("nan")}]
-)
+@pytest.mark.parametrize("kwargs", [{"num_buckets": 0}, {"l2": -1.0}, {"l2": float("nan")}])
 def test_model_spec_validates(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ModelSpec(**kwargs)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""Coordinator progress and pserver at-most-once apply, stepped through explicit observations."""
+"""Coordinator progress stepped through explicit observations; pserver checkpoints; wire."""
 
 from __future__ import annotations
 
@@ -8,21 +8,25 @@ import numpy as np
 import pytest
 
 from tideshift.services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
-from tideshift.services.trainer.model import KeyRange, initial_state
+from tideshift.services.trainer.layout import describe, plan
+from tideshift.services.trainer.optim import OptimizerSpec
 from tideshift.services.trainer.protocol import (
     CoordinatorState,
-    GradientPush,
     Observation,
-    PServerState,
-    PushOutcome,
     TaskSpec,
     applied_everywhere,
-    handle_push,
     mark_published,
     new_coordinator,
     progress_fraction,
     resume_coordinator,
     step,
+)
+from tideshift.services.trainer.pserver_state import (
+    GradientPush,
+    Ledger,
+    PieceUpdate,
+    PServerState,
+    PushOutcome,
 )
 from tideshift.services.trainer.wire import WireError, pack, unpack
 
@@ -220,99 +224,81 @@ def test_applied_everywhere_is_the_intersection() -> None:
 
 # ------------------------------------------------------------------------------------ pserver
 
-RANGE = KeyRange(0, 4)
+
+def trained_state() -> PServerState:
+    layout = plan(describe({"table": np.zeros((6, 2), dtype=np.float32), "b": np.zeros(())}), 2)
+    state = PServerState(layout, 0, OptimizerSpec(kind="adam"), Ledger(num_shards=3))
+    state.initialise(
+        {p.id: np.full((p.stop - p.start, *layout.array(p.name).shape[1:]), 0.5)
+         for p in state.owned()}
+    )  # fmt: skip
+    for epoch, shard, batches in ((0, 0, 2), (0, 1, 1), (1, 2, 1)):
+        for batch in range(batches):
+            updates = tuple(
+                PieceUpdate(p.id, dense=np.ones_like(state.pieces[p.id].params))
+                for p in state.owned()
+            )
+            push = GradientPush(epoch, shard, batch, batch == batches - 1, updates)
+            assert state.push(push).outcome is PushOutcome.APPLIED
+    return state
 
 
-def fresh() -> PServerState:
-    return PServerState(job="ctr", optimizer=initial_state(RANGE))
+def test_checkpoint_round_trip_keeps_pieces_slots_and_ledger() -> None:
+    state = trained_state()
+    restored = decode_checkpoint(encode_checkpoint(state), expected=fresh_like(state))
+    for piece_id, piece in state.pieces.items():
+        again = restored.pieces[piece_id]
+        assert again.params.dtype == piece.params.dtype
+        assert np.array_equal(again.params, piece.params)
+        assert np.array_equal(again.slots["moment2"], piece.slots["moment2"])
+        assert again.steps == piece.steps == 4
+    assert restored.ledger.position(0, 0) == (2, True)
+    assert restored.ledger.position(1, 2) == (1, True)
+    assert restored.ledger.applied_batches == 4
+    # A restored pserver still refuses what it applied before.
+    assert restored.ledger.check(0, 0, 1) is not None
 
 
-def push(**overrides: object) -> GradientPush:
+def fresh_like(state: PServerState, **changes: object) -> PServerState:
     fields: dict[str, object] = {
-        "job": "ctr",
-        "epoch": 0,
-        "shard": 1,
-        "delivery": 1,
-        "key_range": RANGE,
-        "gradient": np.ones(4),
-    }
-    fields.update(overrides)
-    return GradientPush(**fields)  # type: ignore[arg-type]
-
-
-def test_each_epoch_shard_is_applied_at_most_once() -> None:
-    state, result = handle_push(fresh(), push(), learning_rate=0.1, num_shards=8)
-    assert result.outcome is PushOutcome.APPLIED
-    params_after_first = state.optimizer.params.copy()
-    again, result = handle_push(state, push(delivery=2), learning_rate=0.1, num_shards=8)
-    assert result.outcome is PushOutcome.DUPLICATE
-    assert again is state
-    assert np.array_equal(again.optimizer.params, params_after_first)
-    assert state.version == 1 and state.redelivered == 0
-    # The same shard in another epoch is new work.
-    state, result = handle_push(state, push(epoch=1, delivery=3), learning_rate=0.1, num_shards=8)
-    assert result.outcome is PushOutcome.APPLIED
-    assert state.applied_in(1) == {1} and state.redelivered == 2
+        "layout": state.layout, "index": state.index, "optimizer": state.optimizer,
+        "ledger": Ledger(num_shards=state.ledger.num_shards),
+    }  # fmt: skip
+    fields.update(changes)
+    return PServerState(**fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
-    ("overrides", "reason"),
+    ("changes", "reason"),
     [
-        ({"job": "other"}, "unknown job 'other'"),
-        ({"epoch": -1}, "must be >= 0"),
-        ({"shard": 8}, "shard 8 out of range: the job has 8 shards"),
-        ({"delivery": 0}, "delivery must be >= 1"),
-        ({"key_range": KeyRange(4, 8)}, "does not match"),
-        ({"gradient": np.ones(5)}, "expected shape"),
-        ({"gradient": np.array([1.0, np.nan, 0.0, 0.0])}, "non-finite"),
+        ({"index": 1}, "of pserver 0, not 1"),
+        ({"ledger": Ledger(num_shards=4)}, "another shard count"),
+        (
+            {"layout": plan(describe({"other": np.zeros(3)}), 2)},
+            "another model layout",
+        ),
     ],
 )
-def test_bad_push_rejected_with_reason_and_params_untouched(
-    overrides: dict[str, object], reason: str
+def test_checkpoint_of_another_layout_pserver_or_job_refused(
+    changes: dict[str, object], reason: str
 ) -> None:
-    start = fresh()
-    state, result = handle_push(start, push(**overrides), learning_rate=0.1, num_shards=8)
-    assert result.outcome is PushOutcome.REJECTED
-    assert reason in result.reason
-    assert state is start
-    assert np.array_equal(state.optimizer.params, np.zeros(4))
-    assert not state.applied
-
-
-def test_checkpoint_round_trip_keeps_params_and_applied_set() -> None:
-    state, _ = handle_push(fresh(), push(delivery=2), learning_rate=0.1, num_shards=8)
-    state, _ = handle_push(state, push(epoch=1, shard=0), learning_rate=0.1, num_shards=8)
-    restored = decode_checkpoint(encode_checkpoint(state), job="ctr", key_range=RANGE)
-    assert np.array_equal(restored.optimizer.params, state.optimizer.params)
-    assert np.array_equal(
-        restored.optimizer.squared_gradient_sum, state.optimizer.squared_gradient_sum
-    )
-    assert dict(restored.applied) == {(0, 1): 2, (1, 0): 1}
-    assert restored.version == 2
-    # A restored pserver still refuses what it applied before.
-    _, result = handle_push(restored, push(), learning_rate=0.1, num_shards=8)
-    assert result.outcome is PushOutcome.DUPLICATE
-
-
-@pytest.mark.parametrize(
-    ("job", "key_range", "reason"),
-    [("other", RANGE, "for job 'ctr'"), ("ctr", KeyRange(0, 5), "covers keys")],
-)
-def test_checkpoint_for_another_job_or_range_refused(
-    job: str, key_range: KeyRange, reason: str
-) -> None:
+    state = trained_state()
     with pytest.raises(WireError, match=reason):
-        decode_checkpoint(encode_checkpoint(fresh()), job=job, key_range=key_range)
+        decode_checkpoint(encode_checkpoint(state), expected=fresh_like(state, **changes))
 
 
 # --------------------------------------------------------------------------------------- wire
 
 
-def test_wire_round_trip() -> None:
-    payload = pack({"job": "ctr", "epoch": 3}, {"g": np.arange(5, dtype=np.float64)})
+def test_wire_round_trip_keeps_float32_and_float64() -> None:
+    payload = pack(
+        {"job": "ctr", "epoch": 3},
+        {"g": np.arange(5, dtype=np.float64), "h": np.ones((2, 3), dtype=np.float32)},
+    )
     header, arrays = unpack(payload)
     assert header == {"job": "ctr", "epoch": 3}
     assert np.array_equal(arrays["g"], np.arange(5))
+    assert arrays["h"].dtype == np.float32 and arrays["h"].shape == (2, 3)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,507 @@
+"""The elastic training SDK: make any training loop elastic in a few lines.
+
+    job = ElasticJob.connect()                 # job name and NATS URL from the environment
+    job.initialize(model_state)                # named arrays; the first caller's values win
+    for task in job.tasks():                   # shards of the current epoch, until the job ends
+        for batch in task.batches(read_shard): # resumes at the shard's first unapplied batch
+            model_state = task.pull()          # fresh parameters from the pservers
+            gradients = train_step(model_state, batch)
+            task.push(gradients, samples=len(batch))
+
+Parameters are named float32/float64 arrays; a gradient is an array of the same shape or
+sparse rows `(indices, rows)`. The pservers apply the job's optimiser and every
+(epoch, shard, batch) exactly once. SIGTERM lets the current batch finish (within
+`grace_seconds`), hands the rest of the shard back to the queue and ends `tasks()`.
+Framework adapters (adapters/paddle.py, adapters/torch.py) convert models to named arrays.
+
+The loop is plain synchronous Python; the bus runs on an asyncio loop in a daemon thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from prometheus_client import Counter
+
+from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask, TrainerMembership
+from tideshift.events.tokens import encode_token
+from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery, RequestFailed
+from tideshift.services.trainer.busport import (
+    JOBS_BUCKET,
+    MEMBER_TTL_SECONDS,
+    MEMBERS_BUCKET,
+    job_key,
+    member_key,
+    task_durable,
+)
+from tideshift.services.trainer.jobs import read_layout, read_spec
+from tideshift.services.trainer.jobspec import (
+    JobSpec,
+    MemberBeat,
+    PersistedCoordinator,
+    StoredLayout,
+)
+from tideshift.services.trainer.layout import Layout, NamedArrays, check_state, describe, plan
+from tideshift.services.trainer.pserver_client import Gradient, PServerClient, PushReply
+
+log = logging.getLogger("tideshift.trainer")
+R = TypeVar("R")
+B = TypeVar("B")
+
+BATCHES = Counter("tideshift_trainer_batches_total", "Batches pushed by outcome", ["outcome"])
+SAMPLES = Counter("tideshift_trainer_samples_total", "Samples whose gradient was applied")
+POLL_SECONDS = 0.2
+RETRY_MAX_SECONDS = 1.0
+
+
+class JobStopped(RuntimeError):
+    """The trainer is stopping (SIGTERM) or the job finished before the call could finish."""
+
+
+class _Loop:
+    """An asyncio loop in a daemon thread; `run` waits for a coroutine from sync code."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="bus")
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+class ElasticJob:
+    """A trainer's membership in one elastic job; see the module docstring."""
+
+    def __init__(
+        self, loop: _Loop, bus: Bus, spec: JobSpec, trainer: str, grace_seconds: float
+    ) -> None:
+        self._loop = loop
+        self.bus = bus
+        self.spec = spec
+        self.trainer = trainer
+        self.grace_seconds = grace_seconds
+        self.layout: Layout | None = None
+        self.client: PServerClient | None = None
+        self._stop_requested = threading.Event()
+        self._stop_at: float | None = None
+        self._pull: asyncio.Future[Delivery[ShardTask]] | None = None
+        self._deliveries: Any = None
+        self._beat: asyncio.Task[None] | None = None
+        self._beat_stop = asyncio.Event()
+        self.applied_batches = 0
+        self.applied_samples = 0
+
+    # -- setup -------------------------------------------------------------------------------
+
+    @classmethod
+    def connect(
+        cls,
+        job: str | None = None,
+        *,
+        nats_url: str | None = None,
+        trainer: str | None = None,
+        grace_seconds: float = 10.0,
+        spec_timeout: float = 120.0,
+        handle_sigterm: bool = True,
+    ) -> ElasticJob:
+        """Join `job` (default: $TIDESHIFT_JOB) on `nats_url` (default: $TIDESHIFT_NATS_URL).
+
+        Waits up to `spec_timeout` seconds for the job's coordinator to publish the spec;
+        raises ValueError when the job or URL is not given, TimeoutError when no spec comes.
+        """
+        job = job or os.environ.get("TIDESHIFT_JOB")
+        url = nats_url or os.environ.get("TIDESHIFT_NATS_URL")
+        if not job:
+            raise ValueError("no job: pass job= or set TIDESHIFT_JOB")
+        if not url:
+            raise ValueError("no NATS server: pass nats_url= or set TIDESHIFT_NATS_URL")
+        trainer = (
+            trainer
+            or os.environ.get("TIDESHIFT_INSTANCE")
+            or f"{socket.gethostname()}-{os.getpid()}"
+        )
+        loop = _Loop()
+        try:
+            bus = loop.run(Bus.connect(url, name=f"trainer-{trainer}"))
+            spec = loop.run(_wait_for(lambda: read_spec(bus, job), spec_timeout, f"job {job}"))
+        except BaseException:
+            loop.stop()
+            raise
+        self = cls(loop, bus, spec, trainer, grace_seconds)
+        if handle_sigterm and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
+        self._beat = loop.run(self._start_membership())
+        return self
+
+    def request_stop(self) -> None:
+        """Finish the current batch, hand the rest back, end `tasks()` (what SIGTERM does)."""
+        if not self._stop_requested.is_set():
+            self._stop_at = time.monotonic() + self.grace_seconds
+            self._stop_requested.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+    def _past_grace(self) -> bool:
+        return self._stop_at is not None and time.monotonic() > self._stop_at
+
+    def initialize(self, state: NamedArrays, *, timeout: float = 120.0) -> None:
+        """Make sure the pservers hold the model: the first trainer's `state` wins, later
+        callers only check that their arrays match the job's names, shapes and dtypes
+        (LayoutError otherwise). Blocks until every pserver is initialised."""
+        arrays = {name: np.asarray(value) for name, value in state.items()}
+        describe(arrays)  # reject unusable arrays before touching the job
+        self._loop.run(self._initialize(arrays), timeout)
+
+    async def _initialize(self, arrays: dict[str, np.ndarray]) -> None:
+        lease = await self.bus.lease(
+            f"init.{encode_token(self.spec.job)}", holder=self.trainer, ttl_seconds=10.0
+        )
+        while True:
+            layout = await read_layout(self.bus, self.spec)
+            if layout is not None:
+                check_state(layout, arrays)
+                self.layout = layout
+                self.client = PServerClient(self.bus, self.spec, layout)
+                with contextlib.suppress(RequestFailed):
+                    statuses = await self.client.status()
+                    if all(status.initialised for status in statuses):
+                        await lease.release()
+                        return
+            if await lease.try_acquire():
+                if layout is None:
+                    layout = plan(
+                        describe(arrays),
+                        self.spec.pservers,
+                        max_piece_bytes=self.spec.max_piece_bytes,
+                    )
+                    jobs = await self.bus.kv(JOBS_BUCKET)
+                    stored = StoredLayout(arrays=layout.to_json(), initialised_by=self.trainer)
+                    await jobs.put(job_key(self.spec.job, "layout"), stored)
+                    continue  # re-read: the stored layout is the one everybody uses
+                with contextlib.suppress(RequestFailed):
+                    await PServerClient(self.bus, self.spec, layout).initialise(arrays)
+            await asyncio.sleep(POLL_SECONDS)
+
+    def _require_client(self) -> PServerClient:
+        if self.client is None:
+            raise RuntimeError("call initialize(model_state) before pulling or pushing")
+        return self.client
+
+    def pull(self) -> dict[str, np.ndarray]:
+        """The current parameters (retries while a pserver restarts)."""
+        client = self._require_client()
+        return self._loop.run(self._retry(client.pull))
+
+    async def _retry(self, attempt: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        delay = 0.05
+        while True:
+            try:
+                return await attempt()
+            except RequestFailed as error:
+                if self._past_grace():
+                    raise JobStopped(f"gave up after the grace period: {error}") from error
+                log.debug("job %s: retrying: %s", self.spec.job, error)
+                await asyncio.sleep(delay)
+                delay = min(RETRY_MAX_SECONDS, delay * 2)
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    def tasks(self) -> Iterator[Task]:
+        """Shard tasks until the job finishes or this trainer is asked to stop."""
+        self._require_client()
+        while not self.stopping:
+            delivery = self._loop.run(self._next_delivery())
+            if delivery is None:
+                return
+            task = Task(self, delivery)
+            try:
+                yield task
+            finally:
+                self._loop.run(task._settle())
+
+    def _misfit(self, task: ShardTask) -> str | None:
+        """Why this task cannot be for this job, or None."""
+        if task.job != self.spec.job:
+            return f"unknown job {task.job!r}: this trainer serves {self.spec.job!r}"
+        if task.shards != self.spec.num_shards:
+            return f"task says {task.shards} shards per epoch, the job has {self.spec.num_shards}"
+        return None
+
+    async def _finished(self) -> bool:
+        jobs = await self.bus.kv(JOBS_BUCKET)
+        stored = await jobs.get(job_key(self.spec.job, "state"), PersistedCoordinator)
+        return stored is not None and bool(stored.state.get("finished"))
+
+    async def _next_delivery(self) -> Delivery[ShardTask] | None:
+        if self._deliveries is None:
+            self._deliveries = self.bus.consume(
+                SHARD_TASK.at(job=self.spec.job),
+                stream=TRAINING_TASK_STREAM,
+                durable=task_durable(self.spec.job),
+                ack_wait_seconds=self.spec.ack_wait_seconds,
+                max_ack_pending=1024,
+                batch=1,
+                fetch_timeout=POLL_SECONDS * 2,
+            )
+        while not self.stopping:
+            if self._pull is None:
+                self._pull = asyncio.ensure_future(anext(self._deliveries))
+            done, _ = await asyncio.wait({self._pull}, timeout=1.0)
+            if done:
+                pull, self._pull = self._pull, None
+                delivery = pull.result()
+                if self.stopping:
+                    await delivery.nak()
+                    return None
+                if (reason := self._misfit(delivery.event.data)) is not None:
+                    log.error("job %s: terminating a malformed task: %s", self.spec.job, reason)
+                    BATCHES.labels("poison").inc()
+                    await delivery.term()
+                    continue
+                return delivery
+            if await self._finished():
+                return None
+        return None
+
+    # -- membership --------------------------------------------------------------------------
+
+    async def _announce(self, change: Literal["joined", "left"], reason: str) -> None:
+        with contextlib.suppress(Exception):  # membership is telemetry; the work goes on
+            await self.bus.publish(
+                TRAINER_MEMBERSHIP.at(job=self.spec.job, trainer=self.trainer),
+                TrainerMembership(
+                    job=self.spec.job,
+                    trainer=self.trainer,
+                    change=change,
+                    reason=reason,
+                    at=datetime.now(UTC),
+                ),
+            )
+
+    async def _start_membership(self) -> asyncio.Task[None]:
+        await self._announce("joined", "")
+        return asyncio.create_task(self._keep_member())
+
+    async def _keep_member(self) -> None:
+        """Renew this trainer's member key; the coordinator reads a vanished key as a crash."""
+        members = await self.bus.kv(MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
+        key = member_key(self.spec.job, self.trainer)
+        while not self._beat_stop.is_set():
+            beat = MemberBeat(job=self.spec.job, trainer=self.trainer, at=datetime.now(UTC))
+            try:
+                await members.put(key, beat)
+            except Exception as error:
+                log.warning("job %s: member heartbeat failed: %s", self.spec.job, error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_stop.wait(), MEMBER_TTL_SECONDS / 3)
+
+    def close(self) -> None:
+        """Leave the job: announce it, drop the member key, close the bus."""
+        self._loop.run(self._close(), 30)
+        self._loop.stop()
+
+    async def _close(self) -> None:
+        if self._pull is not None:
+            self._pull.cancel()
+            with contextlib.suppress(BaseException):
+                late = await self._pull
+                await late.nak()  # the pull won the race with the cancel: hand it straight back
+        if self._deliveries is not None:
+            with contextlib.suppress(Exception):
+                await self._deliveries.aclose()
+        await self._announce("left", "stopped" if self.stopping else "done")
+        self._beat_stop.set()
+        if self._beat is not None:
+            await self._beat
+        with contextlib.suppress(Exception):
+            members = await self.bus.kv(MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
+            await members.delete(member_key(self.spec.job, self.trainer))
+        await self.bus.close()
+
+    def __enter__(self) -> ElasticJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Task:
+    """One shard of one epoch, held by this trainer until settled (acked or handed back)."""
+
+    def __init__(self, job: ElasticJob, delivery: Delivery[ShardTask]) -> None:
+        self.job = job
+        self.delivery = delivery
+        self.epoch = delivery.event.data.epoch
+        self.shard = delivery.event.data.shard
+        self.location = job.spec.shards[self.shard]
+        self.batch: int | None = None  # index of the batch being trained
+        self.last = False
+        self.pushed = True
+        self.complete = False
+        # A pserver is behind this shard's position (it restored an older checkpoint): the
+        # shard goes back to the queue and resumes at the first batch every pserver lacks.
+        self.resume = False
+        self._heartbeat = job._loop.run(self._start_heartbeat())
+        log.info(
+            "job %s: training epoch %d shard %d (delivery %d)",
+            job.spec.job,
+            self.epoch,
+            self.shard,
+            delivery.num_delivered,
+        )
+
+    async def _start_heartbeat(self) -> asyncio.Task[None]:
+        return asyncio.create_task(self._keep_alive())
+
+    async def _keep_alive(self) -> None:
+        every = max(0.2, self.job.spec.ack_wait_seconds / 3)
+        while True:
+            await asyncio.sleep(every)
+            with contextlib.suppress(Exception):  # a missed heartbeat only risks a redelivery
+                await self.delivery.in_progress()
+
+    def pull(self) -> dict[str, np.ndarray]:
+        """The current parameters, as named arrays."""
+        return self.job.pull()
+
+    def _start(self) -> int:
+        """The first batch not yet applied on every pserver, or -1 if the shard is done."""
+        client = self.job._require_client()
+        statuses = self.job._loop.run(
+            self.job._retry(lambda: client.status(position=(self.epoch, self.shard)))
+        )
+        open_positions = [status.next_batch for status in statuses if not status.finished]
+        return min(open_positions) if open_positions else -1
+
+    def batches(self, read_shard: Callable[[str], Iterable[B]]) -> Iterator[B]:
+        """The shard's batches from its first unapplied one; push each before the next.
+
+        `read_shard(location)` is the user's reader for one shard location of the job spec.
+        Stops early (handing the rest back) when the trainer is asked to stop.
+        """
+        start = self._start()
+        if start > 0:
+            log.info("job %s: shard %d resumes at batch %d", self.job.spec.job, self.shard, start)
+        if start < 0:
+            self.complete = True
+            return
+        iterator = iter(read_shard(self.location))
+        for _ in range(start):
+            if next(iterator, _END) is _END:
+                raise ValueError(
+                    f"{self.location}: has fewer than {start} batches, yet they were applied; "
+                    "did the shard change?"
+                )
+        current = next(iterator, _END)
+        if current is _END:  # an empty shard: finish it with an empty batch
+            self.batch, self.last, self.pushed = start, True, False
+            self.push({}, samples=0)
+            return
+        index = start
+        while current is not _END and not self.job.stopping and not self.resume:
+            following = next(iterator, _END)
+            self.batch, self.last, self.pushed = index, following is _END, False
+            yield current
+            if not self.pushed:
+                raise RuntimeError(f"batch {index} of shard {self.shard} was not pushed")
+            current, index = following, index + 1
+
+    def push(self, gradients: Mapping[str, Gradient], *, samples: int) -> str:
+        """Send this batch's gradients (dense arrays or `(indices, rows)`) once.
+
+        Returns "applied", "duplicate" (another trainer applied this batch first) or
+        "rejected" (a pserver restarted behind this shard: the shard is handed back and
+        `batches()` ends). Raises ValueError when the gradients do not fit the model.
+        """
+        if self.batch is None or self.pushed:
+            raise RuntimeError("push() once per batch, inside task.batches()")
+        client = self.job._require_client()
+        batch, last = self.batch, self.last
+        push_id = f"{encode_token(self.job.trainer)}/{uuid.uuid4().hex[:12]}"
+        replies: list[PushReply] = self.job._loop.run(
+            self.job._retry(
+                lambda: client.push(
+                    gradients,
+                    push_id=push_id,
+                    epoch=self.epoch,
+                    shard=self.shard,
+                    batch=batch,
+                    last=last,
+                )
+            )
+        )
+        self.pushed = True
+        outcomes = {reply.outcome for reply in replies}
+        if "rejected" in outcomes:
+            behind = [r for r in replies if r.outcome == "rejected" and r.next_batch < batch]
+            reasons = "; ".join(f"pserver {r.index}: {r.reason}" for r in replies if r.reason)
+            BATCHES.labels("rejected").inc()
+            if behind:
+                log.warning("job %s: resuming shard %d: %s", self.job.spec.job, self.shard, reasons)
+                self.resume = True
+                return "rejected"
+            raise ValueError(f"batch {batch} of shard {self.shard} rejected: {reasons}")
+        outcome = "applied" if "applied" in outcomes else "duplicate"
+        BATCHES.labels(outcome).inc()
+        if outcome == "applied":
+            SAMPLES.inc(samples)
+            self.job.applied_batches += 1
+            self.job.applied_samples += samples
+        if last:
+            self.complete = True
+        return outcome
+
+    async def _settle(self) -> None:
+        self._heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._heartbeat
+        try:
+            if self.complete:
+                await self.delivery.ack()
+            else:
+                log.info(
+                    "job %s: handing back epoch %d shard %d after batch %s",
+                    self.job.spec.job,
+                    self.epoch,
+                    self.shard,
+                    "none" if self.batch is None else self.batch,
+                )
+                await self.delivery.nak()  # another trainer resumes at the first unapplied batch
+        except Exception as error:  # the queue redelivers after the ack wait instead
+            log.warning(
+                "job %s: could not settle shard %d: %s", self.job.spec.job, self.shard, error
+            )
+
+
+_END: Any = object()
+
+
+async def _wait_for(
+    read: Callable[[], Coroutine[Any, Any, R | None]], timeout: float, what: str
+) -> R:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await read()
+        if value is not None:
+            return value
+        await asyncio.sleep(POLL_SECONDS)
+    raise TimeoutError(f"{what}: nothing published within {timeout:.0f}s (is its coordinator up?)")
