@@ -1,8 +1,11 @@
 """`tideshift run predictor`: forecasts per serving workload, published on NATS each step.
 
-For each configured workload the predictor range-queries its demand (requests per second),
-refits its model on a cadence, updates it with each new sample, and publishes a
-`ForecastIssued` on `FORECAST` every step. When the source is down, slow, or answers with
+Workloads are those in its settings plus every serving workload the watcher announces
+(`WorkloadChanged`, labelled `tideshift.io/role: serving`; its demand query from the
+annotation `tideshift.io/demand-query`, else the query template): a new one is forecast at
+once, a removed one is dropped; the settings win on conflict. For each workload the
+predictor range-queries its demand (requests per second), refits its model on a cadence,
+updates it with each new sample, and publishes a `ForecastIssued` on `FORECAST` every step. When the source is down, slow, or answers with
 nothing usable, it keeps publishing the last good model's forecast marked stale, with its
 upper quantiles widened the longer the outage lasts; it logs once per outage and recovers by
 itself when data returns.
@@ -26,8 +29,8 @@ import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tideshift.events.models import ForecastIssued, ForecastPoint, WorkloadRef
-from tideshift.events.subjects import FORECAST
+from tideshift.events.models import ForecastIssued, ForecastPoint, WorkloadChanged, WorkloadRef
+from tideshift.events.subjects import FORECAST, WORKLOAD_CHANGED
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.predictor.models import (
@@ -138,6 +141,11 @@ class PredictorSettings(ServiceSettings):
     )
     stale_widening_per_hour: float = Field(
         default=0.5, ge=0, description="... plus this per hour of outage (capped at 2)"
+    )
+    snapshot_bucket: str = Field(
+        default="tideshift_cluster",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="the watcher's snapshot bucket: announced workloads at start",
     )
     sim_peak_rps: float = Field(default=200.0, ge=0, description="sim source: daily peak")
     sim_trough_rps: float = Field(default=40.0, ge=0, description="sim source: nightly trough")
@@ -350,30 +358,115 @@ async def run(
     on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None = None,
 ) -> None:
     """The service body: one forecasting loop per workload until `context.stopping`."""
-    clock = clock or WallClock()
-    source = source or build_source(settings)
-    if not settings.workloads:
-        log.warning("no workloads configured (--workloads): nothing to forecast")
-    forecasters = [
-        WorkloadForecaster(spec=spec, settings=settings, source=source, clock=clock)
-        for spec in settings.workloads
-    ]
-    context.ready.set()
-    if not forecasters:
-        # Idle but healthy (not exiting) so a Deployment without workloads does not crash-loop.
+    fleet = Fleet(
+        settings,
+        context,
+        clock=clock or WallClock(),
+        source=source or build_source(settings),
+        on_forecast=on_forecast,
+    )
+    for spec in settings.workloads:
+        fleet.start(spec)
+    follower = asyncio.create_task(fleet.follow())
+    try:
+        await fleet.bootstrap()
+        context.ready.set()
         await context.stopping.wait()
-        return
-    await asyncio.gather(
-        *(
+    finally:
+        follower.cancel()
+        await fleet.stop_all()
+
+
+def _spec_of(event: WorkloadChanged) -> WorkloadQuery:
+    ref, policy = event.workload, event.serving
+    return WorkloadQuery(
+        namespace=ref.namespace,
+        name=ref.name,
+        kind=ref.kind,
+        query=policy.demand_query if policy is not None else "",
+    )
+
+
+@dataclass
+class Fleet:
+    """The running forecast loops: the settings' workloads, and one per serving workload the
+    watcher announces (started at once, stopped on its removal); the settings win."""
+
+    settings: PredictorSettings
+    context: ServiceContext
+    clock: Clock
+    source: MetricSource
+    on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None = None
+    loops: dict[WorkloadRef, tuple[WorkloadQuery, asyncio.Task[None]]] = field(default_factory=dict)
+    static: set[WorkloadRef] = field(default_factory=set)
+
+    def start(self, spec: WorkloadQuery, *, announced: bool = False) -> None:
+        ref = WorkloadRef(spec.namespace, spec.kind, spec.name)
+        if not announced:
+            self.static.add(ref)
+        running = self.loops.get(ref)
+        if running is not None:
+            if running[0] == spec:
+                return
+            running[1].cancel()  # its query changed: start over with the new one
+        forecaster = WorkloadForecaster(
+            spec=spec, settings=self.settings, source=self.source, clock=self.clock
+        )
+        task = asyncio.create_task(
             _loop(
                 forecaster,
-                context=context,
-                interval_s=settings.refresh_seconds or settings.step_seconds,
-                on_forecast=on_forecast,
+                context=self.context,
+                interval_s=self.settings.refresh_seconds or self.settings.step_seconds,
+                on_forecast=self.on_forecast,
             )
-            for forecaster in forecasters
         )
-    )
+        self.loops[ref] = (spec, task)
+        log.info("%s: forecasting (%s)", ref, "announced" if announced else "settings")
+
+    def apply(self, event: WorkloadChanged) -> None:
+        ref = event.workload
+        if event.role != "serving" or ref in self.static:
+            return
+        if event.change == "deleted":
+            running = self.loops.pop(ref, None)
+            if running is not None:
+                running[1].cancel()
+                log.info("%s: removed; no longer forecast", ref)
+            return
+        self.start(_spec_of(event), announced=True)
+
+    async def follow(self) -> None:
+        while True:  # a broken subscription is made again; bad events never end the loop
+            try:
+                async for envelope in self.context.bus.subscribe(
+                    WORKLOAD_CHANGED.filter(), consumer="predictor"
+                ):
+                    self.apply(envelope.data)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning("workload subscription failed (%s); subscribing again", error)
+                await asyncio.sleep(1.0)
+
+    async def bootstrap(self) -> None:
+        """The workloads announced before this predictor started, from the snapshot."""
+        try:
+            kv = await self.context.bus.kv(self.settings.snapshot_bucket)
+            for key in await kv.keys():
+                if key.startswith("workload."):
+                    event = await kv.get(key, WorkloadChanged)
+                    if event is not None:
+                        self.apply(event)
+        except Exception as error:  # no snapshot yet: live announcements only
+            log.warning("no workloads from %s: %s", self.settings.snapshot_bucket, error)
+
+    async def stop_all(self) -> None:
+        tasks = [task for _, task in self.loops.values()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def _loop(

@@ -82,7 +82,7 @@ async def test_healthy_source_gives_fresh_forecasts_over_the_horizon() -> None:
     assert event.model == "tidal"
     assert len(event.points) == 10
     assert event.points[0].at.timestamp() == START + 60
-    assert event.workload.name == "web" and event.workload.kind == "Deployment"
+    assert event.workload.name == "web" and event.workload.kind == "Deployment.apps"
     assert source.queries[0] == 'sum(rate(http_requests_total{app="web"}[1m]))'
     expected = 100 + 50 * math.sin(2 * math.pi * (START + 60) / 86400)
     assert event.points[0].q50 == pytest.approx(expected, rel=0.05)
