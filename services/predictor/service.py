@@ -5,10 +5,10 @@ Workloads are those in its settings plus every serving workload the watcher anno
 annotation `tideshift.io/demand-query`, else the query template): a new one is forecast at
 once, a removed one is dropped; the settings win on conflict. For each workload the
 predictor range-queries its demand (requests per second), refits its model on a cadence,
-updates it with each new sample, and publishes a `ForecastIssued` on `FORECAST` every step. When the source is down, slow, or answers with
-nothing usable, it keeps publishing the last good model's forecast marked stale, with its
-upper quantiles widened the longer the outage lasts; it logs once per outage and recovers by
-itself when data returns.
+updates it with each new sample, and publishes a `ForecastIssued` on `FORECAST` every step.
+When the source is down, slow, or answers with nothing usable, it keeps publishing the last
+good model's forecast marked stale, with its upper quantiles widened the longer the outage
+lasts; it logs once per outage and recovers by itself when data returns.
 """
 
 from __future__ import annotations
