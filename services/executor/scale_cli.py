@@ -1,9 +1,13 @@
-"""`tideshift scale KIND/NAME -n NS --replicas N`: an operator's override, through the bus.
+"""`tideshift scale KIND/NAME -n NS --replicas N [--for DURATION]`: an operator's override
+that holds, through the bus; `tideshift scale --release KIND/NAME` hands the target back.
 
-The command takes the same path as the planner's: a ScaleCommand on JetStream, applied by an
-executor (bounds, max step and idempotency included), answered by a ScaleResult, which is
-printed. Exit codes: 0 applied or no-op, 1 rejected or failed, 2 bad arguments, 3 no result
-within --timeout (the command stays queued and will still be applied).
+The override first pins the target (a `ScalePin` in the KV bucket `tideshift_pins`, read by
+the leading planner, which then plans around it and says so in `plan.decided`) until
+`--for` runs out or `--release`; then it takes the same path as the planner's commands: a
+ScaleCommand on JetStream, applied by an executor (bounds, max step and idempotency
+included), answered by a ScaleResult, which is printed. Exit codes: 0 applied, no-op or
+released, 1 rejected or failed, 2 bad arguments, 3 no result within --timeout (the command
+stays queued and will still be applied).
 """
 
 from __future__ import annotations
@@ -12,17 +16,28 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from tideshift.events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, ScaleResult, WorkloadRef
+from tideshift.events import (
+    PINS_BUCKET,
+    SCALE_COMMAND,
+    SCALE_RESULT,
+    ScaleCommand,
+    ScalePin,
+    ScaleResult,
+    WorkloadRef,
+    encode_token,
+)
 from tideshift.services.cluster.adapters.kinds import ALIASES, normalise_kind
 from tideshift.services.common.bus import Bus
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("target", metavar="KIND/NAME", help="e.g. deployment/web, vcjob/train")
     parser.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
-    parser.add_argument("--replicas", type=int, required=True, help="desired replicas (>= 0)")
+    parser.add_argument("--replicas", type=int, help="desired replicas (>= 0)")
+    parser.add_argument(
+        "--for",
+        dest="duration",
+        metavar="DURATION",
+        help="hold the override this long (e.g. 90s, 30m, 2h, 1d); default: until --release",
+    )
+    parser.add_argument(
+        "--release", action="store_true", help="remove the override: the planner resumes control"
+    )
     parser.add_argument("--reason", default="manual override", help="recorded with the command")
     parser.add_argument(
         "--nats-url",
@@ -52,8 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_target(parser: argparse.ArgumentParser, text: str, namespace: str) -> WorkloadRef:
-    import re
-
     kind_text, slash, name = text.partition("/")
     if not slash or not name:
         parser.error(f"KIND/NAME: expected e.g. deployment/web, got {text!r}")
@@ -65,6 +87,39 @@ def parse_target(parser: argparse.ArgumentParser, text: str, namespace: str) -> 
     if not re.fullmatch(NAME_PATTERN, namespace) or len(namespace) > 63:
         parser.error(f"--namespace: {namespace!r} is not a valid namespace")
     return WorkloadRef(namespace=namespace, kind=kind, name=name)
+
+
+def parse_duration(text: str) -> timedelta:
+    """`90s`, `30m`, `2h`, `1d` -> timedelta; ValueError naming what was expected."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f"expected a duration > 0 such as 90s, 30m, 2h or 1d, got {text!r}")
+    return timedelta(seconds=float(match.group(1)) * DURATION_UNITS[match.group(2)])
+
+
+def pin_key(target: WorkloadRef) -> str:
+    return ".".join(encode_token(part) for part in (target.namespace, target.kind, target.name))
+
+
+async def pin(
+    bus: Bus,
+    target: WorkloadRef,
+    replicas: int,
+    *,
+    until: datetime | None,
+    reason: str,
+    bucket: str = PINS_BUCKET,
+) -> None:
+    kv = await bus.kv(bucket)
+    value = ScalePin(
+        target=target, replicas=replicas, until=until, reason=reason, pinned_at=datetime.now(UTC)
+    )
+    await kv.put(pin_key(target), value)
+
+
+async def release(bus: Bus, target: WorkloadRef, *, bucket: str = PINS_BUCKET) -> None:
+    kv = await bus.kv(bucket)
+    await kv.delete(pin_key(target))
 
 
 def render(result: ScaleResult) -> str:
@@ -125,6 +180,14 @@ async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
         return 1
     try:
         await bus.ensure_streams()
+        if args.release:
+            await release(bus, target)
+            print(f"{target}: released; the planner resumes control")
+            return 0
+        until = datetime.now(UTC) + args.duration if args.duration is not None else None
+        await pin(bus, target, args.replicas, until=until, reason=args.reason)
+        held = f"until {until.isoformat(timespec='seconds')}" if until else "until --release"
+        print(f"{target}: pinned at {args.replicas} {held}")
         result = await scale(bus, target, args.replicas, reason=args.reason, timeout=args.timeout)
     finally:
         await bus.close()
@@ -142,8 +205,18 @@ async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
 def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
-    if args.replicas < 0:
+    if args.release:
+        if args.replicas is not None or args.duration is not None:
+            parser.error("--release: takes no --replicas or --for")
+    elif args.replicas is None:
+        parser.error("--replicas: required (or --release)")
+    elif args.replicas < 0:
         parser.error("--replicas: expected a count >= 0")
+    if args.duration is not None:
+        try:
+            args.duration = parse_duration(args.duration)
+        except ValueError as error:
+            parser.error(f"--for: {error}")
     if args.timeout <= 0:
         parser.error("--timeout: expected seconds > 0")
     target = parse_target(parser, args.target, args.namespace)

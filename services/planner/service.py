@@ -563,6 +563,8 @@ class Planner:
             return
         plan_id = f"{self.instance}-{uuid.uuid4().hex[:12]}"
         issued_at = datetime.now(UTC)
+        for held in targets.held:  # once released, it is compared with where it is then
+            self.sent.pop(held.target, None)
         for item in decision.targets:
             if not self._differs(item, now):
                 continue
