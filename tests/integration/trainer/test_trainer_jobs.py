@@ -15,14 +15,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_harness import JobHarness, wait_until
+from trainer_harness import (
+    JobHarness,
+    assert_exactly_once,
+    client_of,
+    spec_of,
+    wait_applied,
+    wait_until,
+)
 
 from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask
-from tideshift.services.common.bus import Bus, RequestFailed
+from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.trainer.busport import pserver_subject
-from tideshift.services.trainer.jobs import read_layout, read_spec
-from tideshift.services.trainer.jobspec import JobSpec
 from tideshift.services.trainer.model import (
     DatasetSpec,
     dataset_uris,
@@ -57,62 +62,6 @@ def job_args(data: DatasetSpec, *, epochs: int) -> list[str]:
 
 def batches_of(data: DatasetSpec) -> int:
     return -(-data.samples_per_shard // data.batch_size)
-
-
-async def spec_of(bus: Bus, job: str) -> JobSpec:
-    spec: JobSpec | None = None
-
-    async def published() -> bool:
-        nonlocal spec
-        spec = await read_spec(bus, job)
-        return spec is not None
-
-    await wait_until(published, timeout=60, what=f"job {job}'s spec")
-    assert spec is not None
-    return spec
-
-
-async def client_of(bus: Bus, job: str, timeout: float = 2.0) -> PServerClient:
-    """A client once the spec and the model layout (written by the first trainer) exist."""
-    spec = await spec_of(bus, job)
-    layout = None
-
-    async def initialised() -> bool:
-        nonlocal layout
-        layout = await read_layout(bus, spec)
-        return layout is not None
-
-    await wait_until(initialised, timeout=60, what=f"job {job}'s layout")
-    assert layout is not None
-    return PServerClient(bus, spec, layout, timeout=timeout)
-
-
-async def applied_total(client: PServerClient) -> int | None:
-    """Batches applied on every pserver, or None while one restarts."""
-    try:
-        return min(status.version for status in await client.status())
-    except RequestFailed:
-        return None
-
-
-async def wait_applied(client: PServerClient, at_least: int, timeout: float = 120) -> None:
-    async def reached() -> bool:
-        count = await applied_total(client)
-        return count is not None and count >= at_least
-
-    await wait_until(reached, timeout=timeout, what=f"{at_least} applied batches", every=0.1)
-
-
-async def assert_exactly_once(
-    client: PServerClient, *, epochs: int, shards: int, batches: int
-) -> list[int]:
-    """Every pserver finished every epoch with exactly one apply per (epoch, shard, batch);
-    returns the duplicates each refused."""
-    statuses = await client.status(from_epoch=epochs)
-    for status in statuses:
-        assert status.watermark == epochs
-        assert status.version == epochs * shards * batches
-    return [status.duplicates for status in statuses]
 
 
 async def holdout_loss(client: PServerClient, data: DatasetSpec) -> float:

@@ -1,4 +1,5 @@
-"""Start, stop and kill a training job's processes (`python -m services.cli run ...`).
+"""Start, stop and kill a training job's processes (`tideshift run ...` or a user's script),
+and read what its pservers applied.
 
 Shared by the trainer integration tests and the trainer benchmark. Every wait is bounded.
 """
@@ -16,6 +17,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tideshift.services.common.bus import Bus, RequestFailed
+from tideshift.services.trainer.jobs import read_layout, read_spec
+from tideshift.services.trainer.jobspec import JobSpec
+from tideshift.services.trainer.pserver_client import PServerClient
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -27,6 +33,7 @@ class ServiceProcess:
     log_dir: Path
     popen: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    script: Path | None = None  # a user's trainer script instead of `tideshift run ...`
 
     @property
     def stdout_path(self) -> Path:
@@ -39,8 +46,13 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         self.starts += 1
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            command = (
+                [sys.executable, str(self.script), *self.args]
+                if self.script is not None
+                else [sys.executable, "-m", "tideshift.services.cli", "run", *self.args]
+            )
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "tideshift.services.cli", "run", *self.args],
+                command,
                 cwd=REPO,
                 env=self.env,
                 stdout=out,
@@ -138,6 +150,13 @@ class JobHarness:
             name, ["trainer", "--job", self.job, "--instance", name, *self.trainer_args]
         )
 
+    def script(self, name: str, script: Path, args: list[str]) -> ServiceProcess:
+        """A user's trainer script joining the job (job name and NATS from the environment)."""
+        if name not in self.processes:
+            env = {**self._env(), "TIDESHIFT_JOB": self.job, "TIDESHIFT_INSTANCE": name}
+            self.processes[name] = ServiceProcess(name, args, env, self.log_dir, script=script)
+        return self.processes[name]
+
     def live_trainers(self) -> list[ServiceProcess]:
         return [p for n, p in self.processes.items() if n.startswith("t") and p.running]
 
@@ -167,3 +186,59 @@ async def wait_until(
             return
         await asyncio.sleep(every)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def spec_of(bus: Bus, job: str) -> JobSpec:
+    spec: JobSpec | None = None
+
+    async def published() -> bool:
+        nonlocal spec
+        spec = await read_spec(bus, job)
+        return spec is not None
+
+    await wait_until(published, timeout=60, what=f"job {job}'s spec")
+    assert spec is not None
+    return spec
+
+
+async def client_of(bus: Bus, job: str, timeout: float = 2.0) -> PServerClient:
+    """A client once the spec and the model layout (written by the first trainer) exist."""
+    spec = await spec_of(bus, job)
+    layout = None
+
+    async def initialised() -> bool:
+        nonlocal layout
+        layout = await read_layout(bus, spec)
+        return layout is not None
+
+    await wait_until(initialised, timeout=60, what=f"job {job}'s layout")
+    assert layout is not None
+    return PServerClient(bus, spec, layout, timeout=timeout)
+
+
+async def applied_total(client: PServerClient) -> int | None:
+    """Batches applied on every pserver, or None while one restarts."""
+    try:
+        return min(status.version for status in await client.status())
+    except RequestFailed:
+        return None
+
+
+async def wait_applied(client: PServerClient, at_least: int, timeout: float = 120) -> None:
+    async def reached() -> bool:
+        count = await applied_total(client)
+        return count is not None and count >= at_least
+
+    await wait_until(reached, timeout=timeout, what=f"{at_least} applied batches", every=0.1)
+
+
+async def assert_exactly_once(
+    client: PServerClient, *, epochs: int, shards: int, batches: int
+) -> list[int]:
+    """Every pserver finished every epoch with exactly one apply per (epoch, shard, batch);
+    returns the duplicates each refused."""
+    statuses = await client.status(from_epoch=epochs)
+    for status in statuses:
+        assert status.watermark == epochs
+        assert status.version == epochs * shards * batches
+    return [status.duplicates for status in statuses]
