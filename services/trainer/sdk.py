@@ -148,6 +148,7 @@ class ElasticJob:
         if handle_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
         self._beat = loop.run(self._start_membership())
+        log.info("job %s: trainer %s joined", job, trainer)
         return self
 
     def request_stop(self) -> None:

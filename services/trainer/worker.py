@@ -62,7 +62,6 @@ def train(settings: TrainerSettings) -> dict[str, int]:
     with job:
         spec, _ = parse_uri(job.spec.shards[0])
         job.initialize(initial_state(spec.model))
-        log.info("job %s: trainer %s joined", settings.job, job.trainer)
         for task in job.tasks():
             for batch in task.batches(read_batches):
                 # Demos emulate a heavier model: each batch takes its share of the shard's time.
