@@ -464,6 +464,12 @@ class Task:
         outcome = "applied" if "applied" in outcomes else "duplicate"
         BATCHES.labels(outcome).inc()
         if outcome == "applied":
+            if not self.job.applied_batches:
+                log.info(
+                    "job %s: trainer %s applied its first batch",
+                    self.job.spec.job,
+                    self.job.trainer,
+                )
             SAMPLES.inc(samples)
             self.job.applied_batches += 1
             self.job.applied_samples += samples
