@@ -127,6 +127,16 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=_positive_float, default=120.0, help="start-up timeout in seconds"
     )
     up.add_argument(
+        "--no-crds",
+        action="store_true",
+        help="do not install the Volcano Job and PyTorchJob CRDs",
+    )
+    up.add_argument(
+        "--no-storage",
+        action="store_true",
+        help="do not create the default StorageClass and its volumes",
+    )
+    up.add_argument(
         "--foreground",
         action="store_true",
         help="stay attached; Ctrl-C stops the cluster",
@@ -179,6 +189,8 @@ def _up(args: argparse.Namespace) -> int:
         ),
         die_with_parent=args.foreground,
         start_timeout=args.timeout,
+        workload_crds=not args.no_crds,
+        storage=not args.no_storage,
     )
     cluster = LocalCluster(options)
     try:

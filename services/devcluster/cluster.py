@@ -31,10 +31,13 @@ import yaml
 
 from tideshift.services.common.lifetime import die_with_parent
 from tideshift.services.devcluster import pki
+from tideshift.services.devcluster.crds import install_crds
+from tideshift.services.devcluster.kwok_stages import write_kwok_config
 from tideshift.services.devcluster.scheduler_profile import (
     GPU_NODE_LABEL,
     write_scheduler_config,
 )
+from tideshift.services.devcluster.storage import STORAGE_CLASS, install_storage
 from tideshift.services.devcluster.versions import K8S_VERSION, require_binaries
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -137,6 +140,10 @@ class ClusterOptions:
     die_with_parent: bool = True
     start_timeout: float = 90.0
     extra_apiserver_args: Sequence[str] = ()
+    # The Volcano Job and PyTorchJob CRDs, so those kinds can be tried here.
+    workload_crds: bool = True
+    # A default StorageClass with volumes that bind (the chart's bundled NATS claims one).
+    storage: bool = True
 
 
 def _free_ports(count: int) -> list[int]:
@@ -316,6 +323,14 @@ class LocalCluster:
         if self.options.nodes:
             say(f"creating {len(self.options.nodes)} kwok nodes")
             self.create_nodes(self.options.nodes, timeout=max(5.0, deadline - time.monotonic()))
+        if self.options.workload_crds or self.options.storage:
+            with self.api_client() as api_client:
+                if self.options.workload_crds:
+                    say("installing the Volcano Job and PyTorchJob CRDs")
+                    install_crds(api_client, timeout=max(5.0, deadline - time.monotonic()))
+                if self.options.storage:
+                    say(f"creating the default StorageClass {STORAGE_CLASS} and its volumes")
+                    install_storage(api_client)
         say(f"cluster ready: KUBECONFIG={self.kubeconfig_path}")
 
     def restart(self, name: str, *, crash: bool = True, timeout: float = 120.0) -> None:
@@ -546,8 +561,10 @@ class LocalCluster:
         return [*self._component_common_args("scheduler", "scheduler"), f"--config={config}"]
 
     def _kwok_args(self) -> list[str]:
+        stages = write_kwok_config(self.state_dir / "kwok" / "config.yaml")
         return [
             f"--kubeconfig={self.pki_dir / 'kwok.kubeconfig'}",
+            f"--config={stages}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
             f"--cidr={POD_CIDR}",

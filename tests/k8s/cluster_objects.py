@@ -18,114 +18,9 @@ from kubernetes.client.exceptions import ApiException
 
 from tideshift.events import WorkloadRef
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
+from tideshift.services.devcluster.crds import WORKLOAD_CRDS
 
 RBAC_MANIFEST = Path(__file__).resolve().parents[2] / "charts" / "tideshift" / "files" / "rbac.yaml"
-
-_ANY: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-
-VOLCANO_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "jobs.batch.volcano.sh"},
-    "spec": {
-        "group": "batch.volcano.sh",
-        "names": {
-            "kind": "Job",
-            "plural": "jobs",
-            "singular": "job",
-            "shortNames": ["vcjob", "vj"],
-        },
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1alpha1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                                "properties": {
-                                    "minAvailable": {"type": "integer", "minimum": 0},
-                                    "tasks": {
-                                        "type": "array",
-                                        "items": {
-                                            "type": "object",
-                                            "x-kubernetes-preserve-unknown-fields": True,
-                                            "properties": {
-                                                "name": {"type": "string"},
-                                                "replicas": {"type": "integer", "minimum": 0},
-                                                "minAvailable": {"type": "integer", "minimum": 0},
-                                                "template": _ANY,
-                                            },
-                                        },
-                                    },
-                                },
-                            },
-                            "status": _ANY,
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
-
-PYTORCH_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "pytorchjobs.kubeflow.org"},
-    "spec": {
-        "group": "kubeflow.org",
-        "names": {"kind": "PyTorchJob", "plural": "pytorchjobs", "singular": "pytorchjob"},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                                "properties": {
-                                    "elasticPolicy": {
-                                        "type": "object",
-                                        "x-kubernetes-preserve-unknown-fields": True,
-                                        "properties": {
-                                            "minReplicas": {"type": "integer", "minimum": 0},
-                                            "maxReplicas": {"type": "integer", "minimum": 0},
-                                        },
-                                    },
-                                    "pytorchReplicaSpecs": {
-                                        "type": "object",
-                                        "additionalProperties": {
-                                            "type": "object",
-                                            "x-kubernetes-preserve-unknown-fields": True,
-                                            "properties": {
-                                                "replicas": {"type": "integer", "minimum": 0},
-                                                "template": _ANY,
-                                            },
-                                        },
-                                    },
-                                },
-                            },
-                            "status": _ANY,
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
 
 
 def wait_until(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition") -> Any:
@@ -151,7 +46,7 @@ def create(http: KubeHttp, path: str, obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def install_crds(http: KubeHttp) -> None:
-    for crd in (VOLCANO_CRD, PYTORCH_CRD):
+    for crd in WORKLOAD_CRDS:
         create(http, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
 
     def established(name: str) -> bool:
@@ -159,7 +54,7 @@ def install_crds(http: KubeHttp) -> None:
         conditions = (crd.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-    for crd in (VOLCANO_CRD, PYTORCH_CRD):
+    for crd in WORKLOAD_CRDS:
         wait_until(lambda n=crd["metadata"]["name"]: established(n), what="CRD established")
 
     def served() -> bool:

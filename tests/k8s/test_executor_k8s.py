@@ -183,7 +183,8 @@ async def test_unknown_kinds_are_rejected_with_a_reason(
             command(WorkloadRef(k8s_namespace, "Deployment", "no"), 2, "m")
         )
     assert (
-        result.outcome == "rejected" and "no scale adapter for kind 'DaemonSet'" in result.message
+        result.outcome == "rejected"
+        and "no scale adapter for kind 'DaemonSet.apps'" in result.message
     )
     assert missing.outcome == "rejected" and "not found" in missing.message
 

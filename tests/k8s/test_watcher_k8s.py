@@ -377,7 +377,8 @@ async def test_the_watcher_role_cannot_read_secrets(
         for path in (
             f"/api/v1/namespaces/{k8s_namespace}/secrets",
             f"/api/v1/namespaces/{k8s_namespace}/configmaps",
-            f"/apis/apps/v1/namespaces/{k8s_namespace}/deployments",
+            # It lists labelled scale targets, but nothing else of apps/v1.
+            f"/apis/apps/v1/namespaces/{k8s_namespace}/daemonsets",
         ):
             with pytest.raises(ApiException) as denied:
                 await asyncio.to_thread(port.http.get, path)
