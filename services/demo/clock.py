@@ -1,7 +1,8 @@
 """Simulated time for the demo: a clock that runs `speed` times faster than the wall clock.
 
-`now()` is in Unix seconds (so event timestamps look like real dates) and starts at `start`,
-a midnight, so hours since the start are hours of the simulated day.
+`now()` is in Unix seconds (so event timestamps look like real dates). `start` is a midnight,
+so hours since the start are hours of the simulated day; the clock may begin earlier
+(`begin`), so the services run through the evening before the measured day.
 """
 
 from __future__ import annotations
@@ -24,23 +25,27 @@ class SimClock:
         start: float = DEFAULT_START,
         monotonic: Callable[[], float] = time.monotonic,
         frozen: bool = False,
+        begin: float | None = None,
     ) -> None:
         if speed <= 0:
             raise ValueError("speed must be > 0")
+        if begin is not None and begin > start:
+            raise ValueError("begin must be at or before start")
         self.speed = speed
         self.start = start
+        self.begin = start if begin is None else begin
         self._monotonic = monotonic
         self._wall_start: float | None = None if frozen else monotonic()
 
     def run(self) -> None:
-        """Start a frozen clock (services start up at simulated midnight, then time runs)."""
+        """Start a frozen clock (services start up at `begin`, then time runs)."""
         if self._wall_start is None:
             self._wall_start = self._monotonic()
 
     def now(self) -> float:
         if self._wall_start is None:
-            return self.start
-        return self.start + (self._monotonic() - self._wall_start) * self.speed
+            return self.begin
+        return self.begin + (self._monotonic() - self._wall_start) * self.speed
 
     def datetime(self) -> datetime:
         return datetime.fromtimestamp(self.now(), tz=UTC)

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tideshift.services.demo.world import Meter
+from tideshift.services.demo.world import NIGHT_HOURS, Meter
 
-NIGHT_HOURS = (0.0, 6.0)  # hours of the simulated day with the least serving demand
 DAY_HOURS = (10.0, 18.0)  # with the most
 
 
@@ -19,6 +18,9 @@ class DemoSummary:
     """What the run measured. The first block matches `simulate`'s table columns."""
 
     utilization: dict[str, float]
+    night_cpu_utilization: float | None  # cpu requested / allocatable, 00:00-06:00
+    cpu_used: float  # cpu in use / allocatable (serving's usage model)
+    stranded_cpu: float  # free cpu where no wanted trainer fits / allocatable
     shortfall_minutes: int
     shortfall_fraction: float
     training_work: float
@@ -49,6 +51,11 @@ class DemoSummary:
     def to_json(self) -> dict[str, Any]:
         return {
             "utilization": {k: round(v, 4) for k, v in self.utilization.items()},
+            "night_cpu_utilization": (
+                None if self.night_cpu_utilization is None else round(self.night_cpu_utilization, 4)
+            ),
+            "cpu_used": round(self.cpu_used, 4),
+            "stranded_cpu": round(self.stranded_cpu, 4),
             "shortfall_minutes": self.shortfall_minutes,
             "shortfall_fraction": round(self.shortfall_fraction, 6),
             "training_work": round(self.training_work, 1),
@@ -83,8 +90,12 @@ def summarize(
 ) -> DemoSummary:
     pending = meter.pending(end)
     jobs = [job.name for job in meter.shape.jobs]
+    elapsed = max(meter.elapsed_s, 1e-9)
     return DemoSummary(
         utilization=meter.utilization(),
+        night_cpu_utilization=meter.night_cpu_utilization(),
+        cpu_used=meter.used_cpu_seconds / elapsed,
+        stranded_cpu=meter.stranded_cpu_seconds / elapsed,
         shortfall_minutes=len(meter.shortfall_minutes),
         shortfall_fraction=(
             meter.shortfall_requests / meter.demand_requests if meter.demand_requests else 0.0
@@ -121,7 +132,18 @@ def format_table(summary: DemoSummary, *, policy: str = "tideshift") -> str:
         f"{s.training_share_of_spare:>7.1%} {s.pending_mean_s:>9.1f} {s.pending_p95_s:>9.1f} "
         f"{s.trainer_churn:>6d} {f'{s.jobs_started}/{s.jobs_total}':>6} {s.wall_s:>6.1f}"
     )
-    lines = [header, "-" * len(header), row, ""]
+    night = s.night_cpu_utilization
+    lines = [
+        header,
+        "-" * len(header),
+        row,
+        "",
+        f"cpu requested / allocatable: {s.utilization.get('cpu', 0):.1%} over the day, "
+        + ("- " if night is None else f"{night:.1%} ")
+        + f"at night (00-06h); cpu in use / allocatable {s.cpu_used:.1%}; "
+        f"stranded cpu {s.stranded_cpu:.1%}",
+        "",
+    ]
     lines.append("ready trainers per job, mean: night (00-06h) -> day (10-18h)")
     for name in s.trainers_night:
         night, day = s.trainers_night[name], s.trainers_day[name]
@@ -148,7 +170,8 @@ def format_table(summary: DemoSummary, *, policy: str = "tideshift") -> str:
 
 
 def plot(meter: Meter, path: Path, *, title: str) -> Path:
-    """Demand vs serving capacity, ready trainers per job (stacked), cpu utilisation."""
+    """Demand vs serving capacity; where the cores go (stacked) with the stranded cores;
+    ready trainers per job (stacked); cpu requested and in use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,7 +179,7 @@ def plot(meter: Meter, path: Path, *, title: str) -> Path:
 
     series = meter.series
     hours = [t / 3600.0 for t in series["t"]]
-    figure, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    figure, axes = plt.subplots(4, 1, figsize=(10, 12), sharex=True)
     axes[0].plot(hours, series["demand"], label="demand (req/s)", color="tab:red", lw=1.2)
     axes[0].plot(
         hours,
@@ -168,17 +191,48 @@ def plot(meter: Meter, path: Path, *, title: str) -> Path:
     axes[0].set_ylabel("requests / s")
     axes[0].legend(loc="upper left", fontsize="small")
     axes[0].set_title(title)
+    bands = [
+        ("cores_serving_used", "serving, in use", "tab:blue"),
+        ("cores_serving_idle", "serving, idle reservation", "lightsteelblue"),
+        ("cores_training", "training (on requests)", "tab:orange"),
+        ("cores_free", "free", "whitesmoke"),
+    ]
+    if hours:
+        axes[1].stackplot(
+            hours,
+            [series[key][: len(hours)] for key, _, _ in bands],
+            labels=[label for _, label, _ in bands],
+            colors=[color for _, _, color in bands],
+            step="post",
+        )
+        axes[1].plot(
+            hours,
+            series["stranded_cpu"][: len(hours)],
+            color="black",
+            lw=1.0,
+            ls="--",
+            label="stranded: free where no wanted trainer fits",
+        )
+        axes[1].legend(loc="upper left", fontsize="small", ncol=3)
+    axes[1].set_ylabel("cores")
     names = sorted(series["trainers"])
     if names and hours:
         stacked = [series["trainers"][name][: len(hours)] for name in names]
         stacked = [values + [0] * (len(hours) - len(values)) for values in stacked]
-        axes[1].stackplot(hours, stacked, labels=names, step="post")
-        axes[1].legend(loc="upper left", fontsize="small", ncol=len(names))
-    axes[1].set_ylabel("ready trainers per job")
-    axes[2].plot(hours, [u * 100 for u in series["util_cpu"]], color="tab:green", lw=1.2)
-    axes[2].set_ylabel("cpu requested / allocatable (%)")
-    axes[2].set_ylim(0, 105)
-    axes[2].set_xlabel("simulated hours")
+        axes[2].stackplot(hours, stacked, labels=names, step="post")
+        axes[2].legend(loc="upper left", fontsize="small", ncol=len(names))
+    axes[2].set_ylabel("ready trainers per job")
+    requested = [u * 100 for u in series["util_cpu"]]
+    in_use = [
+        (used + training) / max(used + idle + training + free, 1e-9) * 100
+        for used, idle, training, free in zip(*(series[key] for key, _, _ in bands), strict=False)
+    ]
+    axes[3].plot(hours, requested, color="tab:green", lw=1.2, label="cpu requested / allocatable")
+    axes[3].plot(hours, in_use, color="tab:olive", lw=1.0, label="cpu in use / allocatable")
+    axes[3].set_ylabel("%")
+    axes[3].set_ylim(0, 105)
+    axes[3].legend(loc="lower left", fontsize="small")
+    axes[3].set_xlabel("simulated hours")
     for axis in axes:
         axis.grid(alpha=0.3)
     figure.tight_layout()

@@ -26,7 +26,7 @@ from tideshift.services.cluster.sim import SimCluster, SimClusterPort
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.demo import pipeline
-from tideshift.services.demo.clock import SimClock
+from tideshift.services.demo.clock import DEFAULT_START, SimClock
 from tideshift.services.demo.fleet import TrainingFleet
 from tideshift.services.demo.report import DemoSummary, summarize
 from tideshift.services.demo.world import Meter, WorldShape, build_cluster
@@ -41,6 +41,9 @@ class SimDemoConfig:
     profile_name: str
     hours: float = 24.0
     speed: float = 288.0  # simulated seconds per wall second: a day in five minutes
+    # The services run this long before the measured day (unmeasured): the night then starts
+    # from the evening's state, not from pods placed all at once.
+    warmup_hours: float = 4.0
     world: WorldShape = field(default_factory=WorldShape)
     nats_port: int = 0
     real_trainers: bool = True
@@ -148,7 +151,8 @@ async def run_sim_demo(
 def _cluster_ready_at_start(
     shape: WorldShape, *, start: float, initial_demand_rps: float
 ) -> SimCluster:
-    """The world before the clock starts: serving sized for midnight, pods ready at `start`."""
+    """The world before the clock starts: serving sized for the demand at `start`, pods ready
+    there."""
     warmup = max([shape.serving.startup_delay_s] + [j.startup_delay_s for j in shape.jobs])
     cluster = build_cluster(shape, now=start - warmup - 1, initial_demand_rps=initial_demand_rps)
     cluster.step(start - warmup - 1)
@@ -172,9 +176,13 @@ class _SimDemoRun:
     async def measure_the_day(self) -> tuple[DemoSummary, Meter]:
         """Start everything with time frozen, then run the simulated hours and measure them."""
         config, shape = self.config, self.config.world
-        clock = SimClock(config.speed, frozen=True)
+        clock = SimClock(
+            config.speed, frozen=True, begin=DEFAULT_START - config.warmup_hours * 3600.0
+        )
         cluster = _cluster_ready_at_start(
-            shape, start=clock.start, initial_demand_rps=config.profile.rate(0.0)
+            shape,
+            start=clock.begin,
+            initial_demand_rps=config.profile.rate(clock.begin - clock.start),
         )
         await self._start_event_log()
         await self._start_services(cluster, clock)
@@ -255,7 +263,8 @@ class _SimDemoRun:
             now = min(clock.now(), end)
             cluster.step(now)
             demand = config.profile.rate(now - clock.start)
-            meter.record(now, cluster, demand)
+            if now >= clock.start:
+                meter.record(now, cluster, demand)
             if self.fleet is not None:
                 self.fleet.reap()
                 for job_name, pods in ready_trainer_pods(cluster, config.world).items():

@@ -12,10 +12,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
+from tideshift.services.cluster.placement import FloatArray
 from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimWorkload
+from tideshift.services.planner.policy import stranded_capacity
 
 GIB = float(2**30)
+NIGHT_HOURS = (0.0, 6.0)  # hours of the simulated day with the least serving demand
 SERVING_KIND = "Deployment"
 JOB_KIND = "ElasticJob"
 
@@ -51,10 +56,10 @@ class JobShape:
 
     name: str
     namespace: str = "demo"
-    trainer_cpu: float = 4.0
-    trainer_memory_gib: float = 8.0
+    trainer_cpu: float = 12.0
+    trainer_memory_gib: float = 24.0
     min_trainers: int = 1
-    max_trainers: int = 4
+    max_trainers: int = 16  # above what the policy can give (16 x 12 cores > the cluster)
     pservers: int = 1
     pserver_cpu: float = 1.0
     pserver_memory_gib: float = 2.0
@@ -70,12 +75,15 @@ class JobShape:
 
 @dataclass(frozen=True)
 class WorldShape:
-    """Sized so the day matters: at the 6800 req/s peak serving needs ~170 of 192 cores, at
-    the 1200 req/s trough ~30, so training swings between about 3 and 12 trainers."""
+    """Sized so the day matters and training can take whatever serving leaves: at the
+    6800 req/s peak serving needs ~170 of 192 cores, at the 1200 req/s trough ~30. Trainers
+    are large (12 of a node's 16 cores), so about 13 real trainer processes fill the night
+    and no job's cap binds; 1-core serving replicas fill the gaps beside them, and packing
+    (MostAllocated placement, scale-downs that free whole nodes) keeps nodes whole for them."""
 
-    nodes: int = 24
-    node_cpu: float = 8.0
-    node_memory_gib: float = 32.0
+    nodes: int = 12
+    node_cpu: float = 16.0
+    node_memory_gib: float = 64.0
     serving: ServingShape = ServingShape()
     jobs: tuple[JobShape, ...] = (JobShape("ctr-a"), JobShape("ctr-b"), JobShape("ctr-c"))
     restart_cost_s: float = 10.0  # as in `simulate`: no progress while a job re-forms
@@ -144,6 +152,8 @@ class ClusterFigures(Protocol):
 
     def job_running(self, ref: WorkloadRef) -> bool: ...
 
+    def free_room(self) -> FloatArray: ...
+
 
 class SimFigures:
     def __init__(self, cluster: SimCluster) -> None:
@@ -166,6 +176,9 @@ class SimFigures:
 
     def job_running(self, ref: WorkloadRef) -> bool:
         return self.cluster.job_running(ref)
+
+    def free_room(self) -> FloatArray:
+        return self.cluster.free_room()
 
 
 class ListedFigures:
@@ -221,6 +234,19 @@ class ListedFigures:
     def job_running(self, ref: WorkloadRef) -> bool:
         return self.ready_count(ref) >= self.gang_min
 
+    def free_room(self) -> FloatArray:
+        row = {node.name: i for i, node in enumerate(self.nodes)}
+        free = np.array(
+            [
+                (n.allocatable.cpu, n.allocatable.memory, float(n.allocatable.gpu))
+                for n in self.nodes
+            ]
+        ).reshape(-1, 3)
+        for pod in self.pods:
+            if pod.node in row:
+                free[row[pod.node]] -= (pod.requests.cpu, pod.requests.memory, pod.requests.gpu)
+        return free
+
 
 @dataclass
 class _JobMeter:
@@ -253,6 +279,10 @@ class Meter:
     shortfall_minutes: set[int] = field(default_factory=set)
     spare_cpu_seconds: float = 0.0
     training_cpu_seconds: float = 0.0
+    used_cpu_seconds: float = 0.0  # cpu in use / allocatable (serving's usage model), integrated
+    stranded_cpu_seconds: float = 0.0  # stranded cpu / allocatable, integrated
+    night_seconds: float = 0.0
+    night_util_seconds: float = 0.0  # cpu requested / allocatable over 00:00-06:00
     jobs: dict[str, _JobMeter] = field(default_factory=dict)
     series: dict[str, Any] = field(
         default_factory=lambda: {
@@ -262,6 +292,12 @@ class Meter:
             "replicas": [],
             "util_cpu": [],
             "trainers": {},
+            # cores, stacked: serving in use, serving's idle reservation, training, free
+            "cores_serving_used": [],
+            "cores_serving_idle": [],
+            "cores_training": [],
+            "cores_free": [],
+            "stranded_cpu": [],  # free cores on nodes where no trainer that is wanted fits
         }
     )
     _next_sample: float = -math.inf
@@ -274,8 +310,12 @@ class Meter:
             self.last = min(self.start, now)
         allocatable = cluster.allocatable_total()
         bound = cluster.bound_requests_total()
-        ready = cluster.ready_count(self.shape.serving.ref)
-        capacity = ready * self.shape.serving.capacity_rps
+        serving = self.shape.serving
+        ready = cluster.ready_count(serving.ref)
+        capacity = ready * serving.capacity_rps
+        cores = self._cores(cluster, demand_rps=demand_rps, ready=ready, bound=bound)
+        alloc_cpu = max(allocatable.cpu, 1e-9)
+        stranded = self._stranded_cpu(cluster)
         if now > self.last:
             dt = now - self.last
             self._account_utilization(allocatable, bound, dt)
@@ -289,6 +329,11 @@ class Meter:
                 allocatable=allocatable,
                 bound=bound,
             )
+            self.used_cpu_seconds += (bound.cpu - cores["serving_idle"]) / alloc_cpu * dt
+            self.stranded_cpu_seconds += stranded / alloc_cpu * dt
+            if NIGHT_HOURS[0] <= ((self.last - self.start) / 3600.0) % 24 < NIGHT_HOURS[1]:
+                self.night_seconds += dt
+                self.night_util_seconds += bound.cpu / alloc_cpu * dt
         self.last = now
         if now >= self._next_sample:
             self._next_sample = now + self.sample_every_s
@@ -301,6 +346,35 @@ class Meter:
                 self.series["trainers"].setdefault(job.name, []).append(
                     cluster.ready_count(job.ref)
                 )
+            for name, value in cores.items():
+                self.series[f"cores_{name}"].append(value)
+            self.series["cores_free"].append(max(allocatable.cpu - bound.cpu, 0.0))
+            self.series["stranded_cpu"].append(stranded)
+
+    def _cores(
+        self, cluster: ClusterFigures, *, demand_rps: float, ready: int, bound: Resources
+    ) -> dict[str, float]:
+        """Requested cores by use. Serving's usage model (as in `simulate`): its ready
+        replicas are busy in proportion to demand / capacity, never beyond their requests."""
+        serving = self.shape.serving
+        serving_cpu = cluster.bound_count(serving.ref) * serving.cpu
+        used = min(demand_rps / serving.capacity_rps, float(ready)) * serving.cpu
+        used = min(used, serving_cpu)
+        return {
+            "serving_used": used,
+            "serving_idle": serving_cpu - used,
+            "training": max(bound.cpu - serving_cpu, 0.0),  # trainers, pservers, other pods
+        }
+
+    def _stranded_cpu(self, cluster: ClusterFigures) -> float:
+        """Free cores on nodes where not one trainer of a job that wants more fits."""
+        shapes = [
+            (job.trainer_cpu, job.trainer_memory_gib * GIB, 0.0)
+            for job in self.shape.jobs
+            if cluster.bound_count(job.ref) < job.max_trainers
+        ]
+        free = cluster.free_room()
+        return float(stranded_capacity(free, np.array(shapes).reshape(-1, 3))[0])
 
     def _account_utilization(self, allocatable: Resources, bound: Resources, dt: float) -> None:
         self.elapsed_s += dt
@@ -366,6 +440,10 @@ class Meter:
         spare = max(0.0, allocatable.cpu - serving.need(demand_rps) * serving.cpu - other_cpu)
         self.spare_cpu_seconds += spare * dt
         self.training_cpu_seconds += min(training_cpu, spare) * dt
+
+    def night_cpu_utilization(self) -> float | None:
+        """Mean cpu requested / allocatable between 00:00 and 06:00 (None if not reached)."""
+        return self.night_util_seconds / self.night_seconds if self.night_seconds else None
 
     def utilization(self) -> dict[str, float]:
         names = ("cpu", "memory", "gpu")

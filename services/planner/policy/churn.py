@@ -92,7 +92,11 @@ def defer_small_growth(
         growth = final[i] - item.current
         if i in skip or growth <= 0 or item.current < item.job.floor:
             continue
-        if growth <= max(1, config.grow_tolerance * item.current):
+        # Small in trainers and in the cluster: one large trainer (a node's worth) is no jitter.
+        if (
+            growth <= max(1, config.grow_tolerance * item.current)
+            and growth * item.dominant < config.grow_tolerance
+        ):
             final[i] = item.current
             deferred[i] = reasons.growth_deferred(growth)
     return final, deferred

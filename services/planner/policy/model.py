@@ -142,7 +142,9 @@ class PolicyConfig:
     max_trainer_removals_per_step: int = 64  # voluntary (rebalancing) removals, all jobs
     min_trainer_lifetime_s: float = 60.0  # no voluntary shrink sooner after a job grew
     shrink_tolerance: float = 0.05  # voluntary shrinks of at most this fraction are skipped
-    grow_tolerance: float = 0.05  # growth of a running job by at most this fraction waits
+    # growth of a running job by at most this fraction (and by less than this share of the
+    # cluster) waits
+    grow_tolerance: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ def test_planner_targets_describe_the_world() -> None:
     assert serving.capacity_rps == pytest.approx(50.0 * 0.8)  # at the target utilisation
     assert serving.margin_s == pytest.approx(288.0 * pipeline.LAG_BUDGET_WALL_S)
     assert [t.name for t in targets["training"]] == ["ctr-a", "ctr-b", "ctr-c"]
-    assert all(t.kind == "ElasticJob" and t.max_trainers == 4 for t in targets["training"])
+    for target, job in zip(targets["training"], world.jobs, strict=True):
+        assert target.kind == "ElasticJob"
+        assert target.max_trainers == job.max_trainers
     # the sim names parameter servers <job>-ps<n>; trainers <job>-t<n> must not match
     markers = targets["training"][0].companion_markers
     assert any(m in "ctr-a-ps7" for m in markers)

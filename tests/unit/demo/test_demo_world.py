@@ -57,6 +57,39 @@ def test_utilisation_and_training_work_integrate_over_time() -> None:
     assert meter.pending(START + 200) == [0.0]
 
 
+def test_cores_by_use_and_night_utilisation() -> None:
+    cluster = build_cluster(SHAPE, now=START, initial_demand_rps=20.0)
+    cluster.step(START)
+    meter = Meter(SHAPE, start=START, sample_every_s=3600.0)
+    # two serving replicas (1 cpu each) at 15 req/s of 20: 1.5 cores in use, 0.5 idle
+    for hour in range(8):
+        meter.record(START + hour * 3600, cluster, 15.0)
+    assert meter.series["cores_serving_used"][0] == pytest.approx(1.5)
+    assert meter.series["cores_serving_idle"][0] == pytest.approx(0.5)
+    assert meter.series["cores_training"][0] == pytest.approx(8.0)
+    assert meter.series["cores_free"][0] == pytest.approx(32 - 10)
+    # the job wants more; serving's node has 6 free cores, too few for an 8-core trainer
+    assert meter.series["stranded_cpu"][0] == pytest.approx(6.0)
+    assert meter.night_cpu_utilization() == pytest.approx(10 / 32)
+    assert meter.used_cpu_seconds / meter.elapsed_s == pytest.approx(9.5 / 32)
+
+
+def test_free_cores_where_no_wanted_trainer_fits_are_stranded() -> None:
+    cluster = build_cluster(SHAPE, now=START, initial_demand_rps=30.0)
+    cluster.scale(SHAPE.jobs[0].ref, 2)
+    cluster.step(START)
+    meter = Meter(SHAPE, start=START, sample_every_s=60.0)
+    meter.record(START, cluster, 30.0)
+    # serving's 3 cores sit on one node (packed), the two 8-core trainers fill two others:
+    # the job is at its maximum, so nothing is wanted and nothing stranded
+    assert meter.series["stranded_cpu"][0] == pytest.approx(0.0)
+    cluster.scale(SHAPE.jobs[0].ref, 1)
+    cluster.step(START + 60)
+    meter.record(START + 60, cluster, 30.0)
+    # now the job wants more: 5 free cores beside serving fit no 8-core trainer
+    assert meter.series["stranded_cpu"][-1] == pytest.approx(5.0)
+
+
 def test_trainers_by_hour_of_day() -> None:
     cluster = build_cluster(SHAPE, now=START, initial_demand_rps=10.0)
     cluster.step(START)
@@ -69,6 +102,16 @@ def test_trainers_by_hour_of_day() -> None:
     assert meter.trainers_between("job-a", 0, 6) == pytest.approx(1.0)
     assert meter.trainers_between("job-a", 12, 18) == pytest.approx(2.0)
     assert meter.trainers_between("job-b", 0, 6) is None
+
+
+def test_sim_clock_may_begin_before_the_measured_day() -> None:
+    wall = [100.0]
+    clock = SimClock(288.0, start=START, begin=START - 3600, monotonic=lambda: wall[0])
+    assert clock.now() == START - 3600
+    wall[0] = 100.0 + 3600 / 288
+    assert clock.now() == pytest.approx(START)
+    with pytest.raises(ValueError, match="begin"):
+        SimClock(1.0, start=START, begin=START + 1)
 
 
 def test_sim_clock_runs_at_speed() -> None:
