@@ -123,9 +123,11 @@ def apply_rows(  # noqa: PLR0917 - the dense and sparse steps take the same argu
     step_count: int,
 ) -> None:
     """One step over the given rows only (repeated indices are summed), in place."""
-    unique, inverse = np.unique(indices, return_inverse=True)
-    summed = np.zeros((unique.shape[0], *params.shape[1:]), dtype=params.dtype)
-    np.add.at(summed, inverse, rows.astype(params.dtype))
+    if indices.size == 0:
+        return
+    order = np.argsort(indices, kind="stable")
+    unique, starts = np.unique(indices[order], return_index=True)
+    summed = np.add.reduceat(rows[order].astype(params.dtype), starts, axis=0)
     touched = {name: slot[unique] for name, slot in slots.items()}
     new_params, new_slots = _step(spec, params[unique], touched, summed, step_count)
     params[unique] = new_params

@@ -31,6 +31,7 @@ from tideshift.services.trainer.pserver_state import MAX_OPEN_EPOCHS, PieceUpdat
 from tideshift.services.trainer.wire import WireError, header_int, pack, unpack
 
 Array = npt.NDArray[Any]
+PARTS_IN_FLIGHT = 8  # concurrent parts of one push to one pserver
 SparseRows = tuple[Array, Array]  # (row indices, rows)
 Gradient = Array | SparseRows
 
@@ -245,8 +246,9 @@ class PServerClient(StatusClient):
     ) -> PushReply:
         subject = self._subject(index, "push")
         parts = split_updates(updates, self.spec.max_piece_bytes)
-        header: dict[str, Any] = {}
-        for number, part in enumerate(parts):
+        in_flight = asyncio.Semaphore(PARTS_IN_FLIGHT)
+
+        async def send(number: int, part: list[PieceUpdate]) -> dict[str, Any]:
             payload = pack_push_part(
                 job=self.spec.job,
                 push_id=f"{push_id}/{index}",
@@ -258,8 +260,15 @@ class PServerClient(StatusClient):
                 parts=len(parts),
                 updates=part,
             )
-            raw = await self.bus.request(subject, payload, timeout=self.timeout)
+            async with in_flight:
+                raw = await self.bus.request(subject, payload, timeout=self.timeout)
             header, _ = _unpack_reply(subject, raw)
+            return header
+
+        # Parts travel concurrently; the reply to whichever completes the push carries the
+        # outcome, the others say "partial".
+        replies = await asyncio.gather(*(send(n, part) for n, part in enumerate(parts)))
+        header = next((r for r in replies if r.get("outcome") != "partial"), replies[-1])
         return PushReply(
             index=index,
             outcome=str(header.get("outcome")),
