@@ -5,6 +5,10 @@ Arrival times are drawn in advance of the responses, so a slow server cannot slo
 At most `max_in_flight` requests are outstanding; an arrival beyond that is counted as dropped
 and never queued, because a queue inside the load generator would turn it back into a closed
 loop. The connection pool is as large as the in-flight bound for the same reason.
+
+Time comes through a `Clock` port (the event loop's by default), so the schedule of intended
+send times can be checked exactly with a clock that a test moves; how late each request left
+(send lag, when the machine is busy) is reported, never corrected by skipping arrivals.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -24,6 +29,28 @@ from tideshift.loadgen.profiles import RateProfile
 
 # When the rate is zero, look again this often (profile time moves on meanwhile).
 IDLE_POLL_S = 0.05
+
+
+class Clock(Protocol):
+    """Seconds on a monotonic clock, and a way to wait for some of them to pass."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class LoopClock:
+    """The running event loop's monotonic clock."""
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+# Called once per request sent: (intended send time, actual send time), seconds since start.
+OnSend = Callable[[float, float], None]
 
 
 class TargetRefused(ValueError):
@@ -82,6 +109,8 @@ class LoadStats:
     latencies_s: list[float] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)  # "503", "timeout", "connect", ...
     elapsed_s: float = 0.0
+    lag_total_s: float = 0.0  # sum over sent requests of (actual - intended send time)
+    lag_max_s: float = 0.0
 
     @property
     def offered(self) -> int:
@@ -120,6 +149,10 @@ class LoadStats:
                 )
             },
             "failures": dict(sorted(self.failures.items())),
+            "send_lag_s": {
+                "mean": round(self.lag_total_s / self.sent, 4) if self.sent else None,
+                "max": round(self.lag_max_s, 4),
+            },
         }
 
 
@@ -142,17 +175,20 @@ async def drive(
     on_progress: Callable[[LoadStats, float], None] | None = None,
     progress_every_s: float = 1.0,
     stop: asyncio.Event | None = None,
+    clock: Clock | None = None,
+    on_send: OnSend | None = None,
 ) -> LoadStats:
     """Send requests to `config.target` at rate(t) for `config.duration_s` wall seconds.
 
     rate(t) is read at profile time `profile_start_s + speed * elapsed`. Inter-arrival gaps are
     exponential with the current rate (a piecewise-constant Poisson process, exact while the
-    rate is steady over a gap). `on_progress(stats, profile_time)` is called periodically.
+    rate is steady over a gap). `on_progress(stats, profile_time)` is called periodically;
+    `on_send(intended, actual)` once per request sent.
     """
     connector = aiohttp.TCPConnector(limit=config.max_in_flight, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=config.timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        run = _OpenLoopRun(profile, config, session)
+        run = _OpenLoopRun(profile, config, session, clock or LoopClock(), on_send)
         await run.until_done(on_progress, progress_every_s, stop)
         await run.settle_outstanding()
     return run.stats
@@ -162,15 +198,21 @@ class _OpenLoopRun:
     """One run of the driver: the arrival schedule, the requests in flight and their stats."""
 
     def __init__(
-        self, profile: RateProfile, config: DriverConfig, session: aiohttp.ClientSession
+        self,
+        profile: RateProfile,
+        config: DriverConfig,
+        session: aiohttp.ClientSession,
+        clock: Clock,
+        on_send: OnSend | None,
     ) -> None:
         self._profile = profile
         self._config = config
         self._session = session
-        self._loop = asyncio.get_running_loop()
+        self._clock = clock
+        self._on_send = on_send
         self._randomness = random.Random(config.seed)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._started = self._loop.time()
+        self._started = clock.now()
         self._next_arrival = 0.0  # wall seconds since start
         self._last_expected_at = 0.0
         self.stats = LoadStats()
@@ -193,17 +235,23 @@ class _OpenLoopRun:
         duration = self._config.duration_s
         next_progress = progress_every_s
         while True:
-            elapsed = self._loop.time() - self._started
-            if elapsed >= duration or (stop is not None and stop.is_set()):
+            elapsed = self._clock.now() - self._started
+            if stop is not None and stop.is_set():
                 break
+            # Arrivals that fell due while the loop was held up leave now, late (the lag says
+            # how late), so what was offered never depends on how busy the machine is.
             self._fire_due_arrivals(elapsed)
+            if elapsed >= duration:
+                break
             self._integrate_expected(elapsed)
-            if on_progress is not None and elapsed >= next_progress:
+            if elapsed >= next_progress:
+                # Moved on even without a listener: a wake-up time in the past would spin.
                 next_progress += progress_every_s
-                on_progress(self.stats, self.profile_time(elapsed))
+                if on_progress is not None:
+                    on_progress(self.stats, self.profile_time(elapsed))
             wake_in = min(self._next_arrival, duration, next_progress) - elapsed
-            await asyncio.sleep(max(0.0, wake_in))
-        self._integrate_expected(min(self._loop.time() - self._started, duration))
+            await self._clock.sleep(max(0.0, wake_in))
+        self._integrate_expected(min(self._clock.now() - self._started, duration))
 
     def _fire_due_arrivals(self, elapsed: float) -> None:
         """Every arrival that is due (a catch-up burst if the loop fell behind)."""
@@ -211,12 +259,20 @@ class _OpenLoopRun:
             if self.stats.in_flight >= self._config.max_in_flight:
                 self.stats.dropped += 1
             else:
-                self.stats.sent += 1
+                self._count_send(self._next_arrival, elapsed)
                 self.stats.in_flight += 1
                 task = asyncio.create_task(self._one_request())
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             self._next_arrival = self._arrival_after(self._next_arrival)
+
+    def _count_send(self, intended: float, actual: float) -> None:
+        self.stats.sent += 1
+        lag = actual - intended
+        self.stats.lag_total_s += lag
+        self.stats.lag_max_s = max(self.stats.lag_max_s, lag)
+        if self._on_send is not None:
+            self._on_send(intended, actual)
 
     def _arrival_after(self, arrival: float) -> float:
         rate = self.wall_rate(arrival)
@@ -251,13 +307,13 @@ class _OpenLoopRun:
 
     async def _one_request(self) -> None:
         stats = self.stats
-        started = self._loop.time()
+        started = self._clock.now()
         try:
             async with self._session.request(self._config.method, self._config.target) as response:
                 await response.read()
                 if 200 <= response.status < 300:
                     stats.succeeded += 1
-                    stats.latencies_s.append(self._loop.time() - started)
+                    stats.latencies_s.append(self._clock.now() - started)
                 else:
                     stats.count_failure(str(response.status))
         except TimeoutError:

@@ -80,9 +80,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def test_backtest_benchmark() -> None:
-    assert main([]) == 0
-
-
 if __name__ == "__main__":
     sys.exit(main())

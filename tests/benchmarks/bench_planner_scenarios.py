@@ -74,9 +74,5 @@ def main(argv: Sequence[str] = ()) -> int:
     return 0
 
 
-def test_policy_outcomes() -> None:
-    main(["--only", "edl-mixed-nginx"])
-
-
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

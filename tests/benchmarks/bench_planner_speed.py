@@ -97,10 +97,6 @@ def build_inputs(seed: int = 1) -> tuple[PlanInputs, float]:
     return PlanInputs(view, serving, tuple(jobs), forecasts, current), build_s
 
 
-def test_plan_speed() -> None:
-    main()
-
-
 def main() -> int:
     inputs, build_s = build_inputs()
     print(

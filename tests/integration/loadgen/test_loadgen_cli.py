@@ -94,8 +94,11 @@ def test_trace_replay_through_the_cli(sample_app: int, tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr
     figures = json.loads(report.read_text())
     assert figures["expected"] == pytest.approx(160, rel=0.05)
-    assert figures["sent"] == pytest.approx(figures["expected"], rel=0.15)
-    assert figures["succeeded"] == figures["sent"]
+    # Late arrivals still leave (a busy machine shows as send lag), so what is offered is the
+    # seeded schedule's count whatever the machine's speed; every request sent was served.
+    assert figures["offered"] == pytest.approx(figures["expected"], rel=0.15)
+    assert figures["succeeded"] == figures["sent"] == figures["offered"]
+    assert figures["send_lag_s"]["max"] >= 0
     assert figures["latency_s"]["p50"] is not None
     with urllib.request.urlopen(f"http://127.0.0.1:{sample_app}/metrics", timeout=5) as answer:
         metrics = answer.read().decode()

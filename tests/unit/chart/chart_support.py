@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
+from tests.fixtures.requirements import missing_dependency
 from tideshift.services.devcluster.versions import (
     BUILD_HINT,
     HELM_VERSION,
@@ -45,10 +45,7 @@ def helm_binary() -> Path:
     found = shutil.which("helm")
     if found:
         return Path(found)
-    message = f"helm {HELM_VERSION} not found in {bin_dir} nor on PATH: {BUILD_HINT}"
-    if os.environ.get("CI", "").lower() in {"true", "1", "yes"}:
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+    missing_dependency(f"helm {HELM_VERSION} not found in {bin_dir} nor on PATH: {BUILD_HINT}")
 
 
 def run_helm(

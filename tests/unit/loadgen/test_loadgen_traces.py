@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.requirements import shared_trace
 from tideshift.loadgen.traces import TraceError, parse_trace, read_trace
-
-SHARED_TRACES = Path("/work/shared/traces")
 
 
 def test_parses_rows_and_the_interval() -> None:
@@ -41,8 +40,7 @@ def test_missing_file_is_one_clear_error(tmp_path: Path) -> None:
         read_trace(tmp_path / "absent.csv")
 
 
-@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="shared traces not present")
 def test_reads_the_shared_nasa_trace() -> None:
-    trace = read_trace(SHARED_TRACES / "nasa_http_jul95_1min.csv")
+    trace = read_trace(shared_trace("nasa_http_jul95_1min.csv"))
     assert trace.interval_s == 60.0
     assert max(trace.counts) == 405

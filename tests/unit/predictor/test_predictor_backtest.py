@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.fixtures.requirements import shared_trace
 from tideshift.loadgen.traces import TraceError
 from tideshift.services.predictor.backtest import main
 from tideshift.services.predictor.evaluation import (
@@ -19,12 +19,6 @@ from tideshift.services.predictor.evaluation import (
     score,
 )
 from tideshift.services.predictor.models import DEFAULT_MODEL, build_model
-
-TRACES_DIR = Path(
-    os.environ.get(
-        "TIDESHIFT_TRACES_DIR", Path(__file__).resolve().parents[4] / "shared" / "traces"
-    )
-)
 
 
 @pytest.mark.parametrize(
@@ -204,9 +198,7 @@ def test_cli_table_names_every_model(tmp_path: Path, capsys) -> None:
 def test_backtest_on_the_shared_traces_short_window(
     capsys, file_name: str, duration: str, warmup: str, horizon: str
 ) -> None:
-    path = TRACES_DIR / file_name
-    if not path.exists():
-        pytest.skip(f"shared trace {path} not available (set TIDESHIFT_TRACES_DIR)")
+    path = shared_trace(file_name)
     argv = ["--trace", str(path), "--duration", duration, "--warmup", warmup]
     argv += ["--horizon", horizon, "--step", "15m", "--json", "--quiet"]
     argv += ["--models", f"seasonal_naive_daily,holt_winters,{DEFAULT_MODEL}"]
