@@ -16,6 +16,8 @@ Rules, in order:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -30,36 +32,46 @@ _EPS = 1e-6
 
 def fits(free: FloatArray, request: FloatArray) -> BoolArray:
     """Whether one pod of `request` (3,) fits each node's `free` room (nodes, 3)."""
-    result: BoolArray = np.all(free + _EPS >= request, axis=1)
+    # column by column: numpy reduces a (nodes, 3) array along its short axis slowly
+    result: BoolArray = free[:, 0] + _EPS >= request[0]
+    for resource in (1, 2):
+        result &= free[:, resource] + _EPS >= request[resource]
     return result
 
 
 def fullness(used: FloatArray, allocatable: FloatArray) -> FloatArray:
     """MostAllocated's score per node in [0, 1]: the weighted mean of used / allocatable over
     the resources the node has (0 for a node with nothing allocatable)."""
-    has = allocatable > 0
-    ratios = np.divide(used, allocatable, out=np.zeros_like(used), where=has)
-    weights = has * RESOURCE_WEIGHTS
-    total = weights.sum(axis=1)
-    score: FloatArray = np.divide(
-        (ratios * weights).sum(axis=1), total, out=np.zeros(used.shape[0]), where=total > 0
-    )
+    nodes = used.shape[0]
+    weighted = np.zeros(nodes)
+    weights = np.zeros(nodes)
+    for resource, weight in enumerate(RESOURCE_WEIGHTS.tolist()):
+        capacity = allocatable[:, resource]
+        has = capacity > 0
+        if not has.any():
+            continue  # no node has this resource (GPUs on a CPU cluster)
+        weighted += weight * has * used[:, resource] / np.where(has, capacity, 1.0)
+        weights += weight * has
+    score: FloatArray = weighted / np.maximum(weights, 1e-12)
     return score
+
+
+def placement_key(free: FloatArray, allocatable: FloatArray, request: FloatArray) -> FloatArray:
+    """Per node, the rules as one sort key (lower is better): +inf where one pod of
+    `request` does not fit; 2 added to GPU nodes for a pod without GPUs; minus the node's
+    fullness once the pod is there."""
+    key = -fullness(allocatable - free + request, allocatable)
+    if request[2] <= 0:
+        key += 2.0 * (allocatable[:, 2] > 0)
+    result: FloatArray = np.where(fits(free, request), key, np.inf)
+    return result
 
 
 def placement_order(free: FloatArray, allocatable: FloatArray, request: FloatArray) -> IntArray:
     """Rows of the nodes one pod of `request` fits on, best first (the module's rules)."""
-    candidates = np.flatnonzero(fits(free, request))
-    if candidates.size == 0:
-        return candidates.astype(np.int64)
-    node_alloc = allocatable[candidates]
-    score = fullness(node_alloc - free[candidates] + request, node_alloc)
-    avoid = (
-        (node_alloc[:, 2] > 0).astype(np.float64) if request[2] <= 0 else np.zeros(candidates.size)
-    )
-    # lexsort: last key first; stable, so ties keep the row order
-    order = np.lexsort((-score, avoid))
-    result: IntArray = candidates[order].astype(np.int64)
+    key = placement_key(free, allocatable, request)
+    order = np.argsort(key, kind="stable")  # stable: ties keep the row order
+    result: IntArray = order[: int(np.count_nonzero(np.isfinite(key)))].astype(np.int64)
     return result
 
 
@@ -70,32 +82,43 @@ def best_node(free: FloatArray, allocatable: FloatArray, request: FloatArray) ->
 
 
 def compact_down(
-    counts: IntArray, rows: IntArray, row_count: int, keep: IntArray, node_rest: FloatArray
+    counts: IntArray,
+    rows: IntArray,
+    row_count: int,
+    keep: IntArray,
+    node_rest: Callable[[BoolArray], FloatArray],
 ) -> IntArray:
     """Which pods stay when targets shrink, chosen so that scale-downs free whole nodes.
 
     Entries (rows[e], counts[e]) are one target's pods on one node, grouped by row in
-    ascending order; `keep[row]` pods stay per target; `node_rest[e]` is how full entry e's
-    node stays once that target's pods there are gone (`fullness`). Each target
-    empties its entries in order of that fullness (the emptiest node first, then the entry
-    with fewer pods, then the lower position), all of an entry's pods before the next's.
-    Worked example (test_compact_down_frees_the_emptiest_node): counts [2, 3] on nodes that
-    stay 0.5 and 0.0 full, keep 2: the second entry goes, [2, 0] stay.
+    ascending order; `keep[row]` pods stay per target; `node_rest(mask)` says, for the
+    entries in `mask`, how full each one's node stays once that target's pods there are gone
+    (`entry_rest`; asked only for the targets that shrink). Each target empties its entries in
+    order of that fullness (the emptiest node first, then the entry with fewer pods, then the
+    lower position), all of an entry's pods before the next's. Worked example
+    (test_compact_down_frees_the_emptiest_node): counts [2, 3] on nodes that stay 0.5 and
+    0.0 full, keep 2: the second entry goes, [2, 0] stay.
     """
+    stays: IntArray = counts.astype(np.int64)
     if counts.size == 0:
-        return counts.copy()
+        return stays
     totals = np.bincount(rows, weights=counts, minlength=row_count).astype(np.int64)
     remove = totals - np.clip(keep, 0, totals)
-    order = np.lexsort((np.arange(counts.size), counts, node_rest, rows))
-    ordered_rows, ordered_counts = rows[order], counts[order]
+    shrinking = remove[rows] > 0
+    if not shrinking.any():
+        return stays
+    sub_rows, sub_counts = rows[shrinking], stays[shrinking]
+    # lexsort: last key first; stable, so ties keep the entries' order
+    order = np.lexsort((sub_counts, node_rest(shrinking), sub_rows))
+    ordered_rows, ordered_counts = sub_rows[order], sub_counts[order]
     running = np.cumsum(ordered_counts) - ordered_counts  # pods before, over all rows
-    row_start = np.searchsorted(ordered_rows, np.arange(row_count))
-    before = running - running[np.minimum(row_start, counts.size - 1)][ordered_rows]
+    first = np.r_[True, ordered_rows[1:] != ordered_rows[:-1]]
+    before = running - running[first][np.cumsum(first) - 1]  # pods before, within the row
     removed = np.clip(remove[ordered_rows] - before, 0, ordered_counts)
-    stays = counts.copy()
-    stays[order] = ordered_counts - removed
-    result: IntArray = stays.astype(np.int64)
-    return result
+    kept = np.empty_like(sub_counts)
+    kept[order] = ordered_counts - removed
+    stays[shrinking] = kept
+    return stays
 
 
 def entry_rest(

@@ -67,12 +67,13 @@ def scale_down_victims(
     node_rows = np.array([row_of[name] for name in names], dtype=np.int64)
     counts = np.array([len(by_node[name]) for name in names], dtype=np.int64)
     request = np.array([_vector(by_node[name][0].requests) for name in names]).reshape(-1, 3)
+    rest = entry_rest(used, allocatable, node_rows, counts, request)
     stays = compact_down(
         counts,
         np.zeros(len(names), dtype=np.int64),
         1,
         np.array([int(counts.sum()) - remove], dtype=np.int64),
-        entry_rest(used, allocatable, node_rows, counts, request),
+        lambda mask: rest[mask],
     )
     victims: list[Pod] = []
     for name, count, stay in zip(names, counts.tolist(), stays.tolist(), strict=True):

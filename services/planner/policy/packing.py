@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tideshift.services.cluster.placement import fits, placement_order
+from tideshift.services.cluster.placement import fits, placement_key
 from tideshift.services.planner.policy.model import (
     FloatArray,
     IntArray,
@@ -37,15 +37,26 @@ def pack_sparse(
 
     A pod only makes its node fuller, so the node that wins the first pod wins the following
     ones until it is full: filling nodes in the first pod's order is the scheduler's outcome.
+    At most `count` nodes are needed, so only the best `count` keys (and their ties) are sorted.
     """
-    order = placement_order(free, allocatable, request)
-    if count <= 0 or order.size == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    if count <= 0:
+        return empty, empty
+    key = placement_key(free, allocatable, request)
+    fitting = int(np.count_nonzero(np.isfinite(key)))
+    if fitting == 0:
+        return empty, empty
+    if count < fitting:
+        threshold = np.partition(key, count - 1)[count - 1]
+        near = np.flatnonzero(key <= threshold)
+        order = near[np.argsort(key[near], kind="stable")]
+    else:
+        order = np.argsort(key, kind="stable")[:fitting]
     slots = slots_per_node(free[order], request)
     before = np.cumsum(slots) - slots
     taken = np.clip(count - before, 0, slots)
     used = np.flatnonzero(taken)
-    nodes: IntArray = order[used]
+    nodes: IntArray = order[used].astype(np.int64)
     counts: IntArray = taken[used].astype(np.int64)
     return nodes, counts
 

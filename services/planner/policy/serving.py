@@ -13,6 +13,7 @@ import numpy as np
 
 from tideshift.services.cluster.placement import compact_down, entry_rest
 from tideshift.services.planner.policy.model import (
+    BoolArray,
     FloatArray,
     Forecast,
     Infeasible,
@@ -169,20 +170,21 @@ def place_serving(
     trainer_usage = node_sums(
         entries.node[~is_serving], entries.count[~is_serving], job_requests[job_rows], node_count
     )
-    serving_now = node_sums(nodes, entries.count[is_serving], serving_requests[rows], node_count)
-    # Scale-down removes the replicas that free whole nodes (the executor's deletion cost).
-    stays = compact_down(
-        entries.count[is_serving],
-        rows,
-        serving_count,
-        np.asarray(desired, dtype=np.int64),
-        entry_rest(
+    counts = entries.count[is_serving]
+
+    def rest_fullness(mask: BoolArray) -> FloatArray:
+        serving_now = node_sums(nodes, counts, serving_requests[rows], node_count)
+        return entry_rest(
             entries.fixed + serving_now + trainer_usage,
             allocatable,
-            nodes,
-            entries.count[is_serving],
-            serving_requests[rows],
-        ),
+            nodes[mask],
+            counts[mask],
+            serving_requests[rows[mask]],
+        )
+
+    # Scale-down removes the replicas that free whole nodes (the executor's deletion cost).
+    stays = compact_down(
+        counts, rows, serving_count, np.asarray(desired, dtype=np.int64), rest_fullness
     )
     usage = entries.fixed + node_sums(nodes, stays, serving_requests[rows], node_count)
     stayed = np.bincount(rows, weights=stays, minlength=serving_count)

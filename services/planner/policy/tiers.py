@@ -10,7 +10,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from tideshift.services.cluster.placement import compact_down, entry_rest
-from tideshift.services.planner.policy.model import EPS, FloatArray, IntArray, TrainingJob
+from tideshift.services.planner.policy.model import (
+    EPS,
+    BoolArray,
+    FloatArray,
+    IntArray,
+    TrainingJob,
+)
 from tideshift.services.planner.policy.packing import (
     node_sums,
     pack_sparse,
@@ -67,18 +73,14 @@ class TierSolver:
             else np.zeros((0, 3))
         )
         self.kept_totals = np.array([item.kept_total for item in jobs], dtype=np.int64)
-        self.entry_rest = entry_rest(
-            allocatable - base_free, allocatable, entry_node, entry_kept, self.entry_request
-        )
+        self._entry_rest: FloatArray | None = None  # computed when a job first shrinks
 
     def freed(self, counts: Sequence[int]) -> FloatArray:
         """Room once every job that shrinks has left the nodes it frees most (`compact_down`)."""
         wanted = np.asarray(counts, dtype=np.int64)
         if not np.any(wanted < self.kept_totals):
             return self.base_free.copy()
-        stays = compact_down(
-            self.entry_kept, self.entry_job, len(self.jobs), wanted, self.entry_rest
-        )
+        stays = compact_down(self.entry_kept, self.entry_job, len(self.jobs), wanted, self._rest)
         released = self.entry_kept - stays
         moved = released > 0
         return self.base_free + node_sums(
@@ -87,6 +89,18 @@ class TierSolver:
             self.entry_request[moved],
             self.base_free.shape[0],
         )
+
+    def _rest(self, mask: BoolArray) -> FloatArray:
+        """How full each kept entry's node stays without that job's trainers there."""
+        if self._entry_rest is None:
+            self._entry_rest = entry_rest(
+                self.allocatable - self.base_free,
+                self.allocatable,
+                self.entry_node,
+                self.entry_kept,
+                self.entry_request,
+            )
+        return self._entry_rest[mask]
 
     def place(self, counts: Sequence[int]) -> tuple[bool, FloatArray, IntArray]:
         """(all placed, free left, unplaced additions per job)."""

@@ -3,7 +3,10 @@ free whole nodes, stranded capacity."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +22,12 @@ from tideshift.services.planner.policy import pack_sparse, stranded_capacity
 GIB = 2.0**30
 CPU_NODE = [8.0, 32 * GIB, 0.0]
 GPU_NODE = [8.0, 32 * GIB, 4.0]
+
+
+def rests(*values: float) -> Callable[[npt.NDArray[np.bool_]], npt.NDArray[np.float64]]:
+    """compact_down's node_rest for fixed per-entry values."""
+    array = np.array(values, dtype=np.float64)
+    return lambda mask: array[mask]
 
 
 def test_cpu_only_pod_stays_off_gpu_nodes_while_a_cpu_node_fits() -> None:
@@ -58,14 +67,12 @@ def test_pack_fills_the_fullest_node_before_touching_empty_ones() -> None:
 
 
 def test_compact_down_frees_the_emptiest_node() -> None:
-    stays = compact_down(np.array([2, 3]), np.array([0, 0]), 1, np.array([2]), np.array([0.5, 0.0]))
+    stays = compact_down(np.array([2, 3]), np.array([0, 0]), 1, np.array([2]), rests(0.5, 0.0))
     assert stays.tolist() == [2, 0]
 
 
 def test_compact_down_prefers_the_entry_that_is_cheaper_to_free() -> None:
-    stays = compact_down(
-        np.array([3, 1, 2]), np.array([0, 0, 0]), 1, np.array([4]), np.array([0.0, 0.0, 0.0])
-    )
+    stays = compact_down(np.array([3, 1, 2]), np.array([0, 0, 0]), 1, np.array([4]), rests(0, 0, 0))
     assert stays.tolist() == [3, 0, 1]
 
 
@@ -79,7 +86,7 @@ def test_compact_down_frees_whole_nodes_from_a_spread_deployment() -> None:
     used = counts[:, None] * request
     used[0] += [2.0, 4 * GIB, 0.0]  # a trainer stays there
     rest = entry_rest(used, allocatable, nodes, counts, np.tile(request, (4, 1)))
-    stays = compact_down(counts, np.zeros(4, dtype=np.int64), 1, np.array([4]), rest)
+    stays = compact_down(counts, np.zeros(4, dtype=np.int64), 1, np.array([4]), rests(*rest))
     assert stays.tolist()[0] == 2
     assert sorted(stays.tolist()) == [0, 0, 2, 2]
 
@@ -96,7 +103,7 @@ def test_compact_down_keeps_what_is_asked_and_never_adds(
     rows = np.array([row for row, _, _ in data], dtype=np.int64)
     counts = np.array([count for _, count, _ in data], dtype=np.int64)
     rest = np.array([value for _, _, value in data], dtype=np.float64)
-    stays = compact_down(counts, rows, 4, np.array(keep, dtype=np.int64), rest)
+    stays = compact_down(counts, rows, 4, np.array(keep, dtype=np.int64), rests(*rest))
     assert np.all(stays >= 0)
     assert np.all(stays <= counts)
     for row in range(4):
