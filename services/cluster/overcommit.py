@@ -1,6 +1,6 @@
 """Overcommit: what serving reserves but does not use, lent to batch trainers. Per node,
-reclaimable = allocatable - what non-batch pods use - a safety margin; batch trainers on that
-capacity are the first to go when serving's usage rises. Pure numpy; no I/O, no clock."""
+reclaimable = allocatable - what non-batch pods use - a safety margin; it shrinks as
+serving's usage rises. Pure numpy; no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tideshift.services.cluster.placement import FloatArray, IntArray
+from tideshift.services.cluster.placement import FloatArray
 
 # Extended resources the executor advertises on each Node's status; opted-in trainers request
 # these instead of cpu / memory.
@@ -36,19 +36,3 @@ def reclaimable(
     alloc = allocatable[:, :2]
     lendable: FloatArray = np.maximum(alloc * (1.0 - config.margin) - non_batch_used[:, :2], 0.0)
     return lendable
-
-
-def batch_evictions(
-    reclaimable_now: FloatArray, batch_requests: FloatArray, trainer_request: FloatArray
-) -> IntArray:
-    """Per node, how many batch trainers (each `trainer_request` of (cpu, memory)) must leave
-    so that what batch pods hold (`batch_requests`, (nodes, 2)) fits the reclaimable capacity
-    again: serving's rising usage takes precedence over lent capacity."""
-    excess = np.maximum(batch_requests[:, :2] - reclaimable_now[:, :2], 0.0)
-    request = np.asarray(trainer_request[:2], dtype=np.float64)
-    positive = request > 0
-    if not positive.any():
-        return np.zeros(excess.shape[0], dtype=np.int64)
-    needed = np.ceil(excess[:, positive] / request[positive] - 1e-9).max(axis=1)
-    result: IntArray = np.maximum(needed, 0).astype(np.int64)
-    return result

@@ -7,7 +7,6 @@ import pytest
 
 from tideshift.services.cluster.overcommit import (
     OvercommitConfig,
-    batch_evictions,
     reclaimable,
 )
 
@@ -22,14 +21,12 @@ def test_reclaimable_is_allocatable_minus_usage_minus_margin() -> None:
     assert lendable[1].tolist() == [0.0, 0.0]  # never negative
 
 
-def test_rising_serving_usage_evicts_batch_trainers_first() -> None:
+def test_rising_serving_usage_shrinks_what_is_lent() -> None:
     allocatable = np.array([[16.0, 64 * GIB, 0.0]])
-    trainer = np.array([2.0, 4 * GIB])
-    batch = np.array([[8.0, 16 * GIB]])  # four trainers lent 8 cores
     calm = reclaimable(allocatable, np.array([[4.0, 8 * GIB, 0.0]]), OvercommitConfig(0.0))
-    assert batch_evictions(calm, batch, trainer).tolist() == [0]
     busy = reclaimable(allocatable, np.array([[11.0, 8 * GIB, 0.0]]), OvercommitConfig(0.0))
-    assert batch_evictions(busy, batch, trainer).tolist() == [2]  # 5 cores left: 2 trainers go
+    assert calm[0, 0] == 12.0
+    assert busy[0, 0] == 5.0
 
 
 def test_margin_outside_a_fraction_is_rejected_naming_the_field() -> None:
