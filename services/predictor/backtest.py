@@ -21,6 +21,7 @@ from tideshift.services.predictor.evaluation import (
     run_backtest,
 )
 from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS, build_model
+from tideshift.services.predictor.models.portfolio import Portfolio
 
 EXIT_USAGE = 2
 
@@ -133,11 +134,13 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_USAGE
 
     scores: dict[str, Score] = {}
+    choices: dict[str, object] = {}
     for name in args.models:
         reporter = None if args.quiet else _ProgressReporter(name)
-        scores[name] = run_backtest(
-            trace, build_model(name), plan, clock=time.perf_counter, progress=reporter
-        )
+        model = build_model(name)
+        scores[name] = run_backtest(trace, model, plan, clock=time.perf_counter, progress=reporter)
+        if isinstance(model, Portfolio):
+            choices[name] = model.choices()
         if reporter is not None:
             reporter.finish(scores[name])
 
@@ -154,6 +157,9 @@ def main(argv: Sequence[str]) -> int:
                 for name, score in scores.items()
             },
             "default": DEFAULT_MODEL,
+            # What each portfolio chose: member weights per step ahead at the end of the run
+            # and the share of forecast steps each member led.
+            "choices": choices,
             "trace": trace.source,
             "horizon_s": args.horizon,
         }

@@ -12,9 +12,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from tideshift.services.predictor.models.base import Forecaster
+from tideshift.services.predictor.models.drift import Drift, DriftConfig
 from tideshift.services.predictor.models.fft import FftConfig, FftForecaster
 from tideshift.services.predictor.models.holt_winters import HoltWinters, HoltWintersConfig
+from tideshift.services.predictor.models.portfolio import Portfolio, PortfolioConfig
 from tideshift.services.predictor.models.seasonal_naive import SeasonalNaive, SeasonalNaiveConfig
+from tideshift.services.predictor.models.statistical import Statistical, StatisticalConfig
 from tideshift.services.predictor.models.tidal import Tidal, TidalConfig
 
 
@@ -58,9 +61,33 @@ MODELS: dict[str, ModelEntry] = {
         {},
         "robust multi-seasonal profile, two-speed level, conformal quantiles",
     ),
+    "drift": ModelEntry(
+        DriftConfig,
+        lambda config, name: Drift(config, name=name),
+        {},
+        "persistence with a damped recent slope",
+    ),
+    "mstl": ModelEntry(
+        StatisticalConfig,
+        lambda config, name: Statistical(config, name=name),
+        {"method": "mstl"},
+        "statsforecast MSTL (daily season, AutoETS trend) on a 15-min grid",
+    ),
+    "auto_theta": ModelEntry(
+        StatisticalConfig,
+        lambda config, name: Statistical(config, name=name),
+        {"method": "auto_theta"},
+        "statsforecast AutoTheta (daily season) on a 15-min grid",
+    ),
+    "portfolio": ModelEntry(
+        PortfolioConfig,
+        lambda config, name: Portfolio(config, name=name, build=build_member),
+        {},
+        "members scored out of sample per step ahead, best combined, conformal quantiles",
+    ),
 }
 
-DEFAULT_MODEL = "tidal"
+DEFAULT_MODEL = "portfolio"
 
 
 def model_names() -> list[str]:
@@ -77,3 +104,11 @@ def build_model(name: str, settings: Mapping[str, object] | None = None) -> Fore
     entry = MODELS[name]
     config = entry.config_type.model_validate({**entry.preset, **(settings or {})})
     return entry.construct(config, name)
+
+
+def build_member(name: str, settings: Mapping[str, object]) -> Forecaster:
+    """A portfolio member: `settings` the member's config does not have are left out."""
+    if name not in MODELS:
+        raise ValueError(f"portfolio member: unknown model {name!r}")
+    fields = MODELS[name].config_type.model_fields
+    return build_model(name, {key: value for key, value in settings.items() if key in fields})

@@ -110,7 +110,7 @@ async def test_forecasts_track_the_rate_and_survive_a_prometheus_restart(
             lambda event: not event.stale and near(event.points[0].q50, 50.0, 0.2),
             what="tracking 50 req/s",
         )
-        assert first.model == "tidal"
+        assert first.model == "portfolio"
         assert first.workload.namespace == namespace
         assert all(p.q50 <= p.q90 <= p.q95 <= p.q99 for p in first.points)
 

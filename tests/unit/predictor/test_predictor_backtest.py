@@ -169,7 +169,7 @@ def test_cli_json_has_the_documented_shape(tmp_path: Path, capsys) -> None:
     )
     assert code == 0
     document = json.loads(capsys.readouterr().out)
-    assert set(document) == {"models", "default", "trace", "horizon_s"}
+    assert set(document) == {"models", "default", "trace", "horizon_s", "choices"}
     assert document["default"] == DEFAULT_MODEL
     assert document["horizon_s"] == 3600
     assert document["trace"] == str(path)

@@ -109,6 +109,10 @@ ACCURACY = {
     "holt_winters": 0.10,
     "fft": 0.10,
     "tidal": 0.08,
+    "drift": 0.15,
+    "mstl": 0.10,
+    "auto_theta": 0.10,
+    "portfolio": 0.08,
 }
 
 
@@ -246,7 +250,8 @@ def test_holt_winters_multiplicative_falls_back_to_additive_on_zeros() -> None:
     check_invariants(model.predict(12), 12)
 
 
-@pytest.mark.parametrize("name", ALL_MODELS)
+# Persistence with drift has no season to keep.
+@pytest.mark.parametrize("name", [name for name in ALL_MODELS if name != "drift"])
 def test_update_across_a_gap_keeps_the_seasonal_phase(name: str) -> None:
     times, values = diurnal(16, noise=0.02)
     model = build_model(name, {"default_interval_s": STEP_S})

@@ -79,7 +79,7 @@ async def test_healthy_source_gives_fresh_forecasts_over_the_horizon() -> None:
     loop = forecaster(source, clock)
     event = await loop.tick()
     assert event is not None and not event.stale
-    assert event.model == "tidal"
+    assert event.model == "portfolio"
     assert len(event.points) == 10
     assert event.points[0].at.timestamp() == START + 60
     assert event.workload.name == "web" and event.workload.kind == "Deployment.apps"
