@@ -156,6 +156,9 @@ class ServingPolicy(_Frozen):
     max_replicas: int = Field(default=1000, ge=1)
     lead_time_seconds: float = Field(default=60.0, ge=0, description="pod start-up until ready")
     quantile: float = Field(default=0.95, gt=0, lt=1, description="forecast quantile sized for")
+    stabilization_seconds: float = Field(
+        default=300.0, ge=0, description="scale-down waits for the window's highest need"
+    )
     demand_query: str = Field(default="", description="PromQL of its demand; empty: default")
 
     @model_validator(mode="after")

@@ -51,6 +51,7 @@ def serving_of(event: WorkloadChanged) -> ServingWorkload:
         min_replicas=low,
         max_replicas=high,
         lead_time_s=policy.lead_time_seconds,
+        stabilization_s=policy.stabilization_seconds,
         quantile=policy.quantile,
     )
 

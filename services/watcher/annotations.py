@@ -1,7 +1,7 @@
 """A labelled workload's policy, read from its `tideshift.io/*` annotations. Pure: no I/O.
 
 Serving workloads (`tideshift.io/role: serving`): `capacity-rps` (required), `min-replicas`,
-`max-replicas`, `lead-time-seconds`, `quantile`, `demand-query`. Training workloads
+`max-replicas`, `lead-time-seconds`, `quantile`, `stabilization-seconds`, `demand-query`. Training workloads
 (`tideshift.io/role: training`): `min-replicas`, `max-replicas`, `gang-min`, `priority`,
 `weight`, `scale-task` (Volcano). Any workload: `paused` (`"true"`: Tideshift leaves it alone).
 A value that does not parse raises `InvalidPolicy` naming the annotation and what it expects.
@@ -33,6 +33,7 @@ SERVING_ANNOTATIONS = {
     "max-replicas": "max_replicas",
     "lead-time-seconds": "lead_time_seconds",
     "quantile": "quantile",
+    "stabilization-seconds": "stabilization_seconds",
     "demand-query": "demand_query",
 }
 TRAINING_ANNOTATIONS = {
@@ -50,6 +51,7 @@ EXPECTED = {
     "max_replicas": "a whole number >= 1, not below min-replicas",
     "lead_time_seconds": "seconds >= 0",
     "quantile": "a number between 0 and 1, e.g. 0.95",
+    "stabilization_seconds": "seconds >= 0",
     "demand_query": "a PromQL expression",
     "gang_min": "a whole number >= 1",
     "priority": "a whole number",
