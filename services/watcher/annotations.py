@@ -1,10 +1,11 @@
 """A labelled workload's policy, read from its `tideshift.io/*` annotations. Pure: no I/O.
 
 Serving workloads (`tideshift.io/role: serving`): `capacity-rps` (required), `min-replicas`,
-`max-replicas`, `lead-time-seconds`, `quantile`, `stabilization-seconds`, `demand-query`. Training workloads
-(`tideshift.io/role: training`): `min-replicas`, `max-replicas`, `gang-min`, `priority`,
-`weight`, `scale-task` (Volcano). Any workload: `paused` (`"true"`: Tideshift leaves it alone).
-A value that does not parse raises `InvalidPolicy` naming the annotation and what it expects.
+`max-replicas`, `lead-time-seconds`, `quantile`, `stabilization-seconds`, `demand-query`.
+Training workloads (`tideshift.io/role: training`): `min-replicas`, `max-replicas`,
+`gang-min`, `priority`, `weight`, `scale-task` (Volcano). Any workload: `paused` (`"true"`:
+Tideshift leaves it alone). A value that does not parse raises `InvalidPolicy` naming the
+annotation and what it expects.
 """
 
 from __future__ import annotations
