@@ -145,6 +145,13 @@ class PolicyConfig:
     # growth of a running job by at most this fraction (and by less than this share of the
     # cluster) waits
     grow_tolerance: float = 0.05
+    # Serving's safety net: demand above what the forecast allowed scales up at once and
+    # holds scale-down for `panic_window_s`; the worst recent miss ratio (observed / allowed)
+    # becomes headroom on the forecast, fading back to none with this half-life.
+    panic_window_s: float = 60.0
+    miss_half_life_s: float = 1800.0
+    # Scale-down waits while the faded miss ratio is above 1 + this.
+    miss_tolerance: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +175,16 @@ class PlanState:
     serving_history: Mapping[Target, tuple[tuple[float, int], ...]] = field(default_factory=dict)
     serving_seen_since: Mapping[Target, float] = field(default_factory=dict)
     job_grew_at: Mapping[Target, float] = field(default_factory=dict)
+    serving_misses: Mapping[Target, Miss] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """How far observed serving demand recently ran above what the forecast allowed."""
+
+    at: float  # when `ratio` was measured
+    ratio: float  # observed / allowed, at least 1 (1 = no miss)
+    panic_until: float  # no scale-down before this
 
 
 Role = Literal["serving", "training"]

@@ -60,6 +60,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     new_state = PlanState(
         serving_history={k: v for k, v in serving.history.items() if k in managed},
         serving_seen_since={k: v for k, v in serving.seen_since.items() if k in managed},
+        serving_misses={k: v for k, v in serving.misses.items() if k in managed},
         job_grew_at=grew_at,
     )
     return decision, new_state

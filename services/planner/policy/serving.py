@@ -18,6 +18,7 @@ from tideshift.services.planner.policy.model import (
     Forecast,
     Infeasible,
     IntArray,
+    Miss,
     PlanInputs,
     PlanState,
     PolicyConfig,
@@ -53,6 +54,28 @@ def forecast_peak(forecast: Forecast, start: float, end: float, quantile: float)
     return float(max(values[first:last]))
 
 
+def track_miss(
+    miss: Miss | None,
+    *,
+    observed: float | None,
+    allowed: float | None,
+    now: float,
+    config: PolicyConfig,
+) -> Miss:
+    """The workload's miss after this observation: the previous ratio fades toward 1 with
+    `miss_half_life_s`; a new observation above what the forecast allowed raises it and
+    starts a panic window."""
+    ratio, panic_until = 1.0, -math.inf
+    if miss is not None:
+        fade = 0.5 ** (max(0.0, now - miss.at) / config.miss_half_life_s)
+        ratio = 1.0 + (miss.ratio - 1.0) * fade
+        panic_until = miss.panic_until
+    if observed is not None and allowed is not None and observed > allowed:
+        ratio = max(ratio, observed / max(allowed, 1e-9))
+        panic_until = now + config.panic_window_s
+    return Miss(at=now, ratio=ratio, panic_until=panic_until)
+
+
 def plan_serving(
     workload: ServingWorkload,
     forecast: Forecast | None,
@@ -63,23 +86,50 @@ def plan_serving(
     now: float,
     config: PolicyConfig,
     cluster_stale: bool,
-) -> tuple[int, str, tuple[tuple[float, int], ...], str | None]:
-    """Returns (desired, reason, new history, fallback announcement or None)."""
+    observed: float | None = None,
+    miss: Miss | None = None,
+) -> tuple[int, str, tuple[tuple[float, int], ...], str | None, Miss]:
+    """Returns (desired, reason, new history, fallback announcement or None, new miss).
+
+    The safety net: a forecast can be wrong and serving must not pay for it. Observed demand
+    above what the forecast allowed for now sizes serving for that demand at once; the
+    recent miss ratio scales the forecast up (headroom from the workload's own errors and
+    bursts, not one fixed quantile); while it is high, scale-down waits.
+    """
     window_end = now + workload.lead_time_s + workload.margin_s
     peak: float | None = None
+    allowed: float | None = None
     if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
         peak = forecast_peak(forecast, now, window_end, workload.quantile)
+        allowed = forecast_peak(forecast, now, now, workload.quantile)
+    new_miss = track_miss(miss, observed=observed, allowed=allowed, now=now, config=config)
+    observed_need = (
+        math.ceil(observed / workload.capacity_rps - 1e-9) if observed is not None else 0
+    )
     if peak is None:
-        held = min(max(current, workload.min_replicas), workload.max_replicas)
+        held = min(max(current, observed_need, workload.min_replicas), workload.max_replicas)
         why = "no forecast" if forecast is None else "forecast stale or not covering the window"
-        return held, f"holding {held}: {why}", history, f"{workload.target}: {why}; holding"
-    need = math.ceil(max(peak, 0.0) / workload.capacity_rps - 1e-9)
+        return (
+            held,
+            f"holding {held}: {why}",
+            history,
+            f"{workload.target}: {why}; holding",
+            new_miss,
+        )
+    headroom = new_miss.ratio
+    forecast_need = math.ceil(max(peak, 0.0) * headroom / workload.capacity_rps - 1e-9)
+    need = max(forecast_need, observed_need)
     recommended = min(max(need, workload.min_replicas), workload.max_replicas)
     basis = (
         f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
         f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
-        f"per replica = {need}"
+        f"per replica"
     )
+    if headroom > 1.0 + 1e-9:
+        basis += f" x {headroom:.2f} recent miss headroom"
+    basis += f" = {forecast_need}"
+    if observed_need > forecast_need:
+        basis += f"; observed {observed:.1f} req/s needs {observed_need} (panic)"
     if recommended != need:
         basis += f", clamped to [{workload.min_replicas}, {workload.max_replicas}]"
     cutoff = now - workload.stabilization_s
@@ -89,18 +139,15 @@ def plan_serving(
         return (
             recommended,
             f"{basis}; scale up now" if recommended > current else basis,
-            (new_history),
-            None,
-        )
-    if cluster_stale:
-        return current, f"{basis}; cluster view stale: not scaling down", new_history, None
-    if now - seen_since < workload.stabilization_s:
-        return (
-            current,
-            f"{basis}; no scale-down until {workload.stabilization_s:.0f} s observed",
             new_history,
             None,
+            new_miss,
         )
+    held_why = _scale_down_hold(
+        workload, new_miss, seen_since=seen_since, now=now, config=config, stale=cluster_stale
+    )
+    if held_why is not None:
+        return current, f"{basis}; {held_why}", new_history, None, new_miss
     if stabilized < current:
         return (
             stabilized,
@@ -108,8 +155,36 @@ def plan_serving(
             f"{workload.stabilization_s:.0f} s",
             new_history,
             None,
+            new_miss,
         )
-    return current, f"{basis}; scale-down held by the stabilisation window", new_history, None
+    return (
+        current,
+        f"{basis}; scale-down held by the stabilisation window",
+        new_history,
+        None,
+        new_miss,
+    )
+
+
+def _scale_down_hold(
+    workload: ServingWorkload,
+    miss: Miss,
+    *,
+    seen_since: float,
+    now: float,
+    config: PolicyConfig,
+    stale: bool,
+) -> str | None:
+    """Why serving may not scale down now, or None."""
+    if stale:
+        return "cluster view stale: not scaling down"
+    if now - seen_since < workload.stabilization_s:
+        return f"no scale-down until {workload.stabilization_s:.0f} s observed"
+    if now < miss.panic_until:
+        return "demand ran above the forecast: no scale-down in the panic window"
+    if miss.ratio > 1.0 + config.miss_tolerance:
+        return f"recent forecast misses (x{miss.ratio:.2f}): scale-down waits"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +194,7 @@ class ServingPlan:
     history: dict[Target, tuple[tuple[float, int], ...]]
     seen_since: dict[Target, float]
     fallbacks: tuple[str, ...]
+    misses: dict[Target, Miss]
 
 
 def size_serving(
@@ -127,13 +203,14 @@ def size_serving(
     """Every serving workload's replicas, with the updated windows."""
     history = dict(state.serving_history)
     seen = dict(state.serving_seen_since)
+    misses = dict(state.serving_misses)
     desired_all: list[int] = []
     decisions: list[TargetDecision] = []
     fallbacks: list[str] = []
     for row, workload in enumerate(inputs.serving):
         target = workload.target
         current = inputs.current.get(target, int(bound_totals[row]))
-        desired, reason, history[target], fallback = plan_serving(
+        desired, reason, history[target], fallback, misses[target] = plan_serving(
             workload,
             inputs.forecasts.get(target),
             current=current,
@@ -142,12 +219,16 @@ def size_serving(
             now=now,
             config=inputs.config,
             cluster_stale=inputs.cluster_stale,
+            observed=inputs.observed_rps.get(target),
+            miss=state.serving_misses.get(target),
         )
         if fallback is not None:
             fallbacks.append(fallback)
         desired_all.append(desired)
         decisions.append(TargetDecision(target, "serving", current, desired, reason))
-    return ServingPlan(tuple(desired_all), tuple(decisions), history, seen, tuple(fallbacks))
+    return ServingPlan(
+        tuple(desired_all), tuple(decisions), history, seen, tuple(fallbacks), misses
+    )
 
 
 def place_serving(

@@ -1,0 +1,99 @@
+"""Serving's safety net: demand above the forecast scales up at once; misses add headroom
+and make scale-down wait; a quiet workload is untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+from tideshift.services.planner import policy as pol
+from tideshift.services.planner.policy.serving import plan_serving, track_miss
+
+WEB = pol.ServingWorkload(
+    target=pol.Target("default", "Deployment", "web"),
+    replica_requests=(1.0, 1.0, 0.0),
+    capacity_rps=10.0,
+    min_replicas=1,
+    max_replicas=500,
+    lead_time_s=30.0,
+    margin_s=30.0,
+    stabilization_s=60.0,
+    quantile=0.95,
+)
+CONFIG = pol.PolicyConfig()
+
+
+def flat(rps: float, now: float) -> pol.Forecast:
+    times = tuple(now + 60.0 * i for i in range(30))
+    return pol.Forecast(now, times, {0.5: (rps * 0.9,) * 30, 0.95: (rps,) * 30})
+
+
+def plan(
+    now: float, *, forecast_rps: float, observed: float | None, current: int, miss=None
+) -> tuple[int, str, pol.Miss]:
+    desired, reason, _, _, new_miss = plan_serving(
+        WEB,
+        flat(forecast_rps, now),
+        current=current,
+        history=(),
+        seen_since=-1e6,
+        now=now,
+        config=CONFIG,
+        cluster_stale=False,
+        observed=observed,
+        miss=miss,
+    )
+    return desired, reason, new_miss
+
+
+def test_demand_below_the_forecast_changes_nothing() -> None:
+    desired, reason, miss = plan(0.0, forecast_rps=100.0, observed=80.0, current=10)
+    assert desired == 10
+    assert miss.ratio == 1.0
+    assert "panic" not in reason and "miss" not in reason
+
+
+def test_demand_above_the_forecast_scales_up_at_once_for_the_observed_demand() -> None:
+    desired, reason, miss = plan(0.0, forecast_rps=100.0, observed=250.0, current=10)
+    # 250 req/s observed against 100 allowed: observed needs 25, the forecast x 2.5 also 25.
+    assert desired >= 25
+    assert miss.ratio == pytest.approx(2.5)
+    assert miss.panic_until == pytest.approx(CONFIG.panic_window_s)
+    assert "panic" in reason or "miss headroom" in reason
+
+
+def test_scale_down_waits_while_misses_are_recent_then_resumes() -> None:
+    _, _, miss = plan(0.0, forecast_rps=100.0, observed=150.0, current=10)
+    # The forecast now says 50 req/s (5 replicas) but the workload just ran 1.5x above it.
+    desired, reason, miss = plan(30.0, forecast_rps=50.0, observed=40.0, current=15, miss=miss)
+    assert desired == 15
+    assert "panic window" in reason
+    desired, reason, miss = plan(120.0, forecast_rps=50.0, observed=40.0, current=15, miss=miss)
+    assert desired == 15 and "scale-down waits" in reason
+    # Hours later the miss has faded: serving follows the forecast down again.
+    desired, _, miss = plan(6 * 3600.0, forecast_rps=50.0, observed=40.0, current=15, miss=miss)
+    assert desired < 15
+    assert miss.ratio < 1.0 + CONFIG.miss_tolerance
+
+
+def test_miss_fades_with_its_half_life() -> None:
+    first = track_miss(None, observed=200.0, allowed=100.0, now=0.0, config=CONFIG)
+    later = track_miss(
+        first, observed=None, allowed=None, now=CONFIG.miss_half_life_s, config=CONFIG
+    )
+    assert later.ratio == pytest.approx(1.5)
+
+
+def test_without_a_forecast_serving_still_covers_observed_demand() -> None:
+    desired, _, _, fallback, _ = plan_serving(
+        WEB,
+        None,
+        current=3,
+        history=(),
+        seen_since=0.0,
+        now=10.0,
+        config=CONFIG,
+        cluster_stale=False,
+        observed=120.0,
+    )
+    assert desired == 12
+    assert fallback is not None
