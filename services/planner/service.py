@@ -149,9 +149,9 @@ class PlannerSettings(ServiceSettings):
     )
     tick_seconds: float = Field(default=15.0, gt=0, description="plan at least this often")
     debounce_seconds: float = Field(
-        default=1.0,
+        default=0.0,
         ge=0,
-        description="a change plans at once; changes within this long of a plan wait for the next",
+        description="least time between change-triggered plans; 0: plan as soon as one ends",
     )
     pins_bucket: str = Field(default=PINS_BUCKET, pattern=r"^[A-Za-z0-9_-]+$")
     lease_name: str = Field(default="planner", pattern=r"^[A-Za-z0-9_-]+$")

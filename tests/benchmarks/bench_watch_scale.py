@@ -181,10 +181,8 @@ async def bench_scale_latency(bus: Bus, http: KubeHttp, samples: int) -> None:
     watcher.start()
     await asyncio.sleep(0.5)
     latencies: list[float] = []
-    target = WorkloadRef(
-        kind="Deployment.apps", namespace=NAMESPACE, name="bench-web"
-    )
-    subject = SCALE_COMMAND.at(namespace=NAMESPACE, kind="Deployment", name="bench-web")
+    target = WorkloadRef(kind="Deployment.apps", namespace=NAMESPACE, name="bench-web")
+    subject = SCALE_COMMAND.at(namespace=NAMESPACE, kind=target.kind, name="bench-web")
     for i in range(samples):
         desired = 2 + (i % 2)  # alternate 2 and 3: always a real change
         before = len(seen.get(desired, []))

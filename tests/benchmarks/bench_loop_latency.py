@@ -1,0 +1,242 @@
+"""Benchmark: the whole loop, forecast jump -> corrective scale visible in the apiserver.
+
+Starts its own control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok with
+`--nodes` fake nodes) and nats-server, runs `tideshift run watcher`, `planner` and `executor`
+as real processes, labels and annotates a serving Deployment (no settings name it), and
+prints p50/p99 of:
+
+(a) a forecast whose demand jumps, published on NATS -> the Deployment's new spec.replicas
+    seen on an apiserver watch: watcher announcement, planner (leading edge), command on
+    JetStream, executor, PUT of the scale subresource. Jumps are a second apart, so each
+    is planned on the leading edge of its own burst;
+(b) baseline, same run: a ScaleCommand published directly -> replicas visible (the path
+    without the planner), so (a) / (b) is what the planner adds.
+
+Usage: .venv/bin/python tests/benchmarks/bench_loop_latency.py [--nodes 50] [--samples 40]
+It asserts nothing about time; it prints figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.benchmarks.bench_watch_scale import (  # noqa: E402
+    NAMESPACE,
+    summary,
+    watch_replicas,
+)
+from tests.k8s.cluster_objects import create, pod_template, wait_until  # noqa: E402
+from tideshift.events import (  # noqa: E402
+    FORECAST,
+    SCALE_COMMAND,
+    ForecastIssued,
+    ForecastPoint,
+    ScaleCommand,
+    WorkloadRef,
+)
+from tideshift.services.cluster.adapters.http import KubeHttp  # noqa: E402
+from tideshift.services.common.bus import Bus  # noqa: E402
+from tideshift.services.common.embedded_nats import EmbeddedNats  # noqa: E402
+from tideshift.services.devcluster.cluster import (  # noqa: E402
+    ClusterOptions,
+    LocalCluster,
+    default_nodes,
+)
+from tideshift.services.devcluster.versions import default_bin_dir  # noqa: E402
+
+WEB = WorkloadRef(NAMESPACE, "Deployment.apps", "bench-web")
+CAPACITY_RPS = 100.0
+QUIET_S = 1.0  # between jumps: pod events of the last change have died down
+
+
+def start(name: str, nats_url: str, log_dir: Path, *extra: str) -> Any:
+    log = (log_dir / f"{name}.log").open("wb")
+    argv = [sys.executable, "-m", "tideshift.services.cli", "run", name]
+    common = ["--nats-url", nats_url, "--health-port", "-1", "--log-level", "WARNING"]
+    return subprocess.Popen([*argv, *common, *extra], stdout=log, stderr=subprocess.STDOUT)
+
+
+def follow(http: KubeHttp, seen: dict[int, list[float]], stop: threading.Event) -> None:
+    """`watch_replicas` until `stop`; the watch breaking as the cluster stops is expected."""
+    try:
+        watch_replicas(http, seen, stop)
+    except Exception:
+        if not stop.is_set():
+            raise
+
+
+def serving_deployment() -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": WEB.name,
+            "labels": {"tideshift.io/role": "serving"},
+            "annotations": {
+                "tideshift.io/capacity-rps": str(CAPACITY_RPS),
+                "tideshift.io/min-replicas": "1",
+                "tideshift.io/max-replicas": "50",
+                "tideshift.io/lead-time-seconds": "0",
+                "tideshift.io/stabilization-seconds": "0",
+            },
+        },
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": WEB.name}},
+            "template": pod_template({"app": WEB.name}, cpu="100m"),
+        },
+    }
+
+
+def forecast(rps: float) -> ForecastIssued:
+    now = datetime.now(UTC)
+    points = tuple(
+        ForecastPoint(at=now + timedelta(minutes=k), point=rps, q50=rps, q90=rps, q95=rps, q99=rps)
+        for k in range(10)
+    )
+    return ForecastIssued(
+        workload=WEB, issued_at=now, step_seconds=60, model="bench", points=points
+    )
+
+
+async def until_seen(seen: dict[int, list[float]], replicas: int, before: int) -> float:
+    deadline = time.perf_counter() + 30
+    while len(seen.get(replicas, [])) <= before:
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"replicas {replicas} never appeared")
+        await asyncio.sleep(0.0005)
+    return seen[replicas][before]
+
+
+async def bench_forecast_jumps(bus: Bus, seen: dict[int, list[float]], samples: int) -> list[float]:
+    subject = FORECAST.at(namespace=NAMESPACE, workload=WEB.name)
+    latencies: list[float] = []
+    for i in range(samples + 2):  # the first two warm the path up
+        replicas = 4 + 2 * (i % 2)  # alternate 4 and 6: always a real change
+        before = len(seen.get(replicas, []))
+        started = time.perf_counter()
+        await bus.publish(subject, forecast(replicas * CAPACITY_RPS))
+        visible = await until_seen(seen, replicas, before)
+        if i >= 2:
+            latencies.append(visible - started)
+        # The next jump comes once the last one's pod events have settled: an isolated change.
+        await asyncio.sleep(QUIET_S)
+    return latencies
+
+
+async def bench_direct_commands(
+    bus: Bus, seen: dict[int, list[float]], samples: int
+) -> list[float]:
+    subject = SCALE_COMMAND.at(namespace=NAMESPACE, kind=WEB.kind, name=WEB.name)
+    latencies: list[float] = []
+    for i in range(samples + 2):  # the first two warm the path up
+        replicas = 8 + (i % 2)
+        before = len(seen.get(replicas, []))
+        command = ScaleCommand(
+            target=WEB,
+            desired=replicas,
+            reason="benchmark baseline",
+            plan_id=f"bench-{i}",
+            issued_at=datetime.now(UTC),
+            idempotency_key=f"bench-{os.getpid()}-{i}",
+        )
+        started = time.perf_counter()
+        await bus.publish_durable(subject, command, msg_id=command.idempotency_key)
+        visible = await until_seen(seen, replicas, before)
+        if i >= 2:
+            latencies.append(visible - started)
+    return latencies
+
+
+async def run(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="tideshift-bench-loop-"))
+    nodes = default_nodes(args.nodes, cpu="64", memory="256Gi", gpu_nodes=0)
+    print(f"starting a control plane with {len(nodes)} kwok nodes and nats-server ...", flush=True)
+    cluster = LocalCluster(
+        ClusterOptions(
+            bin_dir=default_bin_dir(), state_dir=work / "k8s", nodes=nodes, start_timeout=300
+        )
+    )
+    cluster.start()
+    nats = EmbeddedNats()
+    nats.start()
+    kubeconfig = str(cluster.kubeconfig_path)
+    processes: list[Any] = []
+    stop = threading.Event()
+    with cluster.api_client() as api_client:
+        http = KubeHttp(api_client, timeout=(5.0, 60.0))
+        create(http, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        bus = await Bus.connect(nats.url, name="bench")
+        await bus.ensure_streams()
+        seen: dict[int, list[float]] = {}
+        try:
+            processes.append(
+                start(
+                    "watcher", nats.url, work, "--kubeconfig", kubeconfig, "--namespace", NAMESPACE
+                )
+            )
+            processes.append(start("executor", nats.url, work, "--kubeconfig", kubeconfig))
+            create(http, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", serving_deployment())
+            threading.Thread(target=follow, args=(http, seen, stop), daemon=True).start()
+            wait_until(lambda: 1 in seen, what="the Deployment on the watch")
+
+            direct = await bench_direct_commands(bus, seen, args.samples)
+
+            processes.append(start("planner", nats.url, work, "--tick-seconds", "30"))
+            # The planner is in the loop once it sizes the Deployment from a forecast.
+            await bus.publish(FORECAST.at(namespace=NAMESPACE, workload=WEB.name), forecast(200))
+            deadline = time.perf_counter() + 120
+            while 2 not in seen:
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"the planner never acted; logs in {work}")
+                await bus.publish(
+                    FORECAST.at(namespace=NAMESPACE, workload=WEB.name), forecast(200)
+                )
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(QUIET_S)
+            loop = await bench_forecast_jumps(bus, seen, args.samples)
+        finally:
+            stop.set()
+            await bus.close()
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            nats.stop()
+            cluster.stop()
+    print(summary("(a) forecast jump on NATS -> new replicas visible (planner in the path)", loop))
+    print(summary("(b) baseline: ScaleCommand on NATS -> replicas visible (no planner)", direct))
+    ratio = sorted(loop)[len(loop) // 2] / sorted(direct)[len(direct) // 2]
+    print(f"    p50 ratio (a)/(b): {ratio:.2f}")
+    print(f"service logs: {work}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=50, help="kwok nodes (default 50)")
+    parser.add_argument("--samples", type=int, default=40, help="samples of each (default 40)")
+    args = parser.parse_args()
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"machine: {os.cpu_count()} cores, load average {load}; python {sys.version.split()[0]}")
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
