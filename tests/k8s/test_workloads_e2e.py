@@ -22,7 +22,14 @@ from typing import Any
 
 import pytest
 
-from tests.k8s.cluster_objects import collection, create, pod_template, wait_until
+from tests.k8s.cluster_objects import (
+    apply_rbac,
+    bind_cluster_role,
+    collection,
+    create,
+    pod_template,
+    wait_until,
+)
 from tideshift.events import (
     FORECAST,
     PLAN_DECIDED,
@@ -88,17 +95,33 @@ class Loop:
 def loop(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
     namespace = f"t-e2e-{uuid.uuid4().hex[:6]}"
     logs = tmp_path_factory.mktemp("e2e-logs")
-    kubeconfig = str(k8s_cluster.kubeconfig)
     with k8s_cluster.api_client() as api_client, EmbeddedNats() as nats:
         admin = KubeHttp(api_client)
         create(admin, "/api/v1/namespaces", {"metadata": {"name": namespace}})
+        # Each service acts as its own ServiceAccount with exactly the chart's ClusterRole.
+        apply_rbac(admin)
+        kubeconfig = {}
+        for service in ("watcher", "executor"):
+            path = logs / f"{service}.kubeconfig"
+            kubeconfig[service] = str(
+                k8s_cluster.service_account_kubeconfig(namespace, service, path)
+            )
+            bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
         state = Loop(namespace, nats.url, admin, logs)
         common = ["--nats-url", nats.url, "--health-port", "-1"]
         argvs = {
             "watcher": tideshift(
-                "run", "watcher", *common, "--kubeconfig", kubeconfig, "--namespace", namespace
+                "run",
+                "watcher",
+                *common,
+                "--kubeconfig",
+                kubeconfig["watcher"],
+                "--namespace",
+                namespace,
             ),
-            "executor": tideshift("run", "executor", *common, "--kubeconfig", kubeconfig),
+            "executor": tideshift(
+                "run", "executor", *common, "--kubeconfig", kubeconfig["executor"]
+            ),
             "planner": tideshift(
                 "run",
                 "planner",
