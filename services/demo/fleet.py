@@ -57,7 +57,10 @@ class TrainingFleet:
     min_task_seconds: float = 1.0
     coordinator_args: Sequence[str] = (
         "--dataset",
-        json.dumps(dataset_uris(DatasetSpec(num_shards=48, samples_per_shard=1000))),
+        # One batch per shard: a pull and a push per task, light beside the control loops.
+        json.dumps(
+            dataset_uris(DatasetSpec(num_shards=48, samples_per_shard=1000, batch_size=1000))
+        ),
     )
     data_dir: Path | None = None
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
