@@ -240,9 +240,11 @@ def test_executor_killed_between_write_and_ack_applies_every_command_once(
     applied_per_key = {key: 0 for key in keys}
     for result in results:
         report.checked += 1
-        assert result.current == int(result.idempotency_key.rsplit("-", 1)[1]) + 1
+        # A command redelivered once more after a newer one was applied is refused as stale
+        # (`noop`); only `applied` results wrote, and each wrote its own command's value.
         if result.outcome == "applied":
             applied_per_key[result.idempotency_key] += 1
+            assert result.current == result.desired
     report.lost += sum(
         1 for key in keys if key not in {result.idempotency_key for result in results}
     )
