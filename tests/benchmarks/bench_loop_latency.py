@@ -9,8 +9,9 @@ prints p50/p99 of:
     seen on an apiserver watch: watcher announcement, planner (leading edge), command on
     JetStream, executor, PUT of the scale subresource. Jumps are a second apart, so each
     is planned on the leading edge of its own burst;
-(b) baseline, same run: a ScaleCommand published directly -> replicas visible (the path
-    without the planner), so (a) / (b) is what the planner adds.
+(b) baseline, same run, interleaved with (a): a ScaleCommand published directly for an
+    unlabelled Deployment -> replicas visible (the path without the planner), so (a) / (b)
+    is what the planner adds.
 
 Usage: .venv/bin/python tests/benchmarks/bench_loop_latency.py [--nodes 50] [--samples 40]
 It asserts nothing about time; it prints figures.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -33,11 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.benchmarks.bench_watch_scale import (  # noqa: E402
-    NAMESPACE,
-    summary,
-    watch_replicas,
-)
+from tests.benchmarks.bench_watch_scale import NAMESPACE, percentile, summary  # noqa: E402
 from tests.k8s.cluster_objects import create, pod_template, wait_until  # noqa: E402
 from tideshift.events import (  # noqa: E402
     FORECAST,
@@ -57,9 +55,12 @@ from tideshift.services.devcluster.cluster import (  # noqa: E402
 )
 from tideshift.services.devcluster.versions import default_bin_dir  # noqa: E402
 
-WEB = WorkloadRef(NAMESPACE, "Deployment.apps", "bench-web")
+WEB = WorkloadRef(NAMESPACE, "Deployment.apps", "bench-web")  # labelled: the planner's
+DIRECT = WorkloadRef(NAMESPACE, "Deployment.apps", "bench-direct")  # unlabelled: commands only
 CAPACITY_RPS = 100.0
-QUIET_S = 1.0  # between jumps: pod events of the last change have died down
+QUIET_S = 1.0  # between samples: pod events of the last change have died down
+
+Seen = dict[tuple[str, int], list[float]]  # (deployment, spec.replicas) -> when each appeared
 
 
 def start(name: str, nats_url: str, log_dir: Path, *extra: str) -> Any:
@@ -69,34 +70,46 @@ def start(name: str, nats_url: str, log_dir: Path, *extra: str) -> Any:
     return subprocess.Popen([*argv, *common, *extra], stdout=log, stderr=subprocess.STDOUT)
 
 
-def follow(http: KubeHttp, seen: dict[int, list[float]], stop: threading.Event) -> None:
-    """`watch_replicas` until `stop`; the watch breaking as the cluster stops is expected."""
-    try:
-        watch_replicas(http, seen, stop)
-    except Exception:
-        if not stop.is_set():
-            raise
+def follow(http: KubeHttp, seen: Seen, stop: threading.Event) -> None:
+    """Record when each Deployment's spec.replicas value appears, from an apiserver watch."""
+    path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
+    version = http.get(path)["metadata"]["resourceVersion"]
+    while not stop.is_set():
+        query = [("watch", "true"), ("resourceVersion", version), ("timeoutSeconds", "60")]
+        try:
+            response = http.request("GET", path, query=query, timeout=(5, 90))
+            for line in http.lines(response):
+                now = time.perf_counter()
+                obj = json.loads(line)["object"]
+                version = obj["metadata"]["resourceVersion"]
+                key = (obj["metadata"]["name"], int(obj["spec"]["replicas"]))
+                seen.setdefault(key, []).append(now)
+                if stop.is_set():
+                    return
+        except Exception:
+            if not stop.is_set():
+                raise
 
 
-def serving_deployment() -> dict[str, Any]:
+def deployment(ref: WorkloadRef, *, labelled: bool) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": ref.name}
+    if labelled:
+        metadata["labels"] = {"tideshift.io/role": "serving"}
+        metadata["annotations"] = {
+            "tideshift.io/capacity-rps": str(CAPACITY_RPS),
+            "tideshift.io/min-replicas": "1",
+            "tideshift.io/max-replicas": "50",
+            "tideshift.io/lead-time-seconds": "0",
+            "tideshift.io/stabilization-seconds": "0",
+        }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": WEB.name,
-            "labels": {"tideshift.io/role": "serving"},
-            "annotations": {
-                "tideshift.io/capacity-rps": str(CAPACITY_RPS),
-                "tideshift.io/min-replicas": "1",
-                "tideshift.io/max-replicas": "50",
-                "tideshift.io/lead-time-seconds": "0",
-                "tideshift.io/stabilization-seconds": "0",
-            },
-        },
+        "metadata": metadata,
         "spec": {
             "replicas": 1,
-            "selector": {"matchLabels": {"app": WEB.name}},
-            "template": pod_template({"app": WEB.name}, cpu="100m"),
+            "selector": {"matchLabels": {"app": ref.name}},
+            "template": pod_template({"app": ref.name}, cpu="100m"),
         },
     }
 
@@ -112,53 +125,42 @@ def forecast(rps: float) -> ForecastIssued:
     )
 
 
-async def until_seen(seen: dict[int, list[float]], replicas: int, before: int) -> float:
+async def until_seen(seen: Seen, key: tuple[str, int], before: int) -> float:
     deadline = time.perf_counter() + 30
-    while len(seen.get(replicas, [])) <= before:
+    while len(seen.get(key, [])) <= before:
         if time.perf_counter() > deadline:
-            raise TimeoutError(f"replicas {replicas} never appeared")
+            raise TimeoutError(f"{key} never appeared")
         await asyncio.sleep(0.0005)
-    return seen[replicas][before]
+    return seen[key][before]
 
 
-async def bench_forecast_jumps(bus: Bus, seen: dict[int, list[float]], samples: int) -> list[float]:
-    subject = FORECAST.at(namespace=NAMESPACE, workload=WEB.name)
-    latencies: list[float] = []
-    for i in range(samples + 2):  # the first two warm the path up
-        replicas = 4 + 2 * (i % 2)  # alternate 4 and 6: always a real change
-        before = len(seen.get(replicas, []))
-        started = time.perf_counter()
-        await bus.publish(subject, forecast(replicas * CAPACITY_RPS))
-        visible = await until_seen(seen, replicas, before)
-        if i >= 2:
-            latencies.append(visible - started)
-        # The next jump comes once the last one's pod events have settled: an isolated change.
-        await asyncio.sleep(QUIET_S)
-    return latencies
+async def forecast_jump(bus: Bus, seen: Seen, replicas: int) -> float:
+    """(a): publish a forecast needing `replicas`; seconds until the planner's scale shows."""
+    key = (WEB.name, replicas)
+    before = len(seen.get(key, []))
+    started = time.perf_counter()
+    await bus.publish(
+        FORECAST.at(namespace=NAMESPACE, workload=WEB.name), forecast(replicas * CAPACITY_RPS)
+    )
+    return await until_seen(seen, key, before) - started
 
 
-async def bench_direct_commands(
-    bus: Bus, seen: dict[int, list[float]], samples: int
-) -> list[float]:
-    subject = SCALE_COMMAND.at(namespace=NAMESPACE, kind=WEB.kind, name=WEB.name)
-    latencies: list[float] = []
-    for i in range(samples + 2):  # the first two warm the path up
-        replicas = 8 + (i % 2)
-        before = len(seen.get(replicas, []))
-        command = ScaleCommand(
-            target=WEB,
-            desired=replicas,
-            reason="benchmark baseline",
-            plan_id=f"bench-{i}",
-            issued_at=datetime.now(UTC),
-            idempotency_key=f"bench-{os.getpid()}-{i}",
-        )
-        started = time.perf_counter()
-        await bus.publish_durable(subject, command, msg_id=command.idempotency_key)
-        visible = await until_seen(seen, replicas, before)
-        if i >= 2:
-            latencies.append(visible - started)
-    return latencies
+async def direct_command(bus: Bus, seen: Seen, replicas: int, index: int) -> float:
+    """(b): publish the ScaleCommand itself; seconds until the scale shows."""
+    key = (DIRECT.name, replicas)
+    before = len(seen.get(key, []))
+    command = ScaleCommand(
+        target=DIRECT,
+        desired=replicas,
+        reason="benchmark baseline",
+        plan_id=f"bench-{index}",
+        issued_at=datetime.now(UTC),
+        idempotency_key=f"bench-{os.getpid()}-{index}",
+    )
+    subject = SCALE_COMMAND.at(namespace=NAMESPACE, kind=DIRECT.kind, name=DIRECT.name)
+    started = time.perf_counter()
+    await bus.publish_durable(subject, command, msg_id=command.idempotency_key)
+    return await until_seen(seen, key, before) - started
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -176,38 +178,40 @@ async def run(args: argparse.Namespace) -> None:
     kubeconfig = str(cluster.kubeconfig_path)
     processes: list[Any] = []
     stop = threading.Event()
+    loop: list[float] = []
+    direct: list[float] = []
     with cluster.api_client() as api_client:
         http = KubeHttp(api_client, timeout=(5.0, 60.0))
         create(http, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         bus = await Bus.connect(nats.url, name="bench")
         await bus.ensure_streams()
-        seen: dict[int, list[float]] = {}
+        seen: Seen = {}
         try:
-            processes.append(
-                start(
-                    "watcher", nats.url, work, "--kubeconfig", kubeconfig, "--namespace", NAMESPACE
-                )
-            )
+            watch_args = ("--kubeconfig", kubeconfig, "--namespace", NAMESPACE)
+            processes.append(start("watcher", nats.url, work, *watch_args))
             processes.append(start("executor", nats.url, work, "--kubeconfig", kubeconfig))
-            create(http, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", serving_deployment())
-            threading.Thread(target=follow, args=(http, seen, stop), daemon=True).start()
-            wait_until(lambda: 1 in seen, what="the Deployment on the watch")
-
-            direct = await bench_direct_commands(bus, seen, args.samples)
-
             processes.append(start("planner", nats.url, work, "--tick-seconds", "30"))
-            # The planner is in the loop once it sizes the Deployment from a forecast.
-            await bus.publish(FORECAST.at(namespace=NAMESPACE, workload=WEB.name), forecast(200))
+            threading.Thread(target=follow, args=(http, seen, stop), daemon=True).start()
+            deployments = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
+            create(http, deployments, deployment(WEB, labelled=True))
+            create(http, deployments, deployment(DIRECT, labelled=False))
+            wait_until(lambda: (WEB.name, 1) in seen, what="the Deployment on the watch")
+            # Warm-up: the first of each path waits for consumers, leases and connections.
             deadline = time.perf_counter() + 120
-            while 2 not in seen:
+            while (WEB.name, 2) not in seen:
                 if time.perf_counter() > deadline:
                     raise TimeoutError(f"the planner never acted; logs in {work}")
                 await bus.publish(
-                    FORECAST.at(namespace=NAMESPACE, workload=WEB.name), forecast(200)
+                    FORECAST.at(namespace=NAMESPACE, workload=WEB.name), forecast(200.0)
                 )
                 await asyncio.sleep(0.5)
-            await asyncio.sleep(QUIET_S)
-            loop = await bench_forecast_jumps(bus, seen, args.samples)
+            await direct_command(bus, seen, 2, -1)
+            # Interleaved, so both paths meet the same machine.
+            for i in range(args.samples):
+                await asyncio.sleep(QUIET_S)
+                loop.append(await forecast_jump(bus, seen, 4 + 2 * (i % 2)))
+                await asyncio.sleep(QUIET_S)
+                direct.append(await direct_command(bus, seen, 4 + 2 * (i % 2), i))
         finally:
             stop.set()
             await bus.close()
@@ -222,8 +226,9 @@ async def run(args: argparse.Namespace) -> None:
             cluster.stop()
     print(summary("(a) forecast jump on NATS -> new replicas visible (planner in the path)", loop))
     print(summary("(b) baseline: ScaleCommand on NATS -> replicas visible (no planner)", direct))
-    ratio = sorted(loop)[len(loop) // 2] / sorted(direct)[len(direct) // 2]
-    print(f"    p50 ratio (a)/(b): {ratio:.2f}")
+    for q in (50, 99):
+        ratio = percentile(loop, q) / percentile(direct, q)
+        print(f"    p{q} ratio (a)/(b): {ratio:.2f}")
     print(f"service logs: {work}")
 
 
