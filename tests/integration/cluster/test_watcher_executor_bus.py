@@ -100,9 +100,7 @@ async def test_watcher_publishes_pod_events_and_keeps_the_snapshot(bus: Bus, uni
             lambda: sum(1 for e in events if e.data.node is not None) >= 2, "two bound pods"
         )
         event: PodChanged = events[0].data
-        assert event.owner == WorkloadRef(
-            kind="Deployment.apps", namespace=namespace, name="web"
-        )
+        assert event.owner == WorkloadRef(kind="Deployment.apps", namespace=namespace, name="web")
         assert event.role == "serving" and event.requests.cpu == 0.5
         await watcher.flushed()
         snapshot = await bus.kv(bucket)
@@ -155,9 +153,7 @@ def command(
     namespace: str, desired: int, key: str, *, issued_at: datetime = T0, name: str = "web"
 ) -> ScaleCommand:
     return ScaleCommand(
-        target=WorkloadRef(
-            kind="Deployment.apps", namespace=namespace, name=name
-        ),
+        target=WorkloadRef(kind="Deployment.apps", namespace=namespace, name=name),
         desired=desired,
         reason="test",
         plan_id="p",
