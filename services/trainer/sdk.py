@@ -100,6 +100,7 @@ class ElasticJob:
         self.layout: Layout | None = None
         self.client: PServerClient | None = None
         self._stop_requested = threading.Event()
+        self._stop_wakeup = asyncio.Event()  # the same, for waits on the bus loop
         self._stop_at: float | None = None
         self._pull: asyncio.Future[Delivery[ShardTask]] | None = None
         self._deliveries: Any = None
@@ -156,6 +157,7 @@ class ElasticJob:
         if not self._stop_requested.is_set():
             self._stop_at = time.monotonic() + self.grace_seconds
             self._stop_requested.set()
+            self._loop.loop.call_soon_threadsafe(self._stop_wakeup.set)
 
     @property
     def stopping(self) -> bool:
@@ -266,8 +268,12 @@ class ElasticJob:
         while not self.stopping:
             if self._pull is None:
                 self._pull = asyncio.ensure_future(anext(self._deliveries))
-            done, _ = await asyncio.wait({self._pull}, timeout=1.0)
-            if done:
+            stop_wait = asyncio.ensure_future(self._stop_wakeup.wait())
+            done, _ = await asyncio.wait(
+                {self._pull, stop_wait}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+            )
+            stop_wait.cancel()
+            if self._pull in done:
                 pull, self._pull = self._pull, None
                 delivery = pull.result()
                 if self.stopping:
