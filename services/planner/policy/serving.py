@@ -70,7 +70,13 @@ def track_miss(
         fade = 0.5 ** (max(0.0, now - miss.at) / config.miss_half_life_s)
         ratio = 1.0 + (miss.ratio - 1.0) * fade
         panic_until = miss.panic_until
-    if observed is not None and allowed is not None and observed > allowed:
+    # A q0.95 forecast is exceeded 5 % of the time by design: only a miss beyond the
+    # tolerance counts, or serving would chase every burst and trainers with it.
+    if (
+        observed is not None
+        and allowed is not None
+        and observed > allowed * (1.0 + config.miss_tolerance)
+    ):
         ratio = max(ratio, observed / max(allowed, 1e-9))
         panic_until = now + config.panic_window_s
     return Miss(at=now, ratio=ratio, panic_until=panic_until)
