@@ -42,8 +42,9 @@ class SimDemoConfig:
     hours: float = 24.0
     speed: float = 288.0  # simulated seconds per wall second: a day in five minutes
     # The services run this long before the measured day (unmeasured): the night then starts
-    # from the evening's state, not from pods placed all at once.
-    warmup_hours: float = 4.0
+    # from the evening's state, not from pods placed all at once. A whole multiple of the
+    # predictor's refit period keeps its refits at 00:00, 06:00, 12:00 and 18:00.
+    warmup_hours: float = 6.0
     world: WorldShape = field(default_factory=WorldShape)
     nats_port: int = 0
     real_trainers: bool = True
