@@ -38,9 +38,9 @@ from tideshift.services.executor.executor import RECORD_BUCKET, record_key
 
 pytestmark = pytest.mark.slow
 
-# Each kill costs a fresh process (seconds of imports): 20 in `make test` keeps the suite in
+# Each kill costs a fresh process (seconds of imports): 10 in `make test` keeps the suite in
 # budget; the README's figures are from TIDESHIFT_CHAOS_EXECUTOR_KILLS=50.
-KILLS = int(os.environ.get("TIDESHIFT_CHAOS_EXECUTOR_KILLS", "20"))
+KILLS = int(os.environ.get("TIDESHIFT_CHAOS_EXECUTOR_KILLS", "10"))
 WAIT = 30.0
 ACK_WAIT_SECONDS = 1.0
 STANDBYS = 3
