@@ -2,8 +2,8 @@
 the executor writes. After each recovery the watcher's KV snapshot equals a fresh list of the
 pods (none missed, none left behind), and every scale command has its result.
 
-Runs last among the tests that use the shared control plane (it restarts its apiserver), as
-real processes against the real nats-server.
+It restarts the apiserver of the session's shared control plane and returns only once it is
+ready again, so later tests find it as before. Real processes, the real nats-server.
 """
 
 from __future__ import annotations
