@@ -457,6 +457,27 @@ class Informer(Generic[Obj]):
         finally:
             self.watching = False
 
+    def _back_off(self, error: Exception, failures: int, stop: threading.Event) -> None:
+        """Wait after a failed list or watch. A kind the cluster does not serve (404 before
+        any list: no Volcano, no training operator) is said once and looked for again now and
+        then; anything else is counted and logged each time."""
+        self.watching = False
+        if status_of(error) == 404 and not self.resource_version:
+            if failures == 1:
+                log.info("%s is not served by this cluster; checking again later", self.resource)
+            stop.wait(self.tuning.backoff_max_seconds)
+            return
+        WATCH_ERRORS.labels(self.resource).inc()
+        backoff = self.tuning.retry.delay(failures)
+        log.warning(
+            "%s watch failed (%s: %s); retrying in %.1fs",
+            self.resource,
+            type(error).__name__,
+            str(error).splitlines()[0] if str(error) else "",
+            backoff,
+        )
+        stop.wait(backoff)
+
     def _run(self, emit: Emit, stop: threading.Event) -> None:
         failures = 0
         next_resync = time.monotonic() + self.tuning.resync_seconds
@@ -488,18 +509,8 @@ class Informer(Generic[Obj]):
                 if status_of(error) == 410:
                     cause = "gone"
                     continue
-                self.watching = False
-                WATCH_ERRORS.labels(self.resource).inc()
                 failures += 1
-                backoff = self.tuning.retry.delay(failures)
-                log.warning(
-                    "%s watch failed (%s: %s); retrying in %.1fs",
-                    self.resource,
-                    type(error).__name__,
-                    str(error).splitlines()[0] if str(error) else "",
-                    backoff,
-                )
-                stop.wait(backoff)
+                self._back_off(error, failures, stop)
             except Exception:  # anything else, RecursionError included: list and watch again
                 if stop.is_set():
                     return
