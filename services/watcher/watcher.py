@@ -173,6 +173,8 @@ class Watcher:
             FAILURES.labels("convert").inc()
             log.warning("cannot convert %s change: %s", change.type, error)
             return
+        if isinstance(event, WorkloadChanged):  # readable again: a new typo is told anew
+            self._reported.pop(str(event.workload), None)
         try:
             await self._publish(event)
         except Exception as error:  # a NATS hiccup costs this event, never the loop

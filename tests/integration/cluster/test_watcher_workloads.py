@@ -105,6 +105,14 @@ async def test_workloads_are_announced_removed_and_bad_annotations_reported_once
         await watcher.flushed()
         snapshot = await bus.kv(f"snap_{unique}")
         assert await snapshot.get(workload_key(good.ref), WorkloadChanged) is None
+
+        # Fixed, it is announced; broken again later, its owner is told again.
+        fixed = workload(unique, "typo", **{"max-replicas": "8"})
+        await port.changes.put(ClusterChange("modified", fixed))
+        await eventually(lambda: len(announced) == 3, "the fixed workload")
+        assert announced[2].workload == bad.ref and announced[2].training is not None
+        await port.changes.put(ClusterChange("modified", bad))
+        await eventually(lambda: len(port.events) == 2, "the second report")
     finally:
         task.cancel()
         for follower in followers:
