@@ -249,7 +249,25 @@ def workload_from_object(adapter: TargetAdapter, obj: JsonObject) -> Workload:
         raise ValueError(f"label {ROLE_LABEL}={label!r}: expected serving or training")
     role: Role = "serving" if label == "serving" else "training"
     ref = WorkloadRef(str(metadata["namespace"]), adapter.kind, str(metadata["name"]))
-    state = adapter.observe(ref, obj)
+    annotations = tuple(sorted((metadata.get("annotations") or {}).items()))
+    uid, version = str(metadata.get("uid", "")), str(metadata.get("resourceVersion", ""))
+    try:
+        state = adapter.observe(ref, obj)
+        requests = pod_requests(adapter.pod_spec(obj))
+    except UnsupportedTarget as error:  # its owner is told (the watcher's invalid policy)
+        return Workload(
+            ref=ref,
+            role=role,
+            replicas=0,
+            ready_replicas=0,
+            min_replicas=0,
+            max_replicas=None,
+            requests=Resources(),
+            annotations=annotations,
+            uid=uid,
+            resource_version=version,
+            unscalable=str(error),
+        )
     return Workload(
         ref=ref,
         role=role,
@@ -257,10 +275,10 @@ def workload_from_object(adapter: TargetAdapter, obj: JsonObject) -> Workload:
         ready_replicas=state.ready_replicas,
         min_replicas=state.min_replicas,
         max_replicas=state.max_replicas,
-        requests=pod_requests(adapter.pod_spec(obj)),
-        annotations=tuple(sorted((metadata.get("annotations") or {}).items())),
-        uid=str(metadata.get("uid", "")),
-        resource_version=str(metadata.get("resourceVersion", "")),
+        requests=requests,
+        annotations=annotations,
+        uid=uid,
+        resource_version=version,
     )
 
 

@@ -117,6 +117,7 @@ class Workload:
     annotations: tuple[tuple[str, str], ...] = ()
     uid: str = ""
     resource_version: str = ""  # the apiserver's version of this object
+    unscalable: str = ""  # why its scale cannot be read (e.g. scale-task names no task)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,6 +109,8 @@ def workload_event(
     change: ChangeType, workload: Workload, *, observed_at: datetime
 ) -> WorkloadChanged:
     """The event for a labelled workload; raises InvalidPolicy for an unreadable annotation."""
+    if workload.unscalable:
+        raise InvalidPolicy(workload.unscalable)
     annotations = dict(workload.annotations)
     serving: ServingPolicy | None = None
     training: TrainingPolicy | None = None

@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from tideshift.events import WorkloadRef
+from tideshift.services.cluster.adapters.targets import VolcanoJobAdapter
+from tideshift.services.cluster.kubernetes import workload_from_object
 from tideshift.services.cluster.port import Resources, Role, Workload
 from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
 
@@ -88,3 +90,19 @@ def test_unreadable_annotations_name_the_annotation_and_what_it_expects(
     with pytest.raises(InvalidPolicy) as caught:
         workload_event("added", workload(role, **annotations), observed_at=AT)
     assert message in str(caught.value)
+
+
+def test_a_scale_task_that_names_no_task_is_reported_like_a_bad_annotation() -> None:
+    job = {
+        "metadata": {
+            "name": "ctr",
+            "namespace": "ml",
+            "labels": {"tideshift.io/role": "training"},
+            "annotations": {"tideshift.io/scale-task": "trainers"},
+        },
+        "spec": {"tasks": [{"name": "pserver", "replicas": 2}, {"name": "trainer", "replicas": 4}]},
+    }
+    announced = workload_from_object(VolcanoJobAdapter(), job)
+    assert announced.ref == WorkloadRef("ml", "Job.batch.volcano.sh", "ctr")
+    with pytest.raises(InvalidPolicy, match=r"tideshift\.io/scale-task='trainers' names no task"):
+        workload_event("added", announced, observed_at=AT)
