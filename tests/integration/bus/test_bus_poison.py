@@ -62,3 +62,12 @@ async def test_deeply_nested_shard_task_is_terminated_and_the_trainer_path_goes_
     assert letter.event.data.original_subject == subject.value
     assert letter.event.data.reason == "JSON nested too deeply"
     assert letter.event.data.payload_bytes == 100_000
+
+
+async def test_a_lease_holding_a_hostile_value_is_taken_over(bus: Bus, unique: str) -> None:
+    lease = await bus.lease(f"poisoned-{unique}", holder="me", ttl_seconds=10)
+    await lease.kv.put(lease.key, b"[" * 100_000)
+    assert await lease.try_acquire(NOW), "the unreadable value does not block the election"
+    assert lease.held
+    entry = await lease.kv.get(lease.key)
+    assert entry.value is not None and b'"holder": "me"' in entry.value
