@@ -263,7 +263,7 @@ class ElasticJob:
                 ack_wait_seconds=self.spec.ack_wait_seconds,
                 max_ack_pending=1024,
                 batch=1,
-                fetch_timeout=POLL_SECONDS * 2,
+                fetch_timeout=1.0,
             )
         while not self.stopping:
             if self._pull is None:
