@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import random
 import signal
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +28,11 @@ from trainer_harness import (
     REPO,
     JobHarness,
     ServiceProcess,
+    applied_total,
     assert_exactly_once,
     client_of,
     wait_applied,
+    wait_until,
 )
 
 from tideshift.services.common.bus import Bus
@@ -48,7 +52,7 @@ from tideshift.services.trainer.model import (
     shard_uri,
 )
 from tideshift.services.trainer.optim import OptimizerSpec
-from tideshift.services.trainer.pserver_client import piece_updates
+from tideshift.services.trainer.pserver_client import PServerClient, piece_updates
 from tideshift.services.trainer.pserver_state import (
     GradientPush,
     Ledger,
@@ -104,6 +108,21 @@ def undisturbed_log_loss() -> float:
     return log_loss_of(ctr.probabilities(net, holdout), holdout.clicks)
 
 
+async def recovery_seconds(client: PServerClient) -> float:
+    """Seconds from now until every pserver applied another batch (training goes on)."""
+    started = time.monotonic()
+    before = await applied_total(client)
+    await wait_until(
+        lambda: _advanced(client, before), timeout=120, what="training to resume", every=0.05
+    )
+    return time.monotonic() - started
+
+
+async def _advanced(client: PServerClient, before: int | None) -> bool:
+    now = await applied_total(client)
+    return now is not None and (before is None or now > before)
+
+
 async def force_duplicate(bus: Bus, job: str, index: int) -> str:
     """Push epoch 0 shard 0 batch 0 (long applied) again, straight to pserver `index`."""
     payload = pack_push_part(
@@ -143,6 +162,7 @@ async def test_two_epoch_paddle_ctr_job_survives_kills_applying_every_batch_once
 
     total = EPOCHS * DATA.num_shards * BATCHES
     faults: list[str] = []
+    recoveries: list[float] = []
     try:
         harness.pserver(0).start()
         harness.pserver(1).start()
@@ -160,22 +180,26 @@ async def test_two_epoch_paddle_ctr_job_survives_kills_applying_every_batch_once
         victim = pick_live()
         assert await victim.terminate(timeout=15) == 0, victim.tail()
         faults.append(f"SIGTERM {victim.name}")
+        recoveries.append(await recovery_seconds(client))
 
         await wait_applied(client, total * 3 // 10)
         victim = pick_live()
         assert await victim.kill() == -signal.SIGKILL
         add_trainer()
         faults.append(f"SIGKILL {victim.name}, added one")
+        recoveries.append(await recovery_seconds(client))
 
         await wait_applied(client, total * 4 // 10)
         assert await harness.pserver(1).kill() == -signal.SIGKILL
         harness.pserver(1).start()
         faults.append("SIGKILL pserver 1, restarted")
+        recoveries.append(await recovery_seconds(client))
 
         await wait_applied(client, total * 5 // 10)
         assert await coordinator.kill() == -signal.SIGKILL
         coordinator.start()
         faults.append("SIGKILL coordinator, restarted")
+        recoveries.append(await recovery_seconds(client))
 
         await wait_applied(client, total * 6 // 10)
         outcomes = [await force_duplicate(bus, harness.job, index) for index in (0, 1)]
@@ -187,6 +211,7 @@ async def test_two_epoch_paddle_ctr_job_survives_kills_applying_every_batch_once
         assert await victim.kill() == -signal.SIGKILL
         add_trainer()
         faults.append(f"SIGKILL {victim.name}, added one")
+        recoveries.append(await recovery_seconds(client))
 
         assert await coordinator.wait(150) == 0, coordinator.tail()
         duplicates = await assert_exactly_once(
@@ -200,7 +225,8 @@ async def test_two_epoch_paddle_ctr_job_survives_kills_applying_every_batch_once
         undisturbed = undisturbed_log_loss()
         truth = log_loss(ground_truth(DATA), holdout)
         print(f"faults: {faults}; duplicates refused {duplicates}; log-loss {chaotic:.4f}, "
-              f"undisturbed {undisturbed:.4f}, truth {truth:.4f}")  # fmt: skip
+              f"undisturbed {undisturbed:.4f}, truth {truth:.4f}; recovery after each kill "
+              f"p50 {statistics.median(recoveries):.2f}s max {max(recoveries):.2f}s")  # fmt: skip
         assert abs(chaotic - undisturbed) <= 0.02 * undisturbed
         assert truth <= chaotic <= 1.05 * truth
     finally:
