@@ -144,3 +144,20 @@ def test_a_push_applies_to_every_piece_or_to_none() -> None:
     assert state.pieces[w.id].params[1].tolist() == [-2.0, -3.0]
     assert state.pieces[b.id].params.tolist() == [-1.0, -1.0]
     assert state.push(good).outcome is PushOutcome.DUPLICATE
+
+
+def test_a_push_is_cut_into_parts_of_whole_piece_updates_that_decode_back() -> None:
+    from tideshift.services.trainer.messages import pack_push_part, split_updates, unpack_push_part
+
+    updates = [PieceUpdate(i, dense=np.full((256,), float(i), dtype=np.float32)) for i in range(5)]
+    parts = split_updates(updates, max_bytes=2048)  # two 1 KiB updates per part
+    assert [[u.piece for u in part] for part in parts] == [[0, 1], [2, 3], [4]]
+    sparse = PieceUpdate(9, indices=np.array([1, 4]), rows=np.ones((2, 3)))
+    raw = pack_push_part(
+        job="j", push_id="p", epoch=1, shard=2, batch=3, last=True, part=0, parts=1,
+        updates=[*parts[0], sparse],
+    )  # fmt: skip
+    decoded = unpack_push_part(raw)
+    assert (decoded.epoch, decoded.shard, decoded.batch, decoded.last) == (1, 2, 3, True)
+    assert decoded.updates[1].dense is not None and decoded.updates[1].dense[0] == 1.0
+    assert decoded.updates[2].indices is not None and decoded.updates[2].indices.tolist() == [1, 4]
