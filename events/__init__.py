@@ -9,6 +9,7 @@ from tideshift.events.codec import Envelope, EventRejected, decode, encode
 from tideshift.events.models import (
     PINS_BUCKET,
     DeadLetter,
+    DemandObserved,
     EventData,
     ForecastIssued,
     ForecastPoint,
@@ -32,6 +33,7 @@ from tideshift.events.models import (
 from tideshift.events.subjects import (
     ALL_SUBJECTS,
     DEAD_LETTER,
+    DEMAND_OBSERVED,
     FORECAST,
     JOB_PROGRESS,
     NODE_CHANGED,
@@ -52,6 +54,7 @@ from tideshift.events.tokens import decode_token, encode_token
 __all__ = [
     "ALL_SUBJECTS",
     "DEAD_LETTER",
+    "DEMAND_OBSERVED",
     "FORECAST",
     "JOB_PROGRESS",
     "NODE_CHANGED",
@@ -66,6 +69,7 @@ __all__ = [
     "WORKLOAD_CHANGED",
     "BoundSubject",
     "DeadLetter",
+    "DemandObserved",
     "Envelope",
     "EventData",
     "EventRejected",

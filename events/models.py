@@ -257,6 +257,17 @@ class ForecastIssued(EventData):
     stale_reason: str = ""
 
 
+class DemandObserved(EventData):
+    """A serving workload's latest measured demand: the input of the planner's safety net."""
+
+    event_name: ClassVar[str] = "demand.observed"
+
+    workload: WorkloadRef
+    metric: str = Field(default="requests_per_second", min_length=1)
+    rps: float = Field(ge=0, description="requests per second (finite, non-negative)")
+    observed_at: AwareDatetime
+
+
 class ScaleCommand(EventData):
     event_name: ClassVar[str] = "scale.command"
 

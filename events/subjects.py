@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from tideshift.events.models import (
     DeadLetter,
+    DemandObserved,
     EventData,
     ForecastIssued,
     JobProgress,
@@ -177,6 +178,11 @@ FORECAST = Subject(
     description="demand forecast for a serving workload",
     model=ForecastIssued,
 )
+DEMAND_OBSERVED = Subject(
+    f"{ROOT}.demand.observed.{{namespace}}.{{workload}}",
+    description="latest measured demand of a serving workload (the planner's safety net)",
+    model=DemandObserved,
+)
 PLAN_DECIDED = Subject(
     f"{ROOT}.plan.decided.{{policy}}",
     description="the planner's decision with a reason per target",
@@ -232,6 +238,7 @@ ALL_SUBJECTS: tuple[Subject[Any], ...] = (
     POD_CHANGED,
     WORKLOAD_CHANGED,
     FORECAST,
+    DEMAND_OBSERVED,
     PLAN_DECIDED,
     PLANNER_STATUS,
     SCALE_COMMAND,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -88,6 +89,12 @@ STRATEGIES: dict[type[events.EventData], st.SearchStrategy[events.EventData]] = 
         model=st.sampled_from(["tideshift", "holt_winters"]),
         points=st.lists(forecast_point(), min_size=1, max_size=5).map(tuple),
         stale=st.booleans(),
+    ),
+    events.DemandObserved: st.builds(
+        events.DemandObserved,
+        workload=workload,
+        rps=st.floats(min_value=0, max_value=1e9),
+        observed_at=times,
     ),
     events.ScaleCommand: st.builds(
         events.ScaleCommand,
@@ -320,6 +327,16 @@ def test_models_are_frozen_and_strict() -> None:
         events.ScaleCommand.model_validate(
             VALID_COMMAND.model_dump() | {"issued_at": NOW.replace(tzinfo=None) + timedelta(0)}
         )
+
+
+@pytest.mark.parametrize(
+    ("rps", "fragment"),
+    [(-1.0, "greater than or equal to 0"), (math.nan, "finite"), (math.inf, "finite")],
+)
+def test_observed_demand_is_finite_and_non_negative(rps: float, fragment: str) -> None:
+    web = events.WorkloadRef(kind="Deployment", namespace="a", name="web")
+    with pytest.raises(ValueError, match=fragment):
+        events.DemandObserved(workload=web, rps=rps, observed_at=NOW)
 
 
 def test_asyncapi_document_has_one_channel_per_subject_with_payload_schema() -> None:
