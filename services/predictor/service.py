@@ -6,6 +6,9 @@ annotation `tideshift.io/demand-query`, else the query template): a new one is f
 once, a removed one is dropped; the settings win on conflict. For each workload the
 predictor range-queries its demand (requests per second), refits its model on a cadence,
 updates it with each new sample, and publishes a `ForecastIssued` on `FORECAST` every step.
+Every `observe_seconds` (independent of the forecast) it also publishes the workload's latest
+measured demand, a `DemandObserved` on `DEMAND_OBSERVED`: the planner's safety net reacts to
+it at once when it runs above what the last plan allowed for.
 When the source is down, slow, or answers with nothing usable, it keeps publishing the last
 good model's forecast marked stale, with its upper quantiles widened the longer the outage
 lasts; it logs once per outage and recovers by itself when data returns.
@@ -19,7 +22,7 @@ import logging
 import math
 import string
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -29,8 +32,14 @@ import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tideshift.events.models import ForecastIssued, ForecastPoint, WorkloadChanged, WorkloadRef
-from tideshift.events.subjects import FORECAST, WORKLOAD_CHANGED
+from tideshift.events.models import (
+    DemandObserved,
+    ForecastIssued,
+    ForecastPoint,
+    WorkloadChanged,
+    WorkloadRef,
+)
+from tideshift.events.subjects import DEMAND_OBSERVED, FORECAST, WORKLOAD_CHANGED
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.predictor.models import (
@@ -59,6 +68,11 @@ SOURCE_FAILURES = Counter(
     "tideshift_predictor_source_failures_total", "failed or empty metric queries", ["workload"]
 )
 FIT_SECONDS = Histogram("tideshift_predictor_fit_seconds", "model refit time", ["workload"])
+OBSERVATIONS = Counter(
+    "tideshift_predictor_observations_total",
+    "observed demand: published, or skipped (no sample, NaN, negative, source failing)",
+    ["workload", "outcome"],
+)
 STALE = Gauge("tideshift_predictor_stale", "1 while a workload's forecast is stale", ["workload"])
 
 
@@ -127,6 +141,11 @@ class PredictorSettings(ServiceSettings):
     )
     refresh_seconds: float | None = Field(
         default=None, gt=0, description="wall seconds between forecasts; unset = step_seconds"
+    )
+    observe_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="wall seconds between observed-demand messages (safety net); 0 = off",
     )
     query_timeout_seconds: float = Field(
         default=10.0, gt=0, description="a slower query counts as an outage"
@@ -223,6 +242,25 @@ class WorkloadForecaster:
             self.outage_since = None
             STALE.labels(self.label).set(0)
         return self._issue(now=now, stale=False, reason="")
+
+    async def observe(self) -> DemandObserved | None:
+        """The demand measured now; None (counted) when the source has no usable value."""
+        now = self.clock.now()
+        try:
+            rps = await asyncio.wait_for(
+                self.source.latest(self.query, at=now), self.settings.query_timeout_seconds + 1.0
+            )
+        except (MetricSourceError, TimeoutError):
+            # The forecast loop logs the outage once; here it is only counted.
+            OBSERVATIONS.labels(self.label, "source_failing").inc()
+            return None
+        if rps is None or not math.isfinite(rps) or rps < 0:
+            OBSERVATIONS.labels(self.label, "unusable").inc()
+            return None
+        OBSERVATIONS.labels(self.label, "published").inc()
+        return DemandObserved(
+            workload=self.ref, rps=rps, observed_at=datetime.fromtimestamp(now, tz=UTC)
+        )
 
     async def _fetch(self, *, start: float, end: float) -> Samples:
         try:
@@ -412,14 +450,21 @@ class Fleet:
         forecaster = WorkloadForecaster(
             spec=spec, settings=self.settings, source=self.source, clock=self.clock
         )
-        task = asyncio.create_task(
+        loops = [
             _loop(
                 forecaster,
                 context=self.context,
                 interval_s=self.settings.refresh_seconds or self.settings.step_seconds,
                 on_forecast=self.on_forecast,
             )
-        )
+        ]
+        if self.settings.observe_seconds > 0:
+            loops.append(
+                _observe_loop(
+                    forecaster, context=self.context, interval_s=self.settings.observe_seconds
+                )
+            )
+        task = asyncio.create_task(_all(loops))
         self.loops[ref] = (spec, task)
         log.info("%s: forecasting (%s)", ref, "announced" if announced else "settings")
 
@@ -497,6 +542,28 @@ async def _loop(
         except Exception:
             # A control loop never dies on one bad step: log it and try again next step.
             log.exception("%s: forecasting step failed", forecaster.label)
+        remaining = interval_s - (time.monotonic() - started)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(context.stopping.wait(), max(0.0, remaining))
+
+
+async def _all(loops: list[Coroutine[Any, Any, None]]) -> None:
+    """One task per workload: cancelling it stops all of the workload's loops."""
+    await asyncio.gather(*loops)
+
+
+async def _observe_loop(
+    forecaster: WorkloadForecaster, *, context: ServiceContext, interval_s: float
+) -> None:
+    subject = DEMAND_OBSERVED.at(namespace=forecaster.spec.namespace, workload=forecaster.spec.name)
+    while not context.stopping.is_set():
+        started = time.monotonic()
+        try:
+            event = await forecaster.observe()
+            if event is not None:
+                await context.bus.publish(subject, event)
+        except Exception:
+            log.exception("%s: observing demand failed", forecaster.label)
         remaining = interval_s - (time.monotonic() - started)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(context.stopping.wait(), max(0.0, remaining))

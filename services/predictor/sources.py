@@ -54,6 +54,13 @@ class MetricSource(Protocol):
         """
         ...
 
+    async def latest(self, query: str, *, at: float) -> float | None:
+        """The value of `query` at `at` (Unix seconds); None when it has no sample then.
+
+        Raises MetricSourceError when the source cannot answer; the caller validates.
+        """
+        ...
+
 
 class PrometheusSource:
     def __init__(self, url: str, *, timeout_s: float) -> None:
@@ -79,17 +86,24 @@ class PrometheusSource:
             np.concatenate([chunk.values for chunk in chunks]),
         )
 
+    async def latest(self, query: str, *, at: float) -> float | None:
+        result = await self._call(self._client.custom_query, query, params={"time": f"{at:.3f}"})
+        return parse_vector(result)
+
     async def _query(self, query: str, start: float, end: float, step_s: float) -> Samples:
+        result = await self._call(
+            self._client.custom_query_range,
+            query,
+            start_time=datetime.fromtimestamp(start, tz=UTC),
+            end_time=datetime.fromtimestamp(end, tz=UTC),
+            step=f"{step_s:g}s",
+        )
+        return parse_matrix(result)
+
+    async def _call(self, method: Callable[..., Any], query: str, **kwargs: Any) -> Any:
         try:
-            result = await asyncio.wait_for(
-                asyncio.to_thread(
-                    self._client.custom_query_range,
-                    query,
-                    start_time=datetime.fromtimestamp(start, tz=UTC),
-                    end_time=datetime.fromtimestamp(end, tz=UTC),
-                    step=f"{step_s:g}s",
-                ),
-                self.timeout_s + 1.0,
+            return await asyncio.wait_for(
+                asyncio.to_thread(method, query, **kwargs), self.timeout_s + 1.0
             )
         except TimeoutError:
             raise MetricSourceError(
@@ -102,7 +116,6 @@ class PrometheusSource:
             raise MetricSourceError(
                 f"Prometheus at {self.url}: malformed reply ({error!r})"
             ) from error
-        return parse_matrix(result)
 
 
 def parse_matrix(result: Any) -> Samples:
@@ -128,6 +141,22 @@ def parse_matrix(result: Any) -> Samples:
     return Samples(times, np.array([totals[t] for t in times]))
 
 
+def parse_vector(result: Any) -> float | None:
+    """Sum an instant query's series ("NaN" stays NaN); None when no series answered."""
+    if not isinstance(result, list):
+        raise MetricSourceError(f"expected a vector result, got {type(result).__name__}")
+    total: float | None = None
+    for series in result:
+        if not isinstance(series, dict):
+            continue
+        try:
+            value = float(series["value"][1])
+        except (KeyError, TypeError, ValueError, IndexError):
+            continue
+        total = value if total is None else total + value
+    return total
+
+
 class SimMetricSource:
     """Answers range queries from a rate function of time (the same for every query)."""
 
@@ -140,3 +169,6 @@ class SimMetricSource:
             return Samples.empty()
         times = np.arange(first, end + step_s * 1e-6, step_s)
         return Samples(times, np.array([self._rate(float(t)) for t in times]))
+
+    async def latest(self, query: str, *, at: float) -> float | None:
+        return self._rate(at)

@@ -19,6 +19,7 @@ from tideshift.services.predictor.sources import (
     Samples,
     SimMetricSource,
     parse_matrix,
+    parse_vector,
 )
 
 START = 1_699_999_980.0  # a multiple of 60: steps land on whole minutes
@@ -52,6 +53,14 @@ class ScriptedSource:
         if self.mode == "empty":
             return Samples.empty()
         return Samples(times, 100 + 50 * np.sin(2 * np.pi * times / 86400))
+
+    async def latest(self, query: str, *, at: float) -> float | None:
+        self.queries.append(query)
+        if self.mode == "down":
+            raise MetricSourceError("connection refused")
+        if self.mode == "slow":
+            await self.never.wait()
+        return {"nan": math.nan, "empty": None, "negative": -3.0}.get(self.mode, 120.0)
 
 
 def settings(**overrides) -> PredictorSettings:
@@ -165,6 +174,31 @@ async def test_sim_source_answers_on_the_step_grid() -> None:
     samples = await source.range("q", start=59.0, end=240.0, step_s=60.0)
     np.testing.assert_array_equal(samples.timestamps, [60, 120, 180, 240])
     np.testing.assert_array_equal(samples.values, [1, 2, 3, 4])
+
+
+async def test_observed_demand_is_the_latest_value_and_unusable_values_are_skipped() -> None:
+    source, clock = ScriptedSource(), SteppedClock(START + 7.5)
+    loop = forecaster(source, clock)
+    event = await loop.observe()
+    assert event is not None
+    assert event.rps == 120.0
+    assert event.observed_at.timestamp() == START + 7.5
+    assert (event.workload.namespace, event.workload.name) == ("shop", "web")
+    for mode in ("nan", "empty", "negative", "down", "slow"):
+        source.mode = mode
+        assert await loop.observe() is None, mode
+
+
+def test_parse_vector_sums_series_and_says_when_nothing_answered() -> None:
+    result = [
+        {"metric": {"pod": "a"}, "value": [1.0, "2.5"]},
+        {"metric": {"pod": "b"}, "value": [1.0, "4"]},
+        {"metric": {"pod": "c"}, "value": "garbage"},
+    ]
+    assert parse_vector(result) == 6.5
+    assert parse_vector([]) is None
+    with pytest.raises(MetricSourceError, match="vector"):
+        parse_vector({"error": "bad"})
 
 
 def test_parse_matrix_sums_series_and_keeps_nan() -> None:
