@@ -10,6 +10,7 @@ Kubernetes, the bus or the simulated cluster):
 * `tiers`: tier solving, weighted dominant-resource fairness and gangs;
 * `churn`: limits on voluntary removals and small growth;
 * `training`: one tier's trainers kept, solved, limited and decided;
+* `batch`: jobs that opted into batch capacity, planned on what serving does not use;
 * `reasons`: the words of each decision;
 * `plan`: `plan(inputs, state, now)`, the outline of DESIGN.md's "The planner's model".
 

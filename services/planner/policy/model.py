@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tideshift.events.models import WorkloadRef
+from tideshift.services.cluster.overcommit import OvercommitConfig
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -103,6 +104,10 @@ class ServingWorkload:
     margin_s: float = 60.0  # extra look-ahead beyond the lead time
     stabilization_s: float = 300.0  # scale-down waits for the window's highest recommendation
     quantile: float = DEFAULT_SERVING_QUANTILE  # which forecast quantile sizes the workload
+    # Fraction of its request a replica uses while serving `capacity_rps` (the usage model of
+    # overcommit: usage = demand / (replicas x capacity_rps) x this x request); 1 assumes the
+    # whole request is used at capacity, lending nothing of a busy replica.
+    target_utilization: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,17 @@ class TrainingJob:
     weight: float = 1.0  # fair-share weight within a tier
     submitted_at: float = 0.0  # earlier jobs are admitted first when not all gangs fit
     nominal_trainers: int | None = None  # what a non-elastic submission asks; default max
+    # Opted into batch capacity: its trainers request tideshift.io/batch-cpu / batch-memory
+    # (what serving reserves but does not use), not cpu / memory, and are shrunk first when
+    # serving's usage rises. Such pods appear in the cluster view with zero requests.
+    batch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch and self.trainer_requests[2] > 0:
+            raise ValueError(
+                f"{self.target.name}: batch: GPUs are not lent, a batch job's trainers must "
+                f"request 0 gpu (got {self.trainer_requests[2]:g})"
+            )
 
     @property
     def nominal(self) -> int:
@@ -152,6 +168,8 @@ class PolicyConfig:
     miss_half_life_s: float = 1800.0
     # Scale-down waits while the faded miss ratio is above 1 + this.
     miss_tolerance: float = 0.05
+    # Batch capacity: per node, allocatable x (1 - margin) minus what non-batch pods use.
+    overcommit: OvercommitConfig = field(default_factory=OvercommitConfig)
 
 
 @dataclass(frozen=True, slots=True)

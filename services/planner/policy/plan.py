@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from tideshift.services.planner.policy.batch import (
+    batch_room,
+    plan_batch,
+    serving_busy,
+    split_batch,
+)
 from tideshift.services.planner.policy.model import (
     Decision,
     Infeasible,
@@ -22,6 +28,8 @@ STALE_CLUSTER = "cluster view stale: holding serving scale-down, not growing tra
 
 def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, PlanState]:
     managed = set(managed_targets(inputs))
+    # Batch jobs hold no requests: everything but step 5 plans without them.
+    inputs, batch_inputs = split_batch(inputs)
     entries = cluster_entries(inputs)
     fallbacks = [STALE_CLUSTER] if inputs.cluster_stale else []
 
@@ -50,6 +58,20 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         decisions += outcome.decisions
         infeasible += outcome.infeasible
         free, grew_at = outcome.free, outcome.grew_at
+
+    # 5. Batch jobs on what serving reserves but does not use (and what no request took):
+    #    planned after serving, so serving never waits for them, and shrunk first when
+    #    serving's usage rises.
+    if batch_inputs.jobs:
+        requested = inputs.cluster.allocatable - free
+        busy = serving_busy(inputs, serving.desired, now)
+        room = batch_room(inputs, requested, usage - entries.fixed, busy)
+        batch = plan_batch(
+            batch_inputs, room, grew_at=grew_at, growth_frozen=growth_frozen, now=now
+        )
+        decisions += batch.decisions
+        infeasible += batch.infeasible
+        grew_at = batch.grew_at
 
     decision = Decision(
         tuple(decisions),

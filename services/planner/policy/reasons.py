@@ -3,7 +3,7 @@ Pure string formatting."""
 
 from __future__ import annotations
 
-from tideshift.services.planner.policy.model import PolicyConfig, TrainingJob, Vector
+from tideshift.services.planner.policy.model import FloatArray, PolicyConfig, TrainingJob, Vector
 
 
 def format_vector(vector: Vector) -> str:
@@ -65,3 +65,11 @@ def fair_share(
 
 def unplaced_trainers(count: int) -> str:
     return f"{count} trainer(s) fit on no node yet (per-node packing)"
+
+
+def on_batch(reason: str, room: FloatArray) -> str:
+    cpu = float(room[:, 0].sum()) if room.size else 0.0
+    return (
+        f"batch capacity ({cpu:.3g} cpu serving reserves but does not use; "
+        f"shrunk first when its usage rises): {reason}"
+    )
