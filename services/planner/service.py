@@ -17,6 +17,9 @@ The loop:
 * Leads through a KV lease: a second planner keeps its state warm but stays passive (no
   commands) until the lease is free. Leadership and degraded-mode changes are announced as
   `PlannerStatus` events.
+* The safety net: the latest observed demand per serving workload (`DemandObserved`, from
+  the predictor; older than `observed_max_age_seconds` is ignored) goes into every plan, and
+  one above what the last plan allowed for (its replicas x capacity_rps) plans at once.
 * Stale inputs fall back to safe behaviour inside the policy: a workload without a fresh
   forecast keeps its replicas, and while any input is stale training does not grow. A
   watcher silent for `cluster_silence_seconds` (no node or pod event) marks the cluster view
@@ -41,6 +44,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
 from tideshift.events import (
+    DEMAND_OBSERVED,
     FORECAST,
     NODE_CHANGED,
     PINS_BUCKET,
@@ -51,6 +55,7 @@ from tideshift.events import (
     SCALE_RESULT,
     WORKLOAD_CHANGED,
     BoundSubject,
+    DemandObserved,
     Envelope,
     EventData,
     ForecastIssued,
@@ -161,6 +166,11 @@ class PlannerSettings(ServiceSettings):
         gt=0,
         description="older forecasts are stale: hold that workload",
     )
+    observed_max_age_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="older observed demand is ignored (the predictor sends it every 10 s)",
+    )
     cluster_silence_seconds: float = Field(
         default=900.0, gt=0, description="no node/pod event this long: cluster view stale"
     )
@@ -211,11 +221,16 @@ class PlannerState:
     """What the planner knows; fed by events, read by `plan_once`."""
 
     settings: PlannerSettings
+    clock: Callable[[], float] = time.time
     table: ClusterTable = field(default_factory=ClusterTable)
     # When each object was last observed: an older event (e.g. from the snapshot) loses.
     node_seen: dict[str, datetime] = field(default_factory=dict)
     pod_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
     forecasts: dict[pol.Target, pol.Forecast] = field(default_factory=dict)
+    # Latest observed demand per workload: (req/s, Unix seconds observed).
+    observed: dict[pol.Target, tuple[float, float]] = field(default_factory=dict)
+    # The req/s each serving workload's last planned replicas serve (replicas x capacity).
+    allowed_rps: dict[pol.Target, float] = field(default_factory=dict)
     # What each target is known to want (replicas), from our commands and executor results.
     known: dict[pol.Target, int] = field(default_factory=dict)
     confirmed: dict[pol.Target, int] = field(default_factory=dict)  # executor results only
@@ -286,6 +301,8 @@ class PlannerState:
         if event.change == "deleted":
             self.known.pop(target, None)
             self.confirmed.pop(target, None)
+            self.observed.pop(target, None)
+            self.allowed_rps.pop(target, None)
         else:
             self.known[target] = event.replicas  # its spec, as the watcher last saw it
             if event.role == "training" and target not in self.book.static_targets():
@@ -295,6 +312,32 @@ class PlannerState:
     def apply_forecast(self, event: ForecastIssued) -> None:
         self.forecasts[event.workload] = _forecast(event)
         self.changed.set()
+
+    def apply_observed(self, event: DemandObserved) -> None:
+        """Keep the newest observation; one above what the last plan allowed plans at once."""
+        target, at = event.workload, event.observed_at.timestamp()
+        previous = self.observed.get(target)
+        if previous is not None and previous[1] >= at:
+            return  # out of order: a newer one is kept already
+        self.observed[target] = (event.rps, at)
+        fresh = self.clock() - at <= self.settings.observed_max_age_seconds
+        allowed = self.allowed_rps.get(target)
+        if fresh and allowed is not None and event.rps > allowed:
+            self.changed.set()
+
+    def remember_allowed(
+        self, serving: tuple[pol.ServingWorkload, ...], decided: Sequence[pol.TargetDecision]
+    ) -> None:
+        """What a plan allowed for: each serving workload's replicas x capacity_rps."""
+        capacity = {w.target: w.capacity_rps for w in serving}
+        for item in decided:
+            if item.target in capacity:
+                self.allowed_rps[item.target] = item.desired * capacity[item.target]
+
+    def observed_rps(self, now: float) -> dict[pol.Target, float]:
+        """The observations young enough to act on."""
+        limit = self.settings.observed_max_age_seconds
+        return {t: rps for t, (rps, at) in self.observed.items() if now - at <= limit}
 
     def apply_result(self, event: ScaleResult) -> None:
         target = event.target
@@ -358,6 +401,7 @@ class PlannerState:
                 grow_tolerance=settings.grow_tolerance,
             ),
             cluster_stale=now - self.last_cluster_event > settings.cluster_silence_seconds,
+            observed_rps=self.observed_rps(now),
         )
 
 
@@ -378,7 +422,7 @@ class Planner:
     commands: int = 0
 
     def __post_init__(self) -> None:
-        self.state = PlannerState(self.settings)
+        self.state = PlannerState(self.settings, clock=self.clock)
         self.policy: Policy[Any] = make_policy(self.settings.policy)
         self.policy_state: Any = self.policy.initial_state()
         self.sent: dict[pol.Target, tuple[int, float]] = {}
@@ -391,6 +435,7 @@ class Planner:
             asyncio.create_task(self._follow(POD_CHANGED.filter(), self.state.apply_pod)),
             asyncio.create_task(self._follow(WORKLOAD_CHANGED.filter(), self.state.apply_workload)),
             asyncio.create_task(self._follow(FORECAST.filter(), self.state.apply_forecast)),
+            asyncio.create_task(self._follow(DEMAND_OBSERVED.filter(), self.state.apply_observed)),
             asyncio.create_task(self._follow(SCALE_RESULT.filter(), self.state.apply_result)),
         ]
         lease = await self.bus.lease(
@@ -552,6 +597,7 @@ class Planner:
         PLAN_SECONDS.observe(time.perf_counter() - started)
         PLANS.labels(trigger).inc()
         self.plans += 1
+        self.state.remember_allowed(targets.serving, decision.targets)
         reasons = tuple(decision.fallbacks)
         if reasons != self.reasons:
             self.reasons = reasons
