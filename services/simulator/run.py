@@ -8,12 +8,15 @@ metrics over the step:
 
 * utilisation: requests of bound pods / allocatable, per resource, time-averaged;
 * cpu used: what pods use / allocatable, from a usage model: a serving pod uses
-  demand / ready capacity x its request (never above it), every other pod its request;
+  demand / ready capacity x its request (never above it), every other pod its request; batch
+  trainers (jobs with `batch: true`, Tideshift only; `batch.py`) request nothing, bind on the
+  reclaimable capacity and use their whole trainer vector (`cpu_batch` is their share);
 * stranded capacity: free cpu and GPUs on nodes where not one trainer of a job that wants more
   fits (`policy.stranded_capacity`), as a fraction of allocatable, time-averaged;
-* serving starved minutes: minutes in which some node's pods held more than its allocatable,
-  so serving could not get what its demand needed (must stay 0; trainers bind on requests
-  here, so only a binder that lends serving's idle reservation could make it non-zero);
+* serving starved minutes: minutes in which some node's pods held more requests than its
+  allocatable, or what its pods use (batch trainers included, measured before they are
+  evicted) exceeded its allocatable, so serving could not get what its demand needed (must
+  stay 0);
 * serving shortfall: request-seconds above ready replicas x `capacity_rps`; minutes with any;
 * training work: progress units, ready_trainers ** speedup_exponent per second while the job
   runs (gang and parameter servers ready), none for `restart_cost_s` after its trainer set
@@ -44,6 +47,7 @@ from tideshift.services.cluster.sim import SimCluster, SimWorkload
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import Policy, make_policy
 from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec
+from tideshift.services.simulator.batch import BatchTrainers
 from tideshift.services.simulator.forecasters import SimForecaster, make_forecaster
 from tideshift.services.simulator.scenario import GIB, JobGroup, Scenario, ServingSpec
 
@@ -70,6 +74,8 @@ class PolicyResult:
     cpu_used: float
     stranded: dict[str, float]
     serving_starved_minutes: int
+    cpu_batch: float
+    batch_evictions: int
     training_work: float
     pending_mean_s: float
     pending_p95_s: float
@@ -89,6 +95,8 @@ class PolicyResult:
             "cpu_used": round(self.cpu_used, 4),
             "stranded": {k: round(v, 4) for k, v in self.stranded.items()},
             "serving_starved_minutes": self.serving_starved_minutes,
+            "cpu_batch": round(self.cpu_batch, 4),
+            "batch_evictions": self.batch_evictions,
             "training_work": round(self.training_work, 1),
             "pending_mean_s": round(self.pending_mean_s, 1),
             "pending_p95_s": round(self.pending_p95_s, 1),
@@ -124,6 +132,7 @@ def _serving_workload(spec: ServingSpec) -> pol.ServingWorkload:
         margin_s=spec.margin_s,
         stabilization_s=spec.stabilization_s,
         quantile=spec.quantile,
+        target_utilization=spec.target_utilization,
     )
 
 
@@ -149,6 +158,7 @@ class _Totals:
 
     util_sum: Any = field(default_factory=lambda: np.zeros(3))
     used_cpu_sum: float = 0.0
+    batch_cpu_sum: float = 0.0
     stranded_sum: Any = field(default_factory=lambda: np.zeros(3))
     starved_minutes: set[int] = field(default_factory=set)
     demand: float = 0.0
@@ -186,6 +196,22 @@ class _Run:
         alloc = self.cluster.allocatable_total()
         self.alloc = alloc
         self.alloc_vector = np.array([alloc.cpu, alloc.memory, float(alloc.gpu)])
+        nodes = self.cluster.nodes()
+        self.node_row = {node.name: row for row, node in enumerate(nodes)}
+        # Only Tideshift lends serving's idle reservation; the baselines run every job on
+        # requests, so the same run shows what overcommit adds.
+        self.batch = BatchTrainers(
+            [node.name for node in nodes],
+            np.array(
+                [
+                    (n.allocatable.cpu, n.allocatable.memory, float(n.allocatable.gpu))
+                    for n in nodes
+                ],
+                dtype=np.float64,
+            ).reshape(-1, 3),
+        )
+        self.lends_batch = name == "tideshift"
+        self.starved_now = False
         self.totals = _Totals()
         self.next_plan = 0.0
         self.plan_every = self.policy.cadence_s or scenario.plan_interval_s
@@ -235,10 +261,46 @@ class _Run:
             self.next_plan += self.plan_every
             self._plan(now, demands)
         self.cluster.step(now)
+        self._bind_batch(now, demands)
         used, capacity_total = self._measure(now, demands)
         if now >= self.next_series - 1e-9:
             self.next_series += self.series_every
             self._record_series(now, demands, used, capacity_total)
+
+    def _non_batch_used(self, demands: Sequence[float]) -> Any:
+        """What every non-batch pod uses per node (nodes, 3): serving pods their requests x
+        demand / ready capacity (never above 1), every other pod its requests."""
+        cluster = self.cluster
+        busy: dict[WorkloadRef, float] = {}
+        for spec, ref, demand in zip(
+            self.scenario.serving, self.serving_refs, demands, strict=True
+        ):
+            ready_capacity = cluster.ready_count(ref) * spec.capacity_rps
+            busy[ref] = min(1.0, demand / ready_capacity) if ready_capacity > 0 else 0.0
+        used = np.zeros_like(self.batch.allocatable)
+        for pod in cluster.pods_raw():
+            if pod.node is None:
+                continue
+            fraction = busy.get(pod.owner, 1.0) if pod.role == "serving" else 1.0
+            requests = pod.requests
+            used[self.node_row[pod.node]] += fraction * np.array(
+                [requests.cpu, requests.memory, float(requests.gpu)]
+            )
+        return used
+
+    def _bind_batch(self, now: float, demands: Sequence[float]) -> None:
+        """The planner's shrinks take effect with the step's other changes; starvation is
+        measured before eviction: a rise in usage that batch trainers still stood in the way
+        of counts, even if they leave within the step."""
+        if not self.batch.jobs:
+            self.starved_now = False
+            return
+        used = self._non_batch_used(demands)
+        self.batch.shrink(used)
+        total = used[:, 0] + self.batch.use()[:, 0]
+        self.starved_now = bool(np.any(total > self.batch.allocatable[:, 0] + 1e-6))
+        self.batch.evict(used)
+        self.batch.grow(used, now)
 
     def _admit(self, now: float) -> None:
         arrivals = self.arrivals
@@ -259,7 +321,16 @@ class _Run:
             weight=group.weight,
             submitted_at=now,
             nominal_trainers=group.nominal_trainers,
+            batch=group.batch and self.lends_batch,
         )
+        run = _JobRun(group, ref, policy_job, now)
+        self.jobs.append(run)
+        self.live[ref] = run
+        self.series["trainers"][name] = []
+        if policy_job.batch:
+            self.batch.add(ref, group.trainer.vector(), group.startup_delay_s)
+            self.batch.scale(ref, policy_job.floor)
+            return
         elastic = self.policy.elastic_training
         replicas = policy_job.floor if elastic else policy_job.nominal
         self.cluster.add_workload(
@@ -278,10 +349,6 @@ class _Run:
                 companion_requests=_resources(group.pserver.vector()),
             )
         )
-        run = _JobRun(group, ref, policy_job, now)
-        self.jobs.append(run)
-        self.live[ref] = run
-        self.series["trainers"][name] = []
 
     def _plan(self, now: float, demands: Sequence[float]) -> None:
         inputs = _plan_inputs(
@@ -291,11 +358,14 @@ class _Run:
             forecasters=self.forecasters,
             demands=demands,
             now=now,
+            batch=self.batch,
         )
         decision, self.state = self.policy.plan(inputs, self.state, now)
         for item in decision.targets:
             ref = item.target
-            if self.cluster.workload(ref).replicas != item.desired:
+            if ref in self.batch.jobs:
+                self.batch.scale(ref, item.desired)
+            elif self.cluster.workload(ref).replicas != item.desired:
                 self.cluster.scale(ref, item.desired)
 
     def _measure(self, now: float, demands: Sequence[float]) -> tuple[Any, float]:
@@ -335,8 +405,10 @@ class _Run:
             cluster.bound_count(ref) * spec.replica.cpu
             for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
         )
-        totals.used_cpu_sum += (used_cpu + serving_used_cpu) / max(self.alloc.cpu, 1e-9)
-        if np.any(cluster.free_room()[:, 0] < -1e-6):
+        batch_cpu = float(self.batch.use()[:, 0].sum())
+        totals.batch_cpu_sum += batch_cpu / max(self.alloc.cpu, 1e-9)
+        totals.used_cpu_sum += (used_cpu + serving_used_cpu + batch_cpu) / max(self.alloc.cpu, 1e-9)
+        if self.starved_now or np.any(cluster.free_room()[:, 0] < -1e-6):
             totals.starved_minutes.add(int(now // 60))
         totals.stranded_sum += np.divide(
             self._stranded(),
@@ -363,7 +435,8 @@ class _Run:
         shapes = [
             run.policy_job.trainer_requests
             for ref, run in self.live.items()
-            if self.cluster.bound_count(ref) < run.policy_job.max_trainers
+            if not run.policy_job.batch
+            and self.cluster.bound_count(ref) < run.policy_job.max_trainers
         ]
         return pol.stranded_capacity(
             self.cluster.free_room(), np.array(shapes, dtype=np.float64).reshape(-1, 3)
@@ -377,23 +450,32 @@ class _Run:
         restart_cost = self.scenario.training.restart_cost_s
         training_cpu = 0.0
         for ref, run in list(self.live.items()):
-            job_workload = cluster.workload(ref)
-            training_cpu += (
-                job_workload.bound_workers * job_workload.pod_requests.cpu
-                + job_workload.bound_companions * job_workload.companion_requests.cpu
-            )
-            ready = cluster.ready_count(ref)
+            if run.policy_job.batch:
+                training_cpu += self.batch.bound(ref) * run.group.trainer.cpu
+                ready = self.batch.ready(ref, now)
+                running = ready >= run.policy_job.floor
+            else:
+                job_workload = cluster.workload(ref)
+                training_cpu += (
+                    job_workload.bound_workers * job_workload.pod_requests.cpu
+                    + job_workload.bound_companions * job_workload.companion_requests.cpu
+                )
+                ready = cluster.ready_count(ref)
+                running = cluster.job_running(ref)
             if ready != run.last_ready:
                 run.paused_until = now + restart_cost
                 run.last_ready = ready
-            if cluster.job_running(ref):
+            if running:
                 if run.started_at is None:
                     run.started_at = now
                 if now >= run.paused_until:
                     run.work_done += (ready**speedup) * step
             if run.group.work is not None and run.work_done >= run.group.work:
                 run.finished_at = now
-                cluster.delete_workload(ref)
+                if run.policy_job.batch:
+                    self.batch.remove(ref)
+                else:
+                    cluster.delete_workload(ref)
                 del self.live[ref]
         return training_cpu
 
@@ -406,9 +488,14 @@ class _Run:
         series["capacity"].append(capacity_total)
         series["util_cpu"].append(used[0] / alloc_vector[0] if alloc_vector[0] else 0.0)
         for run in self.jobs:
-            series["trainers"][run.ref.name].append(
-                self.cluster.ready_count(run.ref) if run.ref in self.live else 0
-            )
+            series["trainers"][run.ref.name].append(self._ready_trainers(run, now))
+
+    def _ready_trainers(self, run: _JobRun, now: float) -> int:
+        if run.ref not in self.live:
+            return 0
+        if run.policy_job.batch:
+            return self.batch.ready(run.ref, now)
+        return self.cluster.ready_count(run.ref)
 
     def result(self, wall_s: float) -> PolicyResult:
         duration = self.scenario.duration_s
@@ -419,6 +506,7 @@ class _Run:
         )
         counters = self.cluster.counters
         churn = counters.pods_bound.get("training", 0) + counters.pods_stopped.get("training", 0)
+        churn += self.batch.started + self.batch.stopped
         steps_taken = len(self.times)
         utilization = {
             name: float(totals.util_sum[i] / steps_taken)
@@ -437,6 +525,8 @@ class _Run:
                 if name != "memory" and self.alloc_vector[i] > 0
             },
             serving_starved_minutes=len(totals.starved_minutes),
+            cpu_batch=totals.batch_cpu_sum / steps_taken,
+            batch_evictions=self.batch.evicted,
             training_work=sum(run.work_done for run in jobs),
             pending_mean_s=float(np.mean(pending)) if pending else 0.0,
             pending_p95_s=_p95(pending),
@@ -483,13 +573,15 @@ def _plan_inputs(
     forecasters: Sequence[SimForecaster],
     demands: Sequence[float],
     now: float,
+    batch: BatchTrainers,
 ) -> pol.PlanInputs:
     view = pol.ClusterView.build(
         (node_spec(node) for node in cluster.nodes()),
-        (
+        [
             pod_spec(pod.node, pod.requests, pod.owner, companion=pod.companion)
             for pod in cluster.pods_raw()
-        ),
+        ]
+        + batch.pod_specs(),
     )
     return plan_inputs(
         view,
@@ -499,7 +591,8 @@ def _plan_inputs(
             workload.target: forecaster.forecast(now)
             for workload, forecaster in zip(serving, forecasters, strict=True)
         },
-        wanted={w.ref: w.replicas for w in cluster.workloads()},
+        wanted={w.ref: w.replicas for w in cluster.workloads()}
+        | {ref: job.desired for ref, job in batch.jobs.items()},
         observed_rps={
             workload.target: demand for workload, demand in zip(serving, demands, strict=True)
         },

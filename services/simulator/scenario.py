@@ -287,9 +287,18 @@ class JobGroup(_Model):
     priority: int = 0
     weight: float = Field(1.0, gt=0)
     startup_delay_s: float = Field(10.0, ge=0)
+    # Opt into batch capacity (Tideshift only): trainers use what serving reserves but does
+    # not use, and are shrunk first when serving's usage rises.
+    batch: bool = False
 
     @model_validator(mode="after")
     def _bounds(self) -> JobGroup:
+        if self.batch and self.trainer.gpu > 0:
+            raise ValueError("batch: GPUs are not lent; a batch job's trainer must ask 0 gpu")
+        if self.batch and self.pservers > 0:
+            raise ValueError(
+                "batch: the simulator runs batch jobs without parameter servers (pservers: 0)"
+            )
         if self.min_trainers > self.max_trainers:
             raise ValueError("min_trainers must be <= max_trainers")
         if self.gang_min is not None and self.gang_min > self.max_trainers:

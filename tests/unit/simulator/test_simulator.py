@@ -135,6 +135,8 @@ def test_simulate_json_has_exactly_the_documented_keys(
             "cpu_used",
             "stranded",
             "serving_starved_minutes",
+            "cpu_batch",
+            "batch_evictions",
             "training_work",
             "pending_mean_s",
             "pending_p95_s",

@@ -1,0 +1,100 @@
+"""Batch capacity in the simulator: opted-in trainers bind on what serving does not use, are
+evicted first when its usage rises, and the figures say so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tideshift.loadgen.profiles import RateProfile
+from tideshift.services.cluster.port import WorkloadRef
+from tideshift.services.simulator.batch import BatchTrainers
+from tideshift.services.simulator.run import run_policy
+from tideshift.services.simulator.scenario import ScenarioError, parse_scenario
+
+GIB = 2**30
+JOB = WorkloadRef("ml", "ElasticJob", "batch-0")
+
+# Serving requests 15 to 30 of the 32 cores and uses half of that at most; one job runs on
+# requests, one on batch capacity.
+SCENARIO = """
+name: batch
+duration_s: 1800
+step_s: 5
+plan_interval_s: 10
+forecaster: {kind: oracle}
+nodes:
+  - {count: 4, cpu: 8, memory_gib: 32}
+serving:
+  - name: web
+    replica: {cpu: 1, memory_gib: 1}
+    capacity_rps: 20
+    target_utilization: 0.5
+    min_replicas: 1
+    max_replicas: 32
+    startup_delay_s: 10
+    stabilization_s: 60
+    traffic: {kind: points, points: [[0, 150], [600, 300], [1200, 150]]}
+training:
+  jobs:
+    - {name_prefix: plain, trainer: {cpu: 1, memory_gib: 1}, min_trainers: 1,
+       max_trainers: 32, startup_delay_s: 5}
+    - {name_prefix: lent, trainer: {cpu: 1, memory_gib: 1}, min_trainers: 1,
+       max_trainers: 32, startup_delay_s: 5, batch: true}
+"""
+
+
+def profiles(text: str) -> list[RateProfile]:
+    scenario = parse_scenario(text, "batch.yaml")
+    return [spec.traffic.profile(Path("."), None) for spec in scenario.serving]
+
+
+def test_batch_job_raises_cpu_in_use_without_starving_serving() -> None:
+    scenario = parse_scenario(SCENARIO, "batch.yaml")
+    without = parse_scenario(SCENARIO.replace("batch: true", "batch: false"), "batch.yaml")
+    lent = run_policy(scenario, profiles(SCENARIO), "tideshift")
+    plain = run_policy(without, profiles(SCENARIO), "tideshift")
+    assert lent.cpu_batch > 0.05
+    assert lent.cpu_used > plain.cpu_used + 0.05
+    assert lent.serving_starved_minutes == 0
+    assert lent.shortfall_minutes == plain.shortfall_minutes
+    # Batch trainers request nothing: requested cpu does not count them.
+    assert lent.utilization["cpu"] <= plain.utilization["cpu"] + 0.01
+    # The baselines run the same job on requests.
+    assert run_policy(scenario, profiles(SCENARIO), "hpa").cpu_batch == 0
+
+
+def test_rising_usage_evicts_the_latest_batch_trainers_off_that_node_only() -> None:
+    allocatable = np.array([[8.0, 32.0 * GIB, 0.0], [8.0, 32.0 * GIB, 0.0]])
+    trainers = BatchTrainers(["a", "b"], allocatable)
+    trainers.add(JOB, (1.0, GIB, 0.0), startup_delay_s=0.0)
+    trainers.scale(JOB, 8)
+    quiet = np.array([[3.0, GIB, 0.0], [3.0, GIB, 0.0]])
+    trainers.grow(quiet, now=0.0)
+    # 8 x 0.9 - 3 = 4.2 reclaimable per node: 4 trainers each
+    assert trainers.use()[:, 0].tolist() == [4.0, 4.0]
+    busy = np.array([[6.5, GIB, 0.0], [3.0, GIB, 0.0]])
+    trainers.evict(busy)
+    assert trainers.use()[:, 0].tolist() == [1.0, 4.0]
+    assert trainers.evicted == 3
+
+
+def test_a_shrink_takes_trainers_off_the_node_shortest_of_reclaimable_capacity() -> None:
+    allocatable = np.array([[8.0, 32.0 * GIB, 0.0], [8.0, 32.0 * GIB, 0.0]])
+    trainers = BatchTrainers(["a", "b"], allocatable)
+    trainers.add(JOB, (1.0, GIB, 0.0), startup_delay_s=0.0)
+    trainers.scale(JOB, 8)
+    trainers.grow(np.array([[3.0, GIB, 0.0], [3.0, GIB, 0.0]]), now=0.0)
+    trainers.scale(JOB, 6)
+    # node b's usage rose to 5: 7.2 - 5 = 2.2 reclaimable under its 4 trainers
+    trainers.shrink(np.array([[3.0, GIB, 0.0], [5.0, GIB, 0.0]]))
+    assert trainers.use()[:, 0].tolist() == [4.0, 2.0]
+    assert trainers.evicted == 0
+
+
+def test_batch_job_with_parameter_servers_is_refused_by_field() -> None:
+    text = SCENARIO.replace("startup_delay_s: 5, batch: true", "pservers: 1, batch: true")
+    with pytest.raises(ScenarioError, match="pservers: 0"):
+        parse_scenario(text, "batch.yaml")
