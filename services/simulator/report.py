@@ -13,7 +13,8 @@ from tideshift.services.simulator.scenario import Scenario
 
 def format_table(results: Sequence[PolicyResult]) -> str:
     header = (
-        f"{'policy':<10} {'util cpu':>8} {'used cpu':>8} {'util mem':>8} {'util gpu':>8} "
+        f"{'policy':<10} {'util cpu':>8} {'used cpu':>8} {'batch cpu':>9} {'util mem':>8} "
+        f"{'util gpu':>8} "
         f"{'strand cpu':>10} {'strand gpu':>10} {'starved':>7} {'short min':>9} "
         f"{'short %':>8} {'train work':>11} {'spare %':>7} {'pend mean':>9} {'pend p95':>9} "
         f"{'churn':>6} {'jobs':>9} {'wall s':>6}"
@@ -24,6 +25,7 @@ def format_table(results: Sequence[PolicyResult]) -> str:
         stranded_gpu = r.stranded.get("gpu")
         lines.append(
             f"{r.name:<10} {r.utilization.get('cpu', 0):>8.1%} {r.cpu_used:>8.1%} "
+            f"{r.cpu_batch:>9.1%} "
             f"{r.utilization.get('memory', 0):>8.1%} "
             f"{(f'{gpu:.1%}' if gpu is not None else '-'):>8} "
             f"{r.stranded.get('cpu', 0):>10.1%} "

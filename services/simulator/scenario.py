@@ -51,6 +51,8 @@ training:
       priority: 0
       weight: 1
       startup_delay_s: 10
+      batch: false             # true: on serving's unused reservation (Tideshift; no gpu,
+                               # pservers: 0), shrunk first when serving's usage rises
 ```
 
 Errors name the field (pydantic's location, e.g. `serving.0.traffic.path`) or the trace line.
