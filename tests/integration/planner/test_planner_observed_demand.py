@@ -155,12 +155,16 @@ async def test_observed_demand_above_the_plan_scales_serving_at_once(
             what=f"observed near {BASE_RPS} req/s",
         )
         assert first.workload.namespace == unique
-        # A plan on the forecast alone first: what it allows for is below the spike.
+        # A plan on the forecast alone first, allowing for well below the spike.
         await plans.wait_for(
-            lambda plan: (item := web_decision(plan)) is not None and "forecast" in item.reason,
-            what="planned from the forecast",
+            lambda plan: (
+                (item := web_decision(plan)) is not None
+                and "forecast" in item.reason
+                and item.desired * CAPACITY_RPS <= SPIKE_RPS / 3
+            ),
+            what="planned from a settled forecast",
         )
-        assert planner.state.allowed_rps  # the planner knows what its plan allowed for
+        assert {t.name for t in planner.state.allowed_rps} == {"web"}
 
         rate_exporter.set_rate(SPIKE_RPS)
         spike: DemandObserved = await observed.wait_for(
