@@ -1,10 +1,12 @@
 """The safety net across services: the real predictor reads a real Prometheus and publishes
-observed demand on a real nats-server; the real planner sizes serving for it at once."""
+observed demand on a real nats-server; the real planner sizes serving for it at once, and
+dead-letters observations that break the contract."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -15,6 +17,7 @@ import pytest
 
 from tests.fixtures.prometheus import PrometheusServer, RateExporter
 from tideshift.events import (
+    DEAD_LETTER,
     DEMAND_OBSERVED,
     NODE_CHANGED,
     PLAN_DECIDED,
@@ -22,13 +25,15 @@ from tideshift.events import (
     NodeChanged,
     PlanDecided,
     Resources,
+    WorkloadRef,
+    encode,
 )
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.runtime import ServiceContext
 from tideshift.services.planner.service import Planner, PlannerSettings, ServingTarget
 from tideshift.services.predictor.service import PredictorSettings, run
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 PHASE_TIMEOUT_S = 90.0
 CAPACITY_RPS = 10.0
@@ -132,6 +137,7 @@ def web_decision(plan: PlanDecided, name: str = "web") -> Any:
     return next((item for item in plan.targets if item.target.name == name), None)
 
 
+@pytest.mark.prometheus
 async def test_observed_demand_above_the_plan_scales_serving_at_once(
     bus: Bus, unique: str, rate_exporter: RateExporter, prometheus_server: PrometheusServer
 ) -> None:
@@ -181,3 +187,41 @@ async def test_observed_demand_above_the_plan_scales_serving_at_once(
             what=f"a plan covering the spike ({needed} replicas) from observed demand",
         )
         assert web_decision(covering).desired * CAPACITY_RPS >= spike.rps
+
+
+async def test_an_observation_breaking_the_contract_is_dead_lettered_and_the_next_applies(
+    bus: Bus, unique: str
+) -> None:
+    await bus.ensure_streams()
+    settings = PlannerSettings(
+        lease_name=f"planner-{unique}",
+        snapshot_bucket=f"snapshot_{unique}",
+        health_port=-1,
+    )
+    planner = Planner(bus, settings, f"planner-{unique}", asyncio.Event())
+    web = WorkloadRef(kind="Deployment", namespace=unique, name="web")
+    subject = DEMAND_OBSERVED.at(namespace=unique, workload="web")
+
+    def observation(rps: float) -> DemandObserved:
+        return DemandObserved(workload=web, rps=rps, observed_at=datetime.now(UTC))
+
+    bad = json.loads(encode(observation(1.0), source="test"))
+    bad["data"]["rps"] = -5.0
+    async with listening(bus, DEAD_LETTER.at(consumer=f"planner-{planner.instance}"), "dl") as dead:
+        task = asyncio.create_task(planner.run())
+        try:
+            await asyncio.wait_for(planner.ready.wait(), 15)
+            await bus.connection.publish(subject.value, json.dumps(bad).encode())
+            letter = await dead.wait_for(lambda _: True, what="dead-lettered")
+            assert letter.original_subject == subject.value
+            assert "rps" in letter.reason
+            await bus.publish(subject, observation(42.0))
+            deadline = time.monotonic() + PHASE_TIMEOUT_S
+            while web not in planner.state.observed:  # applied by the planner's own task
+                if time.monotonic() > deadline:
+                    raise AssertionError("the valid observation after the bad one never applied")
+                await asyncio.sleep(0.02)
+            assert planner.state.observed[web][0] == 42.0
+        finally:
+            planner.stopping.set()
+            await asyncio.wait_for(task, 15)
