@@ -43,6 +43,9 @@ async def test_announced_serving_workloads_are_forecast_at_once_and_dropped_on_r
 ) -> None:
     settings = PredictorSettings(
         metric_source="sim",
+        # Which workloads get forecast is under test, not the model: a cheap one keeps the
+        # first forecast from waiting on statsforecast's one-off compilation in a fresh venv.
+        model="tidal",
         workloads=[WorkloadQuery(namespace=unique, name="static", query="static_rps")],
         step_seconds=60.0,
         horizon_seconds=600.0,
