@@ -68,7 +68,7 @@ def test_a_short_day_on_a_real_api_server(
         for e in events
         if e["type"] == "io.tideshift.scale.result.v1" and e["data"]["outcome"] == "applied"
     ]
-    assert any(r["target"]["kind"] == "Deployment" for r in applied), applied[:5]
+    assert any(r["target"]["kind"] == "Deployment.apps" for r in applied), applied[:5]
     # The load generator held its rate against the real app (open loop).
     text = (out / "summary.txt").read_text()
     assert "load:" in text

@@ -377,7 +377,11 @@ async def pinned_reasons(nats_url: str, name: str, *, plans: int) -> list[str]:
     try:
         async with asyncio.timeout(WAIT):
             async for envelope in bus.subscribe(PLAN_DECIDED.filter(), consumer="e2e-pins"):
-                reasons += [t.reason for t in envelope.data.targets if t.target.name == name]
+                found = [t.reason for t in envelope.data.targets if t.target.name == name]
+                # The pin reaches the planner through a KV watch: plans decided before it
+                # arrived do not count; from the first plan that reports it, every one must.
+                if reasons or any("pinned at" in r for r in found):
+                    reasons += found
                 if len(reasons) >= plans:
                     break
     finally:
