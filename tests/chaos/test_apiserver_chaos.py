@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.chaos.objects import create_web_deployment
 from tests.chaos.report import ChaosReport
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
@@ -139,23 +140,7 @@ def test_apiserver_restarts_leave_snapshot_equal_to_a_fresh_list(
     try:
         with k8s_cluster.api_client() as api_client:
             admin = KubeHttp(api_client)
-            admin.json(
-                "POST",
-                f"/apis/apps/v1/namespaces/{namespace}/deployments",
-                body={
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "metadata": {"name": "web"},
-                    "spec": {
-                        "replicas": 1,
-                        "selector": {"matchLabels": {"app": "web"}},
-                        "template": {
-                            "metadata": {"labels": {"app": "web"}},
-                            "spec": {"containers": [{"name": "web", "image": "nginx"}]},
-                        },
-                    },
-                },
-            )
+            create_web_deployment(admin, namespace, replicas=1)
             desired = 1
             for restart in range(RESTARTS):
                 # The apiserver dies between two commands, possibly mid-write; the executor

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.chaos.objects import create_web_deployment
 from tests.chaos.proxy import HoldableRelay
 from tests.chaos.report import ChaosReport
 from tideshift import events
@@ -159,28 +160,7 @@ def harness(k8s_cluster: Any, tmp_path: Path) -> Iterator[Harness]:
 
 def _deployment(admin: KubeHttp, namespace: str) -> str:
     admin.json("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
-    admin.json(
-        "POST",
-        f"/apis/apps/v1/namespaces/{namespace}/deployments",
-        body={
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "web"},
-            "spec": {
-                "replicas": 0,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": {
-                    "metadata": {"labels": {"app": "web"}},
-                    # Pods stay Pending (no node has this label): only the spec matters here.
-                    "spec": {
-                        "nodeSelector": {"tideshift.io/chaos": "nowhere"},
-                        "containers": [{"name": "web", "image": "nginx"}],
-                    },
-                },
-            },
-        },
-    )
-    return f"/apis/apps/v1/namespaces/{namespace}/deployments/web"
+    return create_web_deployment(admin, namespace, replicas=0, schedulable=False)
 
 
 def test_executor_killed_between_write_and_ack_applies_every_command_once(

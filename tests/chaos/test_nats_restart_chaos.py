@@ -25,6 +25,7 @@ from typing import Any
 import nats.errors
 import pytest
 
+from tests.chaos.objects import create_web_deployment
 from tests.chaos.report import ChaosReport
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
@@ -119,30 +120,6 @@ def stage(k8s_cluster: Any, tmp_path: Path) -> Iterator[Stage]:
                     service.process.wait()
 
 
-def _deployment(admin: KubeHttp, namespace: str) -> str:
-    admin.json(
-        "POST",
-        f"/apis/apps/v1/namespaces/{namespace}/deployments",
-        body={
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "web"},
-            "spec": {
-                "replicas": 0,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": {
-                    "metadata": {"labels": {"app": "web"}},
-                    "spec": {
-                        "nodeSelector": {"tideshift.io/chaos": "nowhere"},
-                        "containers": [{"name": "web", "image": "nginx"}],
-                    },
-                },
-            },
-        },
-    )
-    return f"/apis/apps/v1/namespaces/{namespace}/deployments/web"
-
-
 async def _publish_until_acked(bus: Bus, command: events.ScaleCommand) -> None:
     subject = events.SCALE_COMMAND.at(
         namespace=command.target.namespace, kind=command.target.kind, name=command.target.name
@@ -178,7 +155,7 @@ async def _results(bus: Bus, namespace: str) -> list[events.ScaleResult]:
 
 
 def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> None:
-    path = _deployment(stage.admin, stage.namespace)
+    path = create_web_deployment(stage.admin, stage.namespace, replicas=0, schedulable=False)
     target = events.WorkloadRef(kind="Deployment", namespace=stage.namespace, name="web")
     report = ChaosReport("2. nats-server SIGKILLed and restarted on its file store")
     loop = asyncio.new_event_loop()

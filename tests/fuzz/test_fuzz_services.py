@@ -28,6 +28,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from tests.chaos.objects import create_web_deployment
 from tideshift import events
 from tideshift.events.codec import DEFAULT_MAX_BYTES, EventRejected, decode
 from tideshift.services.cluster.adapters.http import KubeHttp
@@ -304,7 +305,7 @@ def test_every_consumer_survives_hostile_input_and_accounts_for_it(
     )
 
     # A normal message sent last is still processed: the executor scales a real Deployment.
-    _create_deployment(system)
+    create_web_deployment(system.admin, system.namespace, replicas=1)
     command = events.ScaleCommand(
         target=events.WorkloadRef(kind="Deployment", namespace=namespace, name="web"),
         desired=3,
@@ -331,26 +332,6 @@ def test_every_consumer_survives_hostile_input_and_accounts_for_it(
     for service in system.services.values():
         status, body = service.get("/readyz")
         assert status == 200, f"{service.name}: {body}"
-
-
-def _create_deployment(system: System) -> None:
-    system.admin.json(
-        "POST",
-        f"/apis/apps/v1/namespaces/{system.namespace}/deployments",
-        body={
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "web"},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": {
-                    "metadata": {"labels": {"app": "web"}},
-                    "spec": {"containers": [{"name": "web", "image": "nginx"}]},
-                },
-            },
-        },
-    )
 
 
 async def _publish_command(url: str, command: events.ScaleCommand) -> None:
