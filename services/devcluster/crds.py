@@ -12,109 +12,74 @@ from typing import Any
 
 ANY_OBJECT: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
-VOLCANO_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "jobs.batch.volcano.sh"},
-    "spec": {
-        "group": "batch.volcano.sh",
-        "names": {
-            "kind": "Job",
-            "plural": "jobs",
-            "singular": "job",
-            "shortNames": ["vcjob", "vj"],
-        },
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1alpha1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                                "properties": {
-                                    "minAvailable": {"type": "integer", "minimum": 0},
-                                    "tasks": {
-                                        "type": "array",
-                                        "items": {
-                                            "type": "object",
-                                            "x-kubernetes-preserve-unknown-fields": True,
-                                            "properties": {
-                                                "name": {"type": "string"},
-                                                "replicas": {"type": "integer", "minimum": 0},
-                                                "minAvailable": {"type": "integer", "minimum": 0},
-                                                "template": ANY_OBJECT,
-                                            },
-                                        },
-                                    },
-                                },
-                            },
-                            "status": ANY_OBJECT,
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
+COUNT: dict[str, Any] = {"type": "integer", "minimum": 0}
 
-PYTORCH_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "pytorchjobs.kubeflow.org"},
-    "spec": {
-        "group": "kubeflow.org",
-        "names": {"kind": "PyTorchJob", "plural": "pytorchjobs", "singular": "pytorchjob"},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                                "properties": {
-                                    "elasticPolicy": {
-                                        "type": "object",
-                                        "x-kubernetes-preserve-unknown-fields": True,
-                                        "properties": {
-                                            "minReplicas": {"type": "integer", "minimum": 0},
-                                            "maxReplicas": {"type": "integer", "minimum": 0},
-                                        },
-                                    },
-                                    "pytorchReplicaSpecs": {
-                                        "type": "object",
-                                        "additionalProperties": {
-                                            "type": "object",
-                                            "x-kubernetes-preserve-unknown-fields": True,
-                                            "properties": {
-                                                "replicas": {"type": "integer", "minimum": 0},
-                                                "template": ANY_OBJECT,
-                                            },
-                                        },
-                                    },
-                                },
-                            },
-                            "status": ANY_OBJECT,
-                        },
-                    }
-                },
-            }
-        ],
+
+def _kept(properties: dict[str, Any]) -> dict[str, Any]:
+    """An object schema typing `properties` and keeping every other field."""
+    return {**ANY_OBJECT, "properties": properties}
+
+
+def _crd(group: str, version: str, names: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """A namespaced CRD with a status subresource, whose spec schema types `spec`."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{names['plural']}.{group}"},
+        "spec": {
+            "group": group,
+            "names": names,
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {"spec": _kept(spec), "status": ANY_OBJECT},
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+VOLCANO_CRD = _crd(
+    "batch.volcano.sh",
+    "v1alpha1",
+    {"kind": "Job", "plural": "jobs", "singular": "job", "shortNames": ["vcjob", "vj"]},
+    {
+        "minAvailable": COUNT,
+        "tasks": {
+            "type": "array",
+            "items": _kept(
+                {
+                    "name": {"type": "string"},
+                    "replicas": COUNT,
+                    "minAvailable": COUNT,
+                    "template": ANY_OBJECT,
+                }
+            ),
+        },
     },
-}
+)
+
+PYTORCH_CRD = _crd(
+    "kubeflow.org",
+    "v1",
+    {"kind": "PyTorchJob", "plural": "pytorchjobs", "singular": "pytorchjob"},
+    {
+        "elasticPolicy": _kept({"minReplicas": COUNT, "maxReplicas": COUNT}),
+        "pytorchReplicaSpecs": {
+            "type": "object",
+            "additionalProperties": _kept({"replicas": COUNT, "template": ANY_OBJECT}),
+        },
+    },
+)
 
 
 WORKLOAD_CRDS = (VOLCANO_CRD, PYTORCH_CRD)
