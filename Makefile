@@ -34,6 +34,9 @@ k8s-binaries:
 	bash tests/cluster/build.sh
 
 lint: $(STAMP) $(LINT_ROOT)/tideshift
+	@# pytest imports test modules by basename (no __init__.py): two files of one name abort collection.
+	@dupes=$$(find tests -name 'test_*.py' -printf '%f\n' | sort | uniq -d); \
+	  [ -z "$$dupes" ] || { echo "rename: test file names must be unique under tests/: $$dupes"; exit 1; }
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
