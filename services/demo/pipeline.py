@@ -190,7 +190,7 @@ async def _start_planner(
     bus = await connect("planner")
     ctx = context("planner", bus, settings)
     planner = planner_service.Planner(
-        bus, settings, ctx.instance, ctx.stopping, ctx.ready, clock=clock.now
+        bus, settings, ctx.instance, ctx.stopping, ctx.ready, clock=clock
     )
     stages.tasks.append(asyncio.create_task(planner.run(), name="planner"))
 
@@ -243,8 +243,8 @@ def planner_timing(*, speed: float, interval_wall_s: float) -> dict[str, Any]:
     """Planner windows in clock seconds, scaled so the loop runs every `interval_wall_s`."""
     return {
         "tick_seconds": speed * interval_wall_s,
-        "debounce_seconds": min(0.2, interval_wall_s),  # wall seconds
-        "lease_ttl_seconds": 6.0,  # wall seconds
+        "debounce_seconds": speed * min(0.2, interval_wall_s),
+        "lease_ttl_seconds": 6.0,  # wall seconds: the lease lives in NATS KV
         "forecast_max_age_seconds": max(600.0, speed * 10.0),
         "cluster_silence_seconds": max(900.0, speed * 60.0),
         "resend_seconds": max(120.0, speed * 5.0),

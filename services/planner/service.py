@@ -70,6 +70,7 @@ from tideshift.events import (
 )
 from tideshift.events.models import TargetDecision as EventTargetDecision
 from tideshift.services.common.bus import Bus, TypedKV
+from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.common.retry import fixed
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
@@ -221,7 +222,7 @@ class PlannerState:
     """What the planner knows; fed by events, read by `plan_once`."""
 
     settings: PlannerSettings
-    clock: Callable[[], float] = time.time
+    clock: Clock = WALL_CLOCK
     table: ClusterTable = field(default_factory=ClusterTable)
     # When each object was last observed: an older event (e.g. from the snapshot) loses.
     node_seen: dict[str, datetime] = field(default_factory=dict)
@@ -234,7 +235,8 @@ class PlannerState:
     # What each target is known to want (replicas), from our commands and executor results.
     known: dict[pol.Target, int] = field(default_factory=dict)
     confirmed: dict[pol.Target, int] = field(default_factory=dict)  # executor results only
-    last_cluster_event: float = field(default_factory=time.time)
+    # Clock time of the last node or pod event (from the start until the first one).
+    last_cluster_event: float = field(init=False)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     book: TargetBook = field(default_factory=TargetBook)
 
@@ -252,7 +254,7 @@ class PlannerState:
                 (amount.cpu, amount.memory, float(amount.gpu)),
                 schedulable=event.ready and not event.unschedulable,
             )
-        self.last_cluster_event = time.time()
+        self.last_cluster_event = self.clock.now()
         self.changed.set()
 
     def apply_pod(self, event: PodChanged) -> None:
@@ -280,7 +282,7 @@ class PlannerState:
             )
         if event.change == "deleted":
             self.pod_seen.pop(key, None)
-        self.last_cluster_event = time.time()
+        self.last_cluster_event = self.clock.now()
         self.changed.set()
 
     @property
@@ -288,6 +290,7 @@ class PlannerState:
         return self._markers
 
     def __post_init__(self) -> None:
+        self.last_cluster_event = self.clock.now()
         self._markers = {
             pol.Target(j.namespace, j.kind, j.name): j.companion_markers
             for j in self.settings.training
@@ -320,7 +323,7 @@ class PlannerState:
         if previous is not None and previous[1] >= at:
             return  # out of order: a newer one is kept already
         self.observed[target] = (event.rps, at)
-        fresh = self.clock() - at <= self.settings.observed_max_age_seconds
+        fresh = self.clock.now() - at <= self.settings.observed_max_age_seconds
         allowed = self.allowed_rps.get(target)
         if fresh and allowed is not None and event.rps > allowed:
             self.changed.set()
@@ -381,7 +384,7 @@ class PlannerState:
         )
 
     def targets(self, pins: dict[pol.Target, ScalePin]) -> Targets:
-        return self.book.targets(pins, datetime.now(UTC))
+        return self.book.targets(pins, datetime.fromtimestamp(self.clock.now(), UTC))
 
     def inputs(self, now: float, targets: Targets | None = None) -> pol.PlanInputs:
         settings = self.settings
@@ -414,7 +417,7 @@ class Planner:
     instance: str
     stopping: asyncio.Event
     ready: asyncio.Event = field(default_factory=asyncio.Event)
-    clock: Callable[[], float] = time.time
+    clock: Clock = WALL_CLOCK
     leader: bool = False
     mode: Literal["normal", "degraded", "passive"] = "passive"
     reasons: tuple[str, ...] = ()
@@ -538,21 +541,21 @@ class Planner:
             leader=self.leader,
             mode=mode,
             reasons=self.reasons,
-            at=datetime.now(UTC),
+            at=datetime.fromtimestamp(self.clock.now(), UTC),
         )
         with contextlib.suppress(Exception):
             await self.bus.publish(PLANNER_STATUS.at(planner=self.instance), status)
 
     async def _plan_loop(self) -> None:
-        settings = self.settings
-        next_tick = self.clock()
-        last_change_plan = -math.inf  # monotonic time of the last plan a change triggered
+        settings, clock = self.settings, self.clock
+        next_tick = clock.now()
+        last_change_plan = -math.inf  # clock time of the last plan a change triggered
         while not self.stopping.is_set():
-            timeout = max(0.0, next_tick - self.clock())
             changed = asyncio.ensure_future(self.state.changed.wait())
             stop = asyncio.ensure_future(self.stopping.wait())
+            tick = asyncio.ensure_future(clock.sleep(next_tick - clock.now()))
             done, pending = await asyncio.wait(
-                {changed, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                {changed, stop, tick}, return_when=asyncio.FIRST_COMPLETED
             )
             for task in pending:
                 task.cancel()
@@ -562,20 +565,17 @@ class Planner:
             if trigger == "change":
                 # Leading edge: a change plans at once. Changes arriving during a plan or within
                 # debounce_seconds of the last change-triggered one are coalesced into the next.
-                hold = last_change_plan + settings.debounce_seconds - time.monotonic()
-                if hold > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.stopping.wait(), hold)
-                    if self.stopping.is_set():
-                        return
-                last_change_plan = time.monotonic()
+                hold = last_change_plan + settings.debounce_seconds - clock.now()
+                if hold > 0 and await wait_for_event(clock, self.stopping, hold):
+                    return
+                last_change_plan = clock.now()
             self.state.changed.clear()
             try:
                 await self.plan_once(trigger)
             except Exception:  # a failed plan is logged and retried on the next trigger
                 log.exception("planning failed")
-            if trigger == "tick" or self.clock() >= next_tick:
-                next_tick = self.clock() + settings.tick_seconds
+            if trigger == "tick" or clock.now() >= next_tick:
+                next_tick = clock.now() + settings.tick_seconds
 
     async def _pins(self) -> dict[pol.Target, ScalePin]:
         """Operators' pins from the KV bucket; on a read failure, the last ones read."""
@@ -589,7 +589,7 @@ class Planner:
         return self._last_pins
 
     async def plan_once(self, trigger: str) -> None:
-        now = self.clock()
+        now = self.clock.now()
         targets = self.state.targets(await self._pins())
         inputs = self.state.inputs(now, targets)
         started = time.perf_counter()
@@ -608,7 +608,7 @@ class Planner:
         if not self.leader:
             return
         plan_id = f"{self.instance}-{uuid.uuid4().hex[:12]}"
-        issued_at = datetime.now(UTC)
+        issued_at = datetime.fromtimestamp(now, UTC)
         for held in targets.held:  # once released, it is compared with where it is then
             self.sent.pop(held.target, None)
         for item in decision.targets:

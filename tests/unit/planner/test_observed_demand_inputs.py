@@ -26,7 +26,7 @@ class Clock:
     def __init__(self) -> None:
         self.value = NOW
 
-    def __call__(self) -> float:
+    def now(self) -> float:
         return self.value
 
 

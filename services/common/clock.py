@@ -1,0 +1,50 @@
+"""The clock port: what time it is and how long to wait, in one time base.
+
+Services read the time and wait through a `Clock`, never `time.time()` and a bare
+`asyncio.sleep` side by side: a simulated clock (the demo's, `speed` times the wall clock)
+then gives intervals, event stamps and staleness in the same seconds. `WallClock` is the
+real time every `tideshift run <service>` uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Unix seconds."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Return after `seconds` of this clock's time have passed."""
+        ...
+
+
+class WallClock:
+    """Real time."""
+
+    def now(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+WALL_CLOCK = WallClock()
+
+
+async def wait_for_event(clock: Clock, event: asyncio.Event, seconds: float) -> bool:
+    """Wait until `event` is set or `seconds` of `clock` time pass; whether it was set."""
+    if event.is_set():
+        return True
+    setting = asyncio.ensure_future(event.wait())
+    sleeping = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait({setting, sleeping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in (setting, sleeping):
+            waiter.cancel()
+    return event.is_set()
