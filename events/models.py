@@ -177,6 +177,11 @@ class TrainingPolicy(_Frozen):
     priority: int = 0
     weight: float = Field(default=1.0, gt=0)
     scale_task: str = Field(default="", description="Volcano: the task to scale")
+    batch: bool = Field(
+        default=False,
+        description="tideshift.io/batch: trainers borrow tideshift.io/batch-cpu / batch-memory "
+        "(serving's idle reservation) and are the first to shrink",
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> TrainingPolicy:
@@ -197,7 +202,10 @@ class WorkloadChanged(EventData):
     ready_replicas: int = Field(default=0, ge=0)
     min_replicas: int = Field(default=0, ge=0, description="its own lower bound (gang, elastic)")
     max_replicas: int | None = Field(default=None, ge=0, description="its own upper bound")
-    requests: Resources = Field(description="per replica, from the pod template")
+    requests: Resources = Field(
+        description="per replica, from the pod template (a batch job's: what it borrows, "
+        "its tideshift.io/batch-cpu and batch-memory)"
+    )
     serving: ServingPolicy | None = None
     training: TrainingPolicy | None = None
     paused: bool = Field(default=False, description="tideshift.io/paused: leave it alone")
@@ -209,6 +217,8 @@ class WorkloadChanged(EventData):
         policy = self.serving if self.role == "serving" else self.training
         if policy is None:
             raise ValueError(f"a {self.role} workload carries its {self.role} policy")
+        if self.training is not None and self.training.batch and self.requests.gpu > 0:
+            raise ValueError("a batch job's trainers request no gpu: GPUs are not lent")
         return self
 
 

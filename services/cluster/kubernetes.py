@@ -60,6 +60,7 @@ from tideshift.services.cluster.adapters.kinds import (
     qualified_kind,
 )
 from tideshift.services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
+from tideshift.services.cluster.overcommit import BATCH_CPU, BATCH_MEMORY
 from tideshift.services.cluster.port import (
     ROLE_LABEL,
     ChangeType,
@@ -142,6 +143,17 @@ def pod_requests(spec: Mapping[str, Any]) -> Resources:
         max(running.gpu, init_peak.gpu),
     )
     return total + resources_of(spec.get("overhead"))
+
+
+def pod_batch_requests(spec: Mapping[str, Any]) -> Resources:
+    """What one pod borrows from serving's idle reservation: its containers' requests of
+    tideshift.io/batch-cpu (millicores, returned as cores) and tideshift.io/batch-memory."""
+    cpu = memory = 0.0
+    for container in spec.get("containers") or []:
+        amounts = (container.get("resources") or {}).get("requests") or {}
+        cpu += _quantity(amounts.get(BATCH_CPU, 0)) / 1000.0
+        memory += _quantity(amounts.get(BATCH_MEMORY, 0))
+    return Resources(cpu=cpu, memory=memory)
 
 
 def _timestamp(value: Any) -> float:
@@ -253,7 +265,8 @@ def workload_from_object(adapter: TargetAdapter, obj: JsonObject) -> Workload:
     uid, version = str(metadata.get("uid", "")), str(metadata.get("resourceVersion", ""))
     try:
         state = adapter.observe(ref, obj)
-        requests = pod_requests(adapter.pod_spec(obj))
+        pod_spec = adapter.pod_spec(obj)
+        requests, batch_requests = pod_requests(pod_spec), pod_batch_requests(pod_spec)
     except UnsupportedTarget as error:  # its owner is told (the watcher's invalid policy)
         return Workload(
             ref=ref,
@@ -279,6 +292,7 @@ def workload_from_object(adapter: TargetAdapter, obj: JsonObject) -> Workload:
         annotations=annotations,
         uid=uid,
         resource_version=version,
+        batch_requests=batch_requests,
     )
 
 

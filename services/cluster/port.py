@@ -115,6 +115,9 @@ class Workload:
     max_replicas: int | None
     requests: Resources  # one replica's, from the pod template
     annotations: tuple[tuple[str, str], ...] = ()
+    # What one replica borrows from serving's idle reservation: its template's
+    # tideshift.io/batch-cpu (as cores) and tideshift.io/batch-memory requests.
+    batch_requests: Resources = Resources()
     uid: str = ""
     resource_version: str = ""  # the apiserver's version of this object
     unscalable: str = ""  # why its scale cannot be read (e.g. scale-task names no task)

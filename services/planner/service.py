@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tideshift.events import (
     DEMAND_OBSERVED,
@@ -69,6 +69,7 @@ from tideshift.events import (
     WorkloadChanged,
 )
 from tideshift.events.models import TargetDecision as EventTargetDecision
+from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.common.retry import fixed
@@ -139,6 +140,17 @@ class TrainingTarget(BaseModel):
     priority: int = 0
     weight: float = Field(1.0, gt=0)
     companion_markers: tuple[str, ...] = DEFAULT_COMPANION_MARKERS
+    batch: bool = Field(
+        False,
+        description="trainers request tideshift.io/batch-cpu / batch-memory (cpu, memory: "
+        "what one borrows) and run on serving's idle reservation, shrunk first",
+    )
+
+    @model_validator(mode="after")
+    def _batch_borrows_no_gpu(self) -> TrainingTarget:
+        if self.batch and self.gpu > 0:
+            raise ValueError(f"{self.name}: batch: GPUs are not lent, expected gpu 0")
+        return self
 
 
 class PlannerSettings(ServiceSettings):
@@ -200,6 +212,13 @@ class PlannerSettings(ServiceSettings):
         ge=0,
         lt=1,
         description="skip growing a running job for a smaller gain",
+    )
+    batch_margin: float = Field(
+        default=_POLICY_DEFAULTS.overcommit.margin,
+        ge=0,
+        lt=1,
+        description="fraction of each node's allocatable never lent to batch trainers "
+        "(the executor's batch_margin)",
     )
 
 
@@ -379,6 +398,7 @@ class PlannerState:
                 priority=j.priority,
                 weight=j.weight,
                 submitted_at=float(index),
+                batch=j.batch,
             )
             for index, j in enumerate(self.settings.training)
         )
@@ -402,6 +422,7 @@ class PlannerState:
                 min_trainer_lifetime_s=settings.min_trainer_lifetime_seconds,
                 shrink_tolerance=settings.shrink_tolerance,
                 grow_tolerance=settings.grow_tolerance,
+                overcommit=OvercommitConfig(margin=settings.batch_margin),
             ),
             cluster_stale=now - self.last_cluster_event > settings.cluster_silence_seconds,
             observed_rps=self.observed_rps(now),

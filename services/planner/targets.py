@@ -58,7 +58,7 @@ def serving_of(event: WorkloadChanged) -> ServingWorkload:
 
 def job_of(event: WorkloadChanged, *, first_replicas: int, submitted_at: float) -> TrainingJob:
     """Bounds: the annotations within the job's own (gang minimum, elasticPolicy); without any
-    maximum, the size it was submitted with."""
+    maximum, the size it was submitted with. A batch job's requests are what it borrows."""
     policy = event.training
     assert policy is not None  # the contract requires it for role "training"
     requests = event.requests
@@ -74,6 +74,7 @@ def job_of(event: WorkloadChanged, *, first_replicas: int, submitted_at: float) 
         priority=policy.priority,
         weight=policy.weight,
         submitted_at=submitted_at,
+        batch=policy.batch,
     )
 
 

@@ -3,9 +3,11 @@
 Serving workloads (`tideshift.io/role: serving`): `capacity-rps` (required), `min-replicas`,
 `max-replicas`, `lead-time-seconds`, `quantile`, `stabilization-seconds`, `demand-query`.
 Training workloads (`tideshift.io/role: training`): `min-replicas`, `max-replicas`,
-`gang-min`, `priority`, `weight`, `scale-task` (Volcano). Any workload: `paused` (`"true"`:
-Tideshift leaves it alone). A value that does not parse raises `InvalidPolicy` naming the
-annotation and what it expects.
+`gang-min`, `priority`, `weight`, `scale-task` (Volcano), `batch` (`"true"`: its trainers
+borrow serving's idle reservation through the `tideshift.io/batch-cpu` / `batch-memory` their
+pod template requests, which become the announced requests). Any workload: `paused`
+(`"true"`: Tideshift leaves it alone). A value that does not parse raises `InvalidPolicy`
+naming the annotation and what it expects.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tideshift.events import (
     TrainingPolicy,
     WorkloadChanged,
 )
+from tideshift.services.cluster.overcommit import BATCH_CPU, BATCH_MEMORY
 from tideshift.services.cluster.port import ChangeType, Workload
 
 PREFIX = "tideshift.io/"
@@ -44,6 +47,7 @@ TRAINING_ANNOTATIONS = {
     "priority": "priority",
     "weight": "weight",
     "scale-task": "scale_task",
+    "batch": "batch",
 }
 # What each field expects, in words for the message on the object.
 EXPECTED = {
@@ -58,6 +62,7 @@ EXPECTED = {
     "priority": "a whole number",
     "weight": "a number > 0",
     "scale_task": "the name of one of the job's tasks",
+    "batch": '"true" or "false"',
 }
 
 
@@ -105,6 +110,21 @@ def _paused(annotations: Mapping[str, str]) -> bool:
     return value == "true"
 
 
+def _check_batch(workload: Workload) -> None:
+    """A batch job's trainers are sized by what their template borrows: some batch cpu, and
+    no GPU (GPUs are not lent)."""
+    if workload.requests.gpu > 0:
+        raise InvalidPolicy(
+            f'{PREFIX}batch="true": GPUs are not lent; expected trainers requesting no gpu '
+            f"(its template requests {workload.requests.gpu})"
+        )
+    if workload.batch_requests.cpu <= 0:
+        raise InvalidPolicy(
+            f'{PREFIX}batch="true": expected its pod template to request {BATCH_CPU} '
+            f"(millicores) and {BATCH_MEMORY} instead of cpu and memory; it requests none"
+        )
+
+
 def workload_event(
     change: ChangeType, workload: Workload, *, observed_at: datetime
 ) -> WorkloadChanged:
@@ -119,6 +139,9 @@ def workload_event(
     else:
         training = _policy(TrainingPolicy, TRAINING_ANNOTATIONS, annotations)
     requests = workload.requests
+    if training is not None and training.batch:
+        _check_batch(workload)
+        requests = workload.batch_requests
     return WorkloadChanged(
         change=change,
         workload=workload.ref,

@@ -1,12 +1,14 @@
 """The watcher's labelled workloads on real NATS, through a port of our own: announced with
-their policy, removed on deletion, and an unreadable annotation reported once on the object,
-counted and dead-lettered while the rest carries on."""
+their policy (a batch job with what its trainers borrow), removed on deletion, and an
+unreadable annotation reported once on the object, counted and dead-lettered while the rest
+carries on."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -64,7 +66,11 @@ def invalid_count() -> float:
 async def test_workloads_are_announced_removed_and_bad_annotations_reported_once(
     bus: Bus, unique: str
 ) -> None:
-    good = workload(unique, "ctr", **{"scale-task": "trainer", "gang-min": "2"})
+    good = replace(
+        workload(unique, "ctr", **{"scale-task": "trainer", "gang-min": "2", "batch": "true"}),
+        requests=Resources(),
+        batch_requests=Resources(cpu=1.5, memory=2**31),
+    )
     bad = workload(unique, "typo", **{"max-replicas": "eight"})
     port = WorkloadPort([good, bad])
     announced: list[WorkloadChanged] = []
@@ -89,6 +95,7 @@ async def test_workloads_are_announced_removed_and_bad_annotations_reported_once
         assert event.workload == good.ref and event.change == "added"
         assert event.training is not None and event.training.gang_min == 2
         assert event.training.scale_task == "trainer" and event.min_replicas == 2
+        assert event.training.batch and (event.requests.cpu, event.requests.memory) == (1.5, 2**31)
         ((ref, reason, message),) = port.events
         assert ref == bad.ref and reason == INVALID_POLICY_REASON
         assert "tideshift.io/max-replicas='eight'" in message

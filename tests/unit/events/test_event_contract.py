@@ -352,3 +352,30 @@ def test_asyncapi_document_has_one_channel_per_subject_with_payload_schema() -> 
     assert "desired" in payload["properties"]["data"]["properties"]
     assert set(command["parameters"]) == {"namespace", "kind", "name"}
     json.dumps(document)  # serialisable as the CLI prints it
+
+
+def test_a_batch_opt_in_is_optional_in_the_contract_and_lends_no_gpus() -> None:
+    ctr = events.WorkloadRef(kind="PyTorchJob", namespace="ml", name="nightly")
+    batch = events.WorkloadChanged(
+        change="added",
+        workload=ctr,
+        role="training",
+        replicas=2,
+        requests=events.Resources(cpu=1.0),
+        training=events.TrainingPolicy(batch=True),
+        observed_at=NOW,
+    )
+    raw = events.encode(batch, source="t")
+    assert events.decode(raw, events.WorkloadChanged).data == batch
+    # A producer that predates the field: its announcement decodes as not batch.
+    body = json.loads(raw)
+    del body["data"]["training"]["batch"]
+    older = events.decode(json.dumps(body).encode(), events.WorkloadChanged).data
+    assert older.training is not None and not older.training.batch
+    with pytest.raises(ValueError, match="GPUs are not lent"):
+        events.WorkloadChanged.model_validate(
+            batch.model_dump() | {"requests": events.Resources(cpu=1.0, gpu=1)}
+        )
+    schema = asyncapi_document()["components"]["schemas"]["TrainingPolicy"]
+    assert schema["properties"]["batch"]["default"] is False
+    assert "batch" not in schema.get("required", [])

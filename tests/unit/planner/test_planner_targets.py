@@ -63,6 +63,17 @@ def test_announced_workloads_are_planned_and_forgotten_on_removal() -> None:
     assert book.targets({}, NOW).jobs == ()
 
 
+def test_an_announced_batch_job_is_planned_as_one() -> None:
+    book = TargetBook()
+    plain = training()
+    assert book.apply(plain)
+    assert not book.targets({}, NOW).jobs[0].batch
+    policy = TrainingPolicy(priority=3, gang_min=2, batch=True)
+    book.apply(plain.model_copy(update={"training": policy, "observed_at": NOW + timedelta(1)}))
+    (job,) = book.targets({}, NOW).jobs
+    assert job.batch and job.trainer_requests == (2.0, 2**30, 0.0)
+
+
 def test_an_older_announcement_loses_to_a_newer_one() -> None:
     book = TargetBook()
     book.apply(serving(max_replicas=9))

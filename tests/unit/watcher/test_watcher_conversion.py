@@ -14,6 +14,7 @@ from tideshift.services.cluster.kubernetes import (
     diff,
     direct_owner,
     node_from_object,
+    pod_batch_requests,
     pod_from_object,
     pod_requests,
     role_of,
@@ -93,6 +94,19 @@ def test_pod_requests(spec: dict[str, Any], expected: Resources) -> None:
     got = pod_requests(spec)
     assert got.cpu == pytest.approx(expected.cpu)
     assert (got.memory, got.gpu) == (expected.memory, expected.gpu)
+
+
+def test_pod_batch_requests_are_what_the_containers_borrow() -> None:
+    spec = {
+        "containers": [
+            {"resources": {"requests": {"cpu": "100m", "tideshift.io/batch-cpu": "1500"}}},
+            {"resources": {"requests": {"tideshift.io/batch-memory": "1Gi"}}},
+            {"name": "no-requests"},
+        ]
+    }
+    # millicores as cores; the plain cpu request is not borrowed
+    assert pod_batch_requests(spec) == Resources(cpu=1.5, memory=2**30)
+    assert pod_requests(spec).cpu == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize(

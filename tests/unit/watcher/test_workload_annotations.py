@@ -82,6 +82,9 @@ def test_training_annotations_become_its_policy_with_defaults() -> None:
         ("training", {"weight": "heavy"}, "tideshift.io/weight='heavy': expected a number > 0"),
         ("training", {"min-replicas": "2.5"}, "tideshift.io/min-replicas='2.5'"),
         ("training", {"paused": "yes"}, "tideshift.io/paused='yes': expected \"true\" or"),
+        ("training", {"batch": "maybe"}, "tideshift.io/batch='maybe': expected \"true\" or"),
+        # Batch trainers are sized by what they borrow; this template borrows nothing.
+        ("training", {"batch": "true"}, "request tideshift.io/batch-cpu (millicores)"),
     ],
 )
 def test_unreadable_annotations_name_the_annotation_and_what_it_expects(
@@ -106,3 +109,49 @@ def test_a_scale_task_that_names_no_task_is_reported_like_a_bad_annotation() -> 
     assert announced.ref == WorkloadRef("ml", "Job.batch.volcano.sh", "ctr")
     with pytest.raises(InvalidPolicy, match=r"tideshift\.io/scale-task='trainers' names no task"):
         workload_event("added", announced, observed_at=AT)
+
+
+def volcano_job(trainer_requests: dict[str, str], **annotations: str) -> dict[str, object]:
+    return {
+        "metadata": {
+            "name": "nightly",
+            "namespace": "ml",
+            "labels": {"tideshift.io/role": "training"},
+            "annotations": {f"tideshift.io/{k}": v for k, v in annotations.items()},
+        },
+        "spec": {
+            "tasks": [
+                {
+                    "name": "worker",
+                    "replicas": 4,
+                    "template": {
+                        "spec": {"containers": [{"resources": {"requests": trainer_requests}}]}
+                    },
+                }
+            ]
+        },
+    }
+
+
+def test_a_batch_job_announces_what_its_trainers_borrow() -> None:
+    borrowing = {"tideshift.io/batch-cpu": "1500", "tideshift.io/batch-memory": "2Gi"}
+    job = workload_from_object(VolcanoJobAdapter(), volcano_job(borrowing, batch="true"))
+    assert job.requests == Resources() and job.batch_requests == Resources(1.5, 2 * 2**30)
+    event = workload_event("added", job, observed_at=AT)
+    assert event.training is not None and event.training.batch
+    assert (event.requests.cpu, event.requests.memory, event.requests.gpu) == (1.5, 2 * 2**30, 0)
+    # Not opted in, the same template's cpu request is what is announced: none.
+    plain = workload_event(
+        "added",
+        workload_from_object(VolcanoJobAdapter(), volcano_job(borrowing)),
+        observed_at=AT,
+    )
+    assert plain.training is not None and not plain.training.batch
+    assert plain.requests.cpu == 0.0
+
+
+def test_a_batch_job_asking_for_gpus_is_refused_by_name() -> None:
+    template = {"tideshift.io/batch-cpu": "1000", "nvidia.com/gpu": "1"}
+    job = workload_from_object(VolcanoJobAdapter(), volcano_job(template, batch="true"))
+    with pytest.raises(InvalidPolicy, match=r'tideshift\.io/batch="true": GPUs are not lent'):
+        workload_event("added", job, observed_at=AT)

@@ -1,0 +1,147 @@
+"""Opting a training job into batch capacity, end to end in the planner: the annotation
+`tideshift.io/batch` (or `batch: true` in the planner's settings) -> WorkloadChanged's training
+policy -> the planner's targets -> PlanInputs -> a plan on serving's idle reservation, with
+the planner's `batch_margin`."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from tideshift.events import (
+    ForecastIssued,
+    ForecastPoint,
+    NodeChanged,
+    Resources,
+    WorkloadRef,
+)
+from tideshift.services.cluster import port
+from tideshift.services.planner.baselines import make_policy
+from tideshift.services.planner.service import (
+    PlannerSettings,
+    PlannerState,
+    ServingTarget,
+    TrainingTarget,
+)
+from tideshift.services.watcher.annotations import workload_event
+
+GIB = 2**30
+WEB = WorkloadRef(kind="Deployment", namespace="shop", name="web")
+NIGHTLY = WorkloadRef(kind="PyTorchJob", namespace="ml", name="nightly")
+
+
+def settings(**overrides: object) -> PlannerSettings:
+    """One serving workload of 4-cpu replicas, 100 rps each at full use of its request."""
+    web = ServingTarget(
+        namespace="shop", name="web", cpu=4.0, memory=GIB, capacity_rps=100.0, max_replicas=8
+    )
+    return PlannerSettings(serving=[web], health_port=-1, **overrides)  # type: ignore[arg-type]
+
+
+def state_at(now: float, planner_settings: PlannerSettings) -> PlannerState:
+    """One 16-cpu node and a flat 200 rps forecast issued at `now`: serving needs two
+    replicas (8 cpu requested) and uses all of it."""
+    state = PlannerState(planner_settings)
+    at = datetime.fromtimestamp(now, tz=UTC)
+    state.apply_node(
+        NodeChanged(
+            change="added",
+            name="n1",
+            allocatable=Resources(cpu=16.0, memory=64 * GIB),
+            observed_at=at,
+        )
+    )
+    points = tuple(
+        ForecastPoint(
+            at=at + timedelta(seconds=60 * k),
+            point=200.0,
+            q50=200.0,
+            q90=200.0,
+            q95=200.0,
+            q99=200.0,
+        )
+        for k in range(10)
+    )
+    state.apply_forecast(
+        ForecastIssued(workload=WEB, issued_at=at, step_seconds=60, model="test", points=points)
+    )
+    return state
+
+
+def planned(state: PlannerState, now: float, target: WorkloadRef) -> tuple[int, str]:
+    inputs = state.inputs(now, state.targets({}))
+    decision, _ = make_policy("tideshift").plan(
+        inputs, make_policy("tideshift").initial_state(), now
+    )
+    (item,) = [item for item in decision.targets if item.target == target]
+    return item.desired, item.reason
+
+
+def nightly_workload(annotations: dict[str, str]) -> port.Workload:
+    """A PyTorchJob whose trainers request 1 batch cpu and 2 GiB batch memory, no cpu."""
+    return port.Workload(
+        ref=NIGHTLY,
+        role="training",
+        replicas=1,
+        ready_replicas=1,
+        min_replicas=1,
+        max_replicas=40,
+        requests=port.Resources(),
+        annotations=tuple(sorted(annotations.items())),
+        batch_requests=port.Resources(cpu=1.0, memory=2 * GIB),
+    )
+
+
+def test_an_annotated_job_is_planned_on_what_serving_reserves_but_does_not_use() -> None:
+    now = time.time()  # the planner's cluster-staleness guard runs on the wall clock
+    state = state_at(now, settings())
+    at = datetime.fromtimestamp(now, tz=UTC)
+    event = workload_event(
+        "added", nightly_workload({"tideshift.io/batch": "true"}), observed_at=at
+    )
+    assert event.training is not None and event.training.batch
+    assert (event.requests.cpu, event.requests.memory) == (1.0, 2 * GIB)
+    state.apply_workload(event)
+    (job,) = state.inputs(now, state.targets({})).jobs
+    assert job.batch and job.trainer_requests == (1.0, 2 * GIB, 0.0)
+    desired, reason = planned(state, now, NIGHTLY)
+    # 16 x (1 - 0.1) - the 8 cpu serving uses = 6.4: six trainers of one batch cpu
+    assert desired == 6
+    assert "batch capacity" in reason
+
+
+def test_the_planners_batch_margin_is_what_it_never_lends() -> None:
+    now = time.time()
+    state = state_at(now, settings(batch_margin=0.25))
+    at = datetime.fromtimestamp(now, tz=UTC)
+    state.apply_workload(
+        workload_event("added", nightly_workload({"tideshift.io/batch": "true"}), observed_at=at)
+    )
+    # 16 x (1 - 0.25) - 8 = 4
+    assert planned(state, now, NIGHTLY)[0] == 4
+
+
+def test_a_job_in_the_settings_opts_in_with_batch_true() -> None:
+    now = time.time()
+    nightly = TrainingTarget(
+        namespace="ml",
+        kind="PyTorchJob",
+        name="nightly",
+        cpu=1.0,
+        memory=2 * GIB,
+        max_trainers=40,
+        batch=True,
+    )
+    state = state_at(now, settings(training=[nightly]))
+    (job,) = state.inputs(now, state.targets({})).jobs
+    assert job.batch
+    desired, reason = planned(state, now, NIGHTLY)
+    assert desired == 6 and "batch capacity" in reason
+
+
+def test_a_batch_job_in_the_settings_asking_for_gpus_is_refused() -> None:
+    with pytest.raises(ValidationError, match="nightly: batch: GPUs are not lent, expected gpu 0"):
+        TrainingTarget(namespace="ml", name="nightly", cpu=1.0, gpu=1, max_trainers=4, batch=True)
