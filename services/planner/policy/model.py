@@ -168,6 +168,10 @@ class PolicyConfig:
     miss_half_life_s: float = 1800.0
     # Scale-down waits while the faded miss ratio is above 1 + this.
     miss_tolerance: float = 0.05
+    # The workload's worst miss sizes its headroom for this much longer: a burst that beat
+    # the forecast once tends to come back (heavy tails), and serving must cover its first
+    # minute, which no reaction can (replicas take their startup delay).
+    burst_half_life_s: float = 86400.0
     # Batch capacity: per node, allocatable x (1 - margin) minus what non-batch pods use.
     overcommit: OvercommitConfig = field(default_factory=OvercommitConfig)
 
@@ -203,6 +207,7 @@ class Miss:
     at: float  # when `ratio` was measured
     ratio: float  # observed / allowed, at least 1 (1 = no miss)
     panic_until: float  # no scale-down before this
+    worst: float = 1.0  # the same ratio fading with `burst_half_life_s`: the headroom
 
 
 Role = Literal["serving", "training"]

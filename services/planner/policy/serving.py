@@ -32,6 +32,10 @@ from tideshift.services.planner.policy.packing import (
     pack_sparse,
 )
 
+# Leads every reason in which the safety net (observed demand, miss headroom or the panic
+# window), not the bare forecast, set serving's count.
+PANIC = "panic (safety net):"
+
 
 def forecast_peak(forecast: Forecast, start: float, end: float, quantile: float) -> float | None:
     """Highest value of the closest quantile >= `quantile` over [start, end].
@@ -63,12 +67,13 @@ def track_miss(
     config: PolicyConfig,
 ) -> Miss:
     """The workload's miss after this observation: the previous ratio fades toward 1 with
-    `miss_half_life_s`; a new observation above what the forecast allowed raises it and
-    starts a panic window."""
-    ratio, panic_until = 1.0, -math.inf
+    `miss_half_life_s` (its worst with `burst_half_life_s`); a new observation above what
+    the forecast allowed raises both and starts a panic window."""
+    ratio, worst, panic_until = 1.0, 1.0, -math.inf
     if miss is not None:
-        fade = 0.5 ** (max(0.0, now - miss.at) / config.miss_half_life_s)
-        ratio = 1.0 + (miss.ratio - 1.0) * fade
+        elapsed = max(0.0, now - miss.at)
+        ratio = 1.0 + (miss.ratio - 1.0) * 0.5 ** (elapsed / config.miss_half_life_s)
+        worst = 1.0 + (miss.worst - 1.0) * 0.5 ** (elapsed / config.burst_half_life_s)
         panic_until = miss.panic_until
     # A q0.95 forecast is exceeded 5 % of the time by design: only a miss beyond the
     # tolerance counts, or serving would chase every burst and trainers with it.
@@ -79,7 +84,7 @@ def track_miss(
     ):
         ratio = max(ratio, observed / max(allowed, 1e-9))
         panic_until = now + config.panic_window_s
-    return Miss(at=now, ratio=ratio, panic_until=panic_until)
+    return Miss(at=now, ratio=ratio, panic_until=panic_until, worst=max(worst, ratio))
 
 
 def plan_serving(
@@ -122,7 +127,8 @@ def plan_serving(
             f"{workload.target}: {why}; holding",
             new_miss,
         )
-    headroom = new_miss.ratio
+    headroom = new_miss.worst
+    bare_need = math.ceil(max(peak, 0.0) / workload.capacity_rps - 1e-9)
     forecast_need = math.ceil(max(peak, 0.0) * headroom / workload.capacity_rps - 1e-9)
     need = max(forecast_need, observed_need)
     recommended = min(max(need, workload.min_replicas), workload.max_replicas)
@@ -135,9 +141,12 @@ def plan_serving(
         basis += f" x {headroom:.2f} recent miss headroom"
     basis += f" = {forecast_need}"
     if observed_need > forecast_need:
-        basis += f"; observed {observed:.1f} req/s needs {observed_need} (panic)"
+        basis += f"; observed {observed:.1f} req/s needs {observed_need}"
     if recommended != need:
         basis += f", clamped to [{workload.min_replicas}, {workload.max_replicas}]"
+    if need > bare_need:
+        # The operator's cue that the safety net, not the bare forecast, sized serving.
+        basis = f"{PANIC} {basis}"
     cutoff = now - workload.stabilization_s
     new_history = (*(item for item in history if item[0] > cutoff), (now, recommended))
     stabilized = max(value for _, value in new_history)
@@ -187,9 +196,9 @@ def _scale_down_hold(
     if now - seen_since < workload.stabilization_s:
         return f"no scale-down until {workload.stabilization_s:.0f} s observed"
     if now < miss.panic_until:
-        return "demand ran above the forecast: no scale-down in the panic window"
+        return f"{PANIC} demand ran above the forecast: no scale-down in the panic window"
     if miss.ratio > 1.0 + config.miss_tolerance:
-        return f"recent forecast misses (x{miss.ratio:.2f}): scale-down waits"
+        return f"{PANIC} recent forecast misses (x{miss.ratio:.2f}): scale-down waits"
     return None
 
 

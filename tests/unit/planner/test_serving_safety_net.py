@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tideshift.services.planner import policy as pol
-from tideshift.services.planner.policy.serving import plan_serving, track_miss
+from tideshift.services.planner.policy.serving import PANIC, plan_serving, track_miss
 
 WEB = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "web"),
@@ -58,7 +58,8 @@ def test_demand_above_the_forecast_scales_up_at_once_for_the_observed_demand() -
     assert desired >= 25
     assert miss.ratio == pytest.approx(2.5)
     assert miss.panic_until == pytest.approx(CONFIG.panic_window_s)
-    assert "panic" in reason or "miss headroom" in reason
+    assert reason.startswith(PANIC), reason
+    assert "miss headroom" in reason
 
 
 def test_scale_down_waits_while_misses_are_recent_then_resumes() -> None:
@@ -66,9 +67,9 @@ def test_scale_down_waits_while_misses_are_recent_then_resumes() -> None:
     # The forecast now says 50 req/s (5 replicas) but the workload just ran 1.5x above it.
     desired, reason, miss = plan(30.0, forecast_rps=50.0, observed=40.0, current=15, miss=miss)
     assert desired == 15
-    assert "panic window" in reason
+    assert "panic window" in reason and PANIC in reason
     desired, reason, miss = plan(120.0, forecast_rps=50.0, observed=40.0, current=15, miss=miss)
-    assert desired == 15 and "scale-down waits" in reason
+    assert desired == 15 and "scale-down waits" in reason and PANIC in reason
     # Hours later the miss has faded: serving follows the forecast down again.
     desired, _, miss = plan(6 * 3600.0, forecast_rps=50.0, observed=40.0, current=15, miss=miss)
     assert desired < 15
@@ -97,3 +98,33 @@ def test_without_a_forecast_serving_still_covers_observed_demand() -> None:
     )
     assert desired == 12
     assert fallback is not None
+
+
+def test_the_worst_miss_keeps_headroom_long_after_the_panic_fades() -> None:
+    first = track_miss(None, observed=300.0, allowed=200.0, now=0.0, config=CONFIG)
+    later = track_miss(
+        first, observed=None, allowed=None, now=CONFIG.burst_half_life_s, config=CONFIG
+    )
+    # The scale-down hold fades within hours; the burst headroom over a day, by half.
+    assert later.ratio < 1.0 + CONFIG.miss_tolerance
+    assert later.worst == pytest.approx(1.25)
+
+
+def test_a_burst_that_beat_the_forecast_once_sizes_the_next_one_before_it_comes() -> None:
+    _, _, miss = plan(0.0, forecast_rps=100.0, observed=180.0, current=10)
+    # An hour later the forecast says 100 req/s again and demand sits below it: serving keeps
+    # room for a burst of the size it already saw (18 replicas), not the bare forecast's 10.
+    desired, reason, miss = plan(3600.0, forecast_rps=100.0, observed=60.0, current=10, miss=miss)
+    assert desired >= 17, reason
+    assert reason.startswith(PANIC), reason
+    assert miss.ratio < miss.worst
+
+
+def test_the_reason_says_panic_only_when_the_safety_net_set_the_count() -> None:
+    _, quiet, _ = plan(0.0, forecast_rps=100.0, observed=90.0, current=5)
+    assert PANIC not in quiet and "scale up now" in quiet
+    desired, surge, miss = plan(0.0, forecast_rps=100.0, observed=104.0, current=5)
+    # 4 % above the forecast is within the miss tolerance (no headroom), but the observed
+    # demand alone needs one replica more than the forecast: the safety net set the count.
+    assert miss.worst == 1.0
+    assert desired == 11 and surge.startswith(PANIC), surge
