@@ -22,6 +22,7 @@ import pytest
 
 from tests.chaos.objects import create_web_deployment
 from tests.chaos.report import ChaosReport
+from tests.chaos.stored import read_stored
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
@@ -174,29 +175,17 @@ def test_apiserver_restarts_leave_snapshot_equal_to_a_fresh_list(
             report.checked = len(listed)
             report.lost = len(set(listed) - set(snapshot))
             report.doubled = len(set(snapshot) - set(listed))
-            results = loop.run_until_complete(_result_keys(bus, namespace))
+            results = {
+                result.idempotency_key
+                for result in loop.run_until_complete(
+                    read_stored(
+                        bus, events.SCALE_RESULT.filter(namespace=namespace), stream=SCALE_STREAM
+                    )
+                )
+            }
     finally:
         loop.run_until_complete(bus.close())
         loop.close()
     report.lost += sum(1 for key in keys if key not in results)
     report.print()
     assert (report.lost, report.doubled) == (0, 0)
-
-
-async def _result_keys(bus: Bus, namespace: str) -> set[str]:
-    deliveries = bus.consume(
-        events.SCALE_RESULT.filter(namespace=namespace),
-        stream=SCALE_STREAM,
-        durable=f"chaos-results-{uuid.uuid4().hex[:6]}",
-    )
-    keys: set[str] = set()
-    try:
-        while True:
-            try:
-                delivery = await asyncio.wait_for(anext(deliveries), 3.0)
-            except TimeoutError:
-                return keys
-            keys.add(delivery.event.data.idempotency_key)
-            await delivery.ack()
-    finally:
-        await deliveries.aclose()

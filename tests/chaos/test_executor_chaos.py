@@ -30,6 +30,7 @@ import pytest
 from tests.chaos.objects import create_web_deployment
 from tests.chaos.proxy import HoldableRelay
 from tests.chaos.report import ChaosReport
+from tests.chaos.stored import read_stored
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
@@ -215,7 +216,11 @@ def test_executor_killed_between_write_and_ack_applies_every_command_once(
     finally:
         for executor in (active, *standbys):
             executor.kill()
-    results = harness.run(_results(harness.bus, namespace, len(keys)))
+    results = harness.run(
+        read_stored(
+            harness.bus, events.SCALE_RESULT.filter(namespace=namespace), stream=SCALE_STREAM
+        )
+    )
     deployment = harness.admin.get(path)
     applied_per_key = {key: 0 for key in keys}
     for result in results:
@@ -248,23 +253,3 @@ async def _unfinished(bus: Bus) -> int:
     """Commands the executors' durable consumer has not acked yet (pending or in flight)."""
     info = await bus.js.consumer_info(SCALE_STREAM.name, "tideshift-executor")
     return int(info.num_pending) + int(info.num_ack_pending)
-
-
-async def _results(bus: Bus, namespace: str, expected: int) -> list[events.ScaleResult]:
-    """Every ScaleResult published for the namespace (ordered), read from the stream."""
-    deliveries = bus.consume(
-        events.SCALE_RESULT.filter(namespace=namespace),
-        stream=SCALE_STREAM,
-        durable=f"chaos-results-{uuid.uuid4().hex[:6]}",
-    )
-    results: list[events.ScaleResult] = []
-    try:
-        while True:
-            try:
-                delivery = await asyncio.wait_for(anext(deliveries), 3.0)
-            except TimeoutError:
-                return results
-            results.append(delivery.event.data)
-            await delivery.ack()
-    finally:
-        await deliveries.aclose()

@@ -27,6 +27,7 @@ import pytest
 
 from tests.chaos.objects import create_web_deployment
 from tests.chaos.report import ChaosReport
+from tests.chaos.stored import read_stored
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
@@ -135,25 +136,6 @@ async def _publish_until_acked(bus: Bus, command: events.ScaleCommand) -> None:
             await asyncio.sleep(0.2)
 
 
-async def _results(bus: Bus, namespace: str) -> list[events.ScaleResult]:
-    deliveries = bus.consume(
-        events.SCALE_RESULT.filter(namespace=namespace),
-        stream=SCALE_STREAM,
-        durable=f"chaos-results-{uuid.uuid4().hex[:6]}",
-    )
-    results: list[events.ScaleResult] = []
-    try:
-        while True:
-            try:
-                delivery = await asyncio.wait_for(anext(deliveries), 1.0)
-            except TimeoutError:
-                return results
-            results.append(delivery.event.data)
-            await delivery.ack()
-    finally:
-        await deliveries.aclose()
-
-
 def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> None:
     path = create_web_deployment(stage.admin, stage.namespace, replicas=0, schedulable=False)
     target = events.WorkloadRef(kind="Deployment", namespace=stage.namespace, name="web")
@@ -189,27 +171,29 @@ def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> N
             )
             if index in KILL_BEFORE:
                 report.recovery_s.append(time.monotonic() - killed_at)
+        results_subject = events.SCALE_RESULT.filter(namespace=stage.namespace)
+
+        def results() -> list[events.ScaleResult]:
+            return loop.run_until_complete(read_stored(bus, results_subject, stream=SCALE_STREAM))
+
         wait_for(
-            lambda: (
-                {r.idempotency_key for r in loop.run_until_complete(_results(bus, stage.namespace))}
-                >= set(keys)
-            ),
+            lambda: {result.idempotency_key for result in results()} >= set(keys),
             "a result for every command",
         )
-        results = loop.run_until_complete(_results(bus, stage.namespace))
+        stored_results = results()
     finally:
         loop.run_until_complete(bus.close())
         loop.close()
     # Lost: a command with no result at all. Doubled: applied more than once (a redelivered
     # command that found its own work done reports `noop`, which is right).
-    answered = {result.idempotency_key for result in results}
-    applied = [result.idempotency_key for result in results if result.outcome == "applied"]
+    answered = {result.idempotency_key for result in stored_results}
+    applied = [result.idempotency_key for result in stored_results if result.outcome == "applied"]
     report.checked = len(keys)
     report.lost = sum(1 for key in keys if key not in answered)
     report.doubled = len(applied) - len(set(applied))
     report.print()
     assert (report.lost, report.doubled) == (0, 0)
-    by_key = {result.idempotency_key: result for result in results}
+    by_key = {result.idempotency_key: result for result in stored_results}
     assert all(by_key[key].current == index + 1 for index, key in enumerate(keys))
     assert stage.admin.get(path)["spec"]["replicas"] == COMMANDS
     assert all(service.ready() for service in stage.services)

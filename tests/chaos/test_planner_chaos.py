@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.report import ChaosReport
+from tests.chaos.stored import read_stored
 from tideshift import events
 from tideshift.services.common.bus import SCALE_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -150,33 +151,14 @@ async def _leader_after(
             return status.planner, time.monotonic()
 
 
-async def _planned_for(bus: Bus, namespace: str, rps: float) -> None:
-    """Wait until a command covers `rps` (100 req/s per replica)."""
+async def _planned_for(commands: list[events.ScaleCommand], rps: float) -> None:
+    """Wait until a command seen so far covers `rps` (100 req/s per replica)."""
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
-        if any(command.desired * 100 >= rps for command in await _commands(bus, namespace)):
+        if any(command.desired * 100 >= rps for command in commands):
             return
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.05)
     raise AssertionError(f"no command for {rps} req/s")
-
-
-async def _commands(bus: Bus, namespace: str) -> list[events.ScaleCommand]:
-    deliveries = bus.consume(
-        events.SCALE_COMMAND.filter(namespace=namespace),
-        stream=SCALE_STREAM,
-        durable=f"chaos-commands-{uuid.uuid4().hex[:6]}",
-    )
-    commands: list[events.ScaleCommand] = []
-    try:
-        while True:
-            try:
-                delivery = await asyncio.wait_for(anext(deliveries), 3.0)
-            except TimeoutError:
-                return commands
-            commands.append(delivery.event.data)
-            await delivery.ack()
-    finally:
-        await deliveries.aclose()
 
 
 async def _scenario(planners: Planners, report: ChaosReport) -> list[events.ScaleCommand]:
@@ -206,32 +188,44 @@ async def _scenario(planners: Planners, report: ChaosReport) -> list[events.Scal
             await bus.publish(forecast_subject, _forecast(planners.namespace, demand["rps"]))
             await asyncio.sleep(TICK_SECONDS)
 
+    commands_subject = events.SCALE_COMMAND.filter(namespace=planners.namespace)
+    seen: list[events.ScaleCommand] = []
+
+    async def collect() -> None:
+        async for delivery in bus.consume(
+            commands_subject, stream=SCALE_STREAM, durable=f"chaos-{uuid.uuid4().hex[:6]}"
+        ):
+            seen.append(delivery.event.data)
+            await delivery.ack()
+
     follower = asyncio.create_task(follow())
     feeder = asyncio.create_task(feed())
+    collector = asyncio.create_task(collect())
     await bus.flush()
     try:
         alive = {planners.start(), planners.start()}
         for name in alive:
             await planners.ready(name)
         leader, _ = await _leader_after(statuses, alive, since=0.0)
-        await _planned_for(bus, planners.namespace, demand["rps"])
+        await _planned_for(seen, demand["rps"])
         for kill in range(KILLS):
             planners.kill(leader)
             alive.discard(leader)
             killed_at = time.monotonic()
             report.faults += 1
+            # The killed one comes back as the next standby; its imports overlap the takeover.
+            standby = planners.start()
             # Demand changes while nobody leads: only the new leader may act on it.
             demand["rps"] = 600.0 + 200 * kill
             leader, led_at = await _leader_after(statuses, alive, since=killed_at)
             report.recovery_s.append(led_at - killed_at)
             report.runs += 1
-            await _planned_for(bus, planners.namespace, demand["rps"])
-            standby = planners.start()
+            await _planned_for(seen, demand["rps"])
             await planners.ready(standby)
             alive.add(standby)
-        return await _commands(bus, planners.namespace)
+        return await read_stored(bus, commands_subject, stream=SCALE_STREAM)
     finally:
-        for task in (follower, feeder):
+        for task in (follower, feeder, collector):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
