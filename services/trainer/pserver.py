@@ -26,7 +26,12 @@ from tideshift.events.tokens import encode_token
 from tideshift.services.common.bus import Bus, Lease
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
-from tideshift.services.trainer.busport import load_object, pserver_subject, store_object
+from tideshift.services.trainer.busport import (
+    PServerOp,
+    load_object,
+    pserver_subject,
+    store_object,
+)
 from tideshift.services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
 from tideshift.services.trainer.jobs import sleep_unless, wait_for_layout, wait_for_spec
 from tideshift.services.trainer.jobspec import JobSpec
@@ -48,6 +53,11 @@ log = logging.getLogger("tideshift.pserver")
 PUSHES = Counter("tideshift_pserver_pushes_total", "Gradient pushes by outcome", ["outcome"])
 VERSION = Gauge("tideshift_pserver_version", "Batches applied so far")
 CHECKPOINTS = Counter("tideshift_pserver_checkpoints_total", "Checkpoints written")
+REFUSED = Counter(
+    "tideshift_pserver_requests_refused_total",
+    "Requests answered with an error: malformed, another job's, out of range, or not served yet",
+    ["op"],
+)
 MAX_PENDING_PUSHES = 64  # pushes with parts still missing; the oldest is dropped beyond
 
 
@@ -64,6 +74,13 @@ class PServerSettings(ServiceSettings):
         gt=0,
         description="lease of (job, index); a standby takes over this long after a crash",
     )
+
+
+def refuse(op: PServerOp, reason: str) -> bytes:
+    """The error reply to a request on `op`, counted and logged."""
+    REFUSED.labels(op).inc()
+    log.warning("refused a %s request: %s", op, reason)
+    return pack({"error": reason})
 
 
 def checkpoint_name(job: str, index: int) -> str:
@@ -101,9 +118,9 @@ class ParameterServer:
         try:
             header, values = unpack_pieces(raw)
             if (refusal := self._check_job(header)) is not None:
-                return pack({"error": refusal})
+                return refuse("init", refusal)
         except WireError as error:
-            return pack({"error": f"malformed init: {error}"})
+            return refuse("init", f"malformed init: {error}")
         if not self.state.initialised:
             owned = {piece.id for piece in self.state.owned()}
             self.pending_init.update({k: v.copy() for k, v in values.items() if k in owned})
@@ -112,7 +129,7 @@ class ParameterServer:
                     self.state.initialise(self.pending_init)
                 except ValueError as error:
                     self.pending_init.clear()
-                    return pack({"error": f"bad initial values: {error}"})
+                    return refuse("init", f"bad initial values: {error}")
                 self.pending_init.clear()
                 await self.checkpoint()  # initial values must survive a restart
                 log.info("job %s: pserver %d initialised", self.spec.job, self.index)
@@ -122,17 +139,17 @@ class ParameterServer:
         try:
             header, _ = unpack(raw)
             if (refusal := self._check_job(header)) is not None:
-                return pack({"error": refusal})
+                return refuse("params", refusal)
             wanted = header.get("pieces")
             if not isinstance(wanted, list) or not all(isinstance(i, int) for i in wanted):
                 raise WireError("field 'pieces': expected a list of piece ids")
         except WireError as error:
-            return pack({"error": f"malformed params request: {error}"})
+            return refuse("params", f"malformed params request: {error}")
         if not self.state.initialised:
-            return pack({"error": "not initialised yet"})
+            return refuse("params", "not initialised yet")
         missing = [i for i in wanted if i not in self.state.pieces]
         if missing:
-            return pack({"error": f"pieces {missing[:5]} are not held by pserver {self.index}"})
+            return refuse("params", f"pieces {missing[:5]} are not held by pserver {self.index}")
         values = {i: self.state.pieces[i].params for i in wanted}
         return pack_pieces({"version": self.state.ledger.applied_batches}, values)
 
@@ -159,7 +176,7 @@ class ParameterServer:
 
     async def on_push(self, raw: bytes) -> bytes:
         if not self.accepting:
-            return pack({"error": "pserver is stopping; retry shortly"})
+            return refuse("push", "pserver is stopping; retry shortly")
         assembled = self._assemble(raw)
         if assembled is None:
             return pack({"outcome": "partial"})
@@ -168,6 +185,7 @@ class ParameterServer:
         PUSHES.labels(result.outcome.value).inc()
         VERSION.set(self.state.ledger.applied_batches)
         if result.outcome is PushOutcome.REJECTED:
+            REFUSED.labels("push").inc()
             log.warning("job %s: rejected a gradient push: %s", self.spec.job, result.reason)
         return pack(
             {
@@ -185,20 +203,19 @@ class ParameterServer:
         try:
             header, _ = unpack(raw)
             if (refusal := self._check_job(header)) is not None:
-                return pack({"error": refusal})
+                return refuse("status", refusal)
             from_epoch = header_int(header, "from_epoch", minimum=0)
             shards = header_int(header, "shards", minimum=1)
         except WireError as error:
-            return pack({"error": f"malformed status request: {error}"})
+            return refuse("status", f"malformed status request: {error}")
         ledger = self.state.ledger
         if shards != ledger.num_shards:
-            return pack({"error": f"shards {shards}: the job has {ledger.num_shards}"})
+            return refuse("status", f"shards {shards}: the job has {ledger.num_shards}")
         if from_epoch > ledger.watermark + MAX_OPEN_EPOCHS:
-            return pack(
-                {
-                    "error": f"from_epoch {from_epoch} is beyond the open epochs "
-                    f"[{ledger.watermark}, {ledger.watermark + MAX_OPEN_EPOCHS}]"
-                }
+            return refuse(
+                "status",
+                f"from_epoch {from_epoch} is beyond the open epochs "
+                f"[{ledger.watermark}, {ledger.watermark + MAX_OPEN_EPOCHS}]",
             )
         reply: dict[str, object] = {
             "index": self.index,
@@ -211,7 +228,7 @@ class ParameterServer:
             try:
                 epoch, shard = header_int(header, "epoch", minimum=0), header_int(header, "shard")
             except WireError as error:
-                return pack({"error": f"malformed status request: {error}"})
+                return refuse("status", f"malformed status request: {error}")
             reply["next_batch"], reply["finished"] = ledger.position(epoch, shard)
         applied = ledger.finished_from(from_epoch)
         missing = ledger.missing_before(from_epoch)

@@ -56,8 +56,10 @@ def unpack(payload: bytes) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]
         raise WireError(f"header length {head_length} does not fit a {len(payload)}-byte payload")
     try:
         head = json.loads(payload[_LENGTH.size : _LENGTH.size + head_length])
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise WireError(f"header is not JSON: {error}") from error
+    # ValueError covers invalid UTF-8, invalid JSON and integers beyond the digit limit;
+    # nesting deeper than the interpreter's recursion limit raises RecursionError.
+    except (ValueError, RecursionError) as error:
+        raise WireError(f"header is not JSON: {type(error).__name__}: {error}") from error
     if not isinstance(head, dict) or not isinstance(head.get("header"), dict):
         raise WireError("header: expected an object with a 'header' object")
     layout = head.get("arrays", [])

@@ -308,6 +308,8 @@ def test_wire_round_trip_keeps_float32_and_float64() -> None:
         (b"\x00\x00\x00\x10{}", "does not fit"),
         (b"\x00\x00\x00\x02{x", "not JSON"),
         (b"\x00\x00\x00\x02[]", "expected an object"),
+        (b"\x00\x00\xea\x60" + b"[" * 60_000, "not JSON: RecursionError"),
+        (b"\x00\x00\x13\x8e" + b'{"a":' + b"9" * 5_000 + b"}", "not JSON: ValueError"),
         (pack({"a": 1}, {"g": np.zeros(2)})[:-3], "payload too short"),
         (pack({"a": 1}, {"g": np.zeros(2)}) + b"xx", "trailing bytes"),
     ],
