@@ -11,12 +11,9 @@ processed (the executor scales a real Deployment).
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,8 +26,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.chaos.objects import create_web_deployment
+from tests.fuzz.hostile import Service, corpus, mutations
 from tideshift import events
-from tideshift.events.codec import DEFAULT_MAX_BYTES, EventRejected, decode
+from tideshift.events.codec import EventRejected, decode
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import DEAD_LETTER_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -38,17 +36,9 @@ from tideshift.services.common.ports import free_port
 
 pytestmark = pytest.mark.slow
 
-CORPUS = Path(__file__).parent / "corpus"
 WAIT = 60.0
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
-
-
-def corpus() -> dict[str, bytes]:
-    payloads = {path.name: path.read_bytes() for path in sorted(CORPUS.iterdir())}
-    payloads["deep-100000"] = b"[" * 100_000
-    payloads["oversized"] = b'{"pad":"' + b"x" * (DEFAULT_MAX_BYTES + 10) + b'"}'
-    return payloads
 
 
 def valid_examples(namespace: str) -> dict[str, tuple[str, events.EventData]]:
@@ -85,71 +75,7 @@ def _subject(subject: events.Subject[Any], ref: events.WorkloadRef) -> str:
     return subject.at(**values).value
 
 
-# -- hypothesis: mutations of a valid event ---------------------------------------------------
-
-JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
-    ),
-    max_leaves=12,
-)
-
-
-@st.composite
-def mutations(draw: st.DrawFn, valid: bytes) -> bytes:
-    body = json.loads(valid)
-    how = draw(st.sampled_from(["field", "truncate", "flip", "nest", "drop"]))
-    if how == "field":
-        key = draw(st.sampled_from(sorted(body["data"])))
-        body["data"][key] = draw(JSON_VALUES)
-        return json.dumps(body, allow_nan=True).encode()
-    if how == "drop":
-        del body[draw(st.sampled_from(["id", "type", "data", "specversion"]))]
-        return json.dumps(body).encode()
-    if how == "nest":
-        depth = draw(st.integers(min_value=500, max_value=20_000))
-        body["data"] = json.loads("[" * 10 + "]" * 10)  # placeholder replaced below
-        text = json.dumps(body).replace("[[[[[[[[[[]]]]]]]]]]", "[" * depth + "]" * depth)
-        return text.encode()
-    if how == "truncate":
-        return valid[: draw(st.integers(min_value=0, max_value=len(valid) - 1))]
-    position = draw(st.integers(min_value=0, max_value=len(valid) - 1))
-    return valid[:position] + b"\xff" + valid[position + 1 :]
-
-
 # -- the running system ------------------------------------------------------------------------
-
-
-@dataclass
-class Service:
-    name: str
-    process: subprocess.Popen[bytes]
-    health_port: int
-    log: Path
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.health_port}{path}", timeout=5
-            ) as answer:
-                return answer.status, answer.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
-        except OSError as error:
-            return 0, str(error)
-
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of a counter's samples whose labels include `labels`."""
-        _, text = self.get("/metrics")
-        total = 0.0
-        for line in text.splitlines():
-            if not line.startswith(name + "{"):
-                continue
-            label_text, _, value = line[len(name) + 1 :].rpartition("} ")
-            if all(f'{key}="{wanted}"' in label_text for key, wanted in labels.items()):
-                total += float(value)
-        return total
 
 
 @dataclass

@@ -1,0 +1,123 @@
+"""What the fuzz suites send and how they read a service back: the corpus of hostile payloads,
+hypothesis mutations of a valid event or pserver request, and a running service's health
+and counters over HTTP."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+
+from tideshift.events.codec import DEFAULT_MAX_BYTES
+from tideshift.services.trainer.wire import pack
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+def corpus() -> dict[str, bytes]:
+    """Every file of tests/fuzz/corpus/ plus two generated monsters, by name."""
+    payloads = {path.name: path.read_bytes() for path in sorted(CORPUS.iterdir())}
+    payloads["deep-100000"] = b"[" * 100_000
+    payloads["oversized"] = b'{"pad":"' + b"x" * (DEFAULT_MAX_BYTES + 10) + b'"}'
+    return payloads
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@st.composite
+def mutations(draw: st.DrawFn, valid: bytes) -> bytes:
+    """A valid event's encoding with one field replaced or dropped, cut short, a byte made
+    invalid UTF-8, or its data nested hundreds to thousands deep."""
+    body = json.loads(valid)
+    how = draw(st.sampled_from(["field", "truncate", "flip", "nest", "drop"]))
+    if how == "field":
+        key = draw(st.sampled_from(sorted(body["data"])))
+        body["data"][key] = draw(JSON_VALUES)
+        return json.dumps(body, allow_nan=True).encode()
+    if how == "drop":
+        del body[draw(st.sampled_from(["id", "type", "data", "specversion"]))]
+        return json.dumps(body).encode()
+    if how == "nest":
+        depth = draw(st.integers(min_value=500, max_value=20_000))
+        body["data"] = json.loads("[" * 10 + "]" * 10)  # placeholder replaced below
+        text = json.dumps(body).replace("[[[[[[[[[[]]]]]]]]]]", "[" * depth + "]" * depth)
+        return text.encode()
+    return _cut_or_flip(draw, valid, how)
+
+
+@st.composite
+def wire_mutations(draw: st.DrawFn, header: dict[str, Any]) -> bytes:
+    """A pserver request (length-prefixed JSON header, wire.py) with one header field replaced
+    or dropped, cut short, a byte flipped, a lying length prefix, or a deeply nested header."""
+    how = draw(st.sampled_from(["field", "drop", "truncate", "flip", "length", "nest"]))
+    if how == "field":
+        key = draw(st.sampled_from(sorted(header)))
+        return pack({**header, key: draw(JSON_VALUES)})
+    if how == "drop":
+        key = draw(st.sampled_from(sorted(header)))
+        return pack({name: value for name, value in header.items() if name != key})
+    if how == "length":
+        valid = pack(header)
+        return struct.pack(">I", draw(st.integers(0, 2**32 - 1))) + valid[4:]
+    if how == "nest":
+        nested = b"[" * draw(st.integers(min_value=500, max_value=60_000))
+        return struct.pack(">I", len(nested)) + nested
+    return _cut_or_flip(draw, pack(header), how)
+
+
+def _cut_or_flip(draw: st.DrawFn, valid: bytes, how: str) -> bytes:
+    if how == "truncate":
+        return valid[: draw(st.integers(min_value=0, max_value=len(valid) - 1))]
+    position = draw(st.integers(min_value=0, max_value=len(valid) - 1))
+    return valid[:position] + b"\xff" + valid[position + 1 :]
+
+
+@dataclass
+class Service:
+    """A service process with its health port (/healthz, /readyz, /metrics)."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    health_port: int
+    log: Path
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.health_port}{path}", timeout=5
+            ) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+        except OSError as error:
+            return 0, str(error)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a counter's samples whose labels include `labels`."""
+        return metric_in(self.get("/metrics")[1], name, **labels)
+
+
+def metric_in(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of counter `name` in a /metrics page whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        label_text, _, value = line[len(name) + 1 :].rpartition("} ")
+        if all(f'{key}="{wanted}"' in label_text for key, wanted in labels.items()):
+            total += float(value)
+    return total
