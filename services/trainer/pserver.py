@@ -283,10 +283,20 @@ async def restore(bus: Bus, spec: JobSpec, layout: Layout, index: int) -> PServe
     return state
 
 
+async def _holds(lease: Lease, what: str) -> bool | None:
+    """Acquire or renew the lease: whether this pserver holds it, or None while NATS cannot
+    tell (then no other pserver can take it either)."""
+    try:
+        return await lease.try_acquire()
+    except Exception as error:  # NATS restarting: ask again next tick
+        log.warning("%s: lease not reachable: %s", what, error)
+        return None
+
+
 async def _acquire(lease: Lease, context: ServiceContext, what: str) -> bool:
     announced = False
     while not context.stopping.is_set():
-        if await lease.try_acquire():
+        if await _holds(lease, what):
             return True
         if not announced:
             log.info("%s: another pserver holds the lease; standing by", what)
@@ -314,7 +324,7 @@ async def _serve_while_leading(
     leading = True
     try:
         while not await sleep_unless(context.stopping, tick):
-            if not await lease.try_acquire():
+            if await _holds(lease, f"job {job} pserver {index}") is False:
                 log.error("job %s: pserver %d lost its lease; standing down", job, index)
                 leading = False
                 return False

@@ -1,15 +1,19 @@
 """Chaos scenario 2: the nats-server SIGKILLed and restarted on the same JetStream file store
-while commands flow. No scale command or result is lost; the executor, the planner and the
-watcher reconnect by themselves and are ready again.
+while scale commands flow and a training job runs. No scale command, result or shard task is
+lost: every command has its result and every (epoch, shard) of the job is applied exactly
+once; the executor, the planner, the watcher, the coordinator and the pserver reconnect by
+themselves and are ready again, and the trainers carry on.
 
 Real processes against the real control plane; the test publishes commands through its own
 reconnecting client, as the planner would, and retries a publish the dead server never
-acknowledged (a publish without an ack was not sent).
+acknowledged (a publish without an ack was not sent). The server dies when the job has
+applied a quarter and then half of its batches, never after it finished.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -33,11 +37,21 @@ from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port
+from tideshift.services.trainer.model import DatasetSpec, dataset_uris
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "trainer"))
+
+from trainer_harness import applied_total, client_of
 
 pytestmark = pytest.mark.slow
 
 COMMANDS = 8
 KILL_BEFORE = (2, 5)  # the server dies before these commands are published
+EPOCHS = 2
+TRAINERS = 2
+DATA = DatasetSpec(seed=5, num_shards=8, samples_per_shard=400, holdout_samples=100, batch_size=100)
+BATCHES = 4  # per shard
+TOTAL_BATCHES = EPOCHS * DATA.num_shards * BATCHES
 WAIT = 60.0
 ACK_WAIT_SECONDS = 3.0
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
@@ -59,6 +73,10 @@ class Running:
         except (urllib.error.URLError, OSError):
             return False
 
+    def ready_or_done(self) -> bool:
+        """Ready, or exited 0 (the coordinator, once its job is finished)."""
+        return self.process.poll() == 0 or self.ready()
+
 
 @dataclass
 class Stage:
@@ -66,6 +84,15 @@ class Stage:
     admin: KubeHttp
     namespace: str
     services: list[Running] = field(default_factory=list)
+    training: list[Running] = field(default_factory=list)  # coordinator and pserver
+    trainers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def job(self) -> str:
+        return self.namespace
+
+    def every_process(self) -> list[subprocess.Popen[bytes]]:
+        return [r.process for r in (*self.services, *self.training)] + self.trainers
 
 
 def wait_for(check: Callable[[], Any], what: str) -> Any:
@@ -96,8 +123,17 @@ def stage(k8s_cluster: Any, tmp_path: Path) -> Iterator[Stage]:
             "planner": [],
             "watcher": [*kube, "--namespace", namespace],
         }
+        job = ["--job", namespace]
+        training = {
+            # A task whose ack the dead server never took comes back after this wait.
+            "coordinator": [
+                *job, "--dataset", json.dumps(dataset_uris(DATA)), "--epochs", str(EPOCHS),
+                "--tick-seconds", "0.2", "--ack-wait-seconds", str(ACK_WAIT_SECONDS),
+            ],
+            "pserver": [*job, "--index", "0"],
+        }  # fmt: skip
         try:
-            for name, extra in extras.items():
+            for name, extra in [*extras.items(), *training.items()]:
                 port = free_port("127.0.0.1")
                 log = tmp_path / f"{name}.log"
                 with log.open("ab") as handle:
@@ -106,19 +142,30 @@ def stage(k8s_cluster: Any, tmp_path: Path) -> Iterator[Stage]:
                     process = subprocess.Popen(
                         argv, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT
                     )
-                state.services.append(Running(name, process, port, log))
-            for service in state.services:
+                running = Running(name, process, port, log)
+                (state.training if name in training else state.services).append(running)
+            for index in range(TRAINERS):
+                # Each shard held a second at least: the job outlasts the two restarts.
+                argv = [TIDESHIFT, "run", "trainer", "--nats-url", server.url, *job]
+                argv += ["--instance", f"t{index}", "--min-task-seconds", "1"]
+                with (tmp_path / f"trainer-{index}.log").open("ab") as handle:
+                    state.trainers.append(
+                        subprocess.Popen(
+                            argv, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT
+                        )
+                    )
+            for service in [*state.services, *state.training]:
                 wait_for(service.ready, f"{service.name} ready")
             yield state
         finally:
-            for service in state.services:
-                service.process.terminate()
-            for service in state.services:
+            for process in state.every_process():
+                process.terminate()
+            for process in state.every_process():
                 try:
-                    service.process.wait(15)
+                    process.wait(15)
                 except subprocess.TimeoutExpired:
-                    service.process.kill()
-                    service.process.wait()
+                    process.kill()
+                    process.wait()
 
 
 async def _publish_until_acked(bus: Bus, command: events.ScaleCommand) -> None:
@@ -142,11 +189,22 @@ def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> N
     report = ChaosReport("2. nats-server SIGKILLed and restarted on its file store")
     loop = asyncio.new_event_loop()
     bus = loop.run_until_complete(Bus.connect(stage.nats.url, name="chaos-publisher"))
+    client = loop.run_until_complete(client_of(bus, stage.job))
+
+    def applied_batches() -> int:
+        return loop.run_until_complete(applied_total(client)) or 0
+
     issued = datetime.now(UTC)
     keys = []
     try:
         for index in range(COMMANDS):
             if index in KILL_BEFORE:
+                share = KILL_BEFORE.index(index) + 1
+                wait_for(
+                    lambda s=share: applied_batches() >= TOTAL_BATCHES * s // 4,
+                    f"{share}/4 of the job's batches applied",
+                )
+                assert applied_batches() < TOTAL_BATCHES, "the job finished before the fault"
                 stage.nats.kill()
                 report.runs += 1
                 report.faults += 1
@@ -154,6 +212,8 @@ def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> N
                 stage.nats.start()
                 for service in stage.services:
                     wait_for(service.ready, f"{service.name} ready after the restart")
+                for service in stage.training:
+                    wait_for(service.ready_or_done, f"{service.name} ready after the restart")
             key = f"natschaos-{stage.namespace}-{index}"
             keys.append(key)
             command = events.ScaleCommand(
@@ -181,6 +241,10 @@ def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> N
             "a result for every command",
         )
         stored_results = results()
+        coordinator = next(r for r in stage.training if r.name == "coordinator")
+        wait_for(lambda: coordinator.process.poll() is not None, "the training job to finish")
+        assert coordinator.process.returncode == 0, coordinator.log.read_text()[-2000:]
+        statuses = loop.run_until_complete(client.status(from_epoch=0))
     finally:
         loop.run_until_complete(bus.close())
         loop.close()
@@ -188,12 +252,18 @@ def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> N
     # command that found its own work done reports `noop`, which is right).
     answered = {result.idempotency_key for result in stored_results}
     applied = [result.idempotency_key for result in stored_results if result.outcome == "applied"]
-    report.checked = len(keys)
+    pairs = {(epoch, shard) for epoch in range(EPOCHS) for shard in range(DATA.num_shards)}
+    report.checked = len(keys) + len(pairs)
     report.lost = sum(1 for key in keys if key not in answered)
     report.doubled = len(applied) - len(set(applied))
+    for status in statuses:  # every pair finished; no batch applied beyond one apply each
+        report.lost += len(pairs - status.applied)
+        report.doubled += max(0, status.version - TOTAL_BATCHES)
     report.print()
     assert (report.lost, report.doubled) == (0, 0)
+    assert [status.version for status in statuses] == [TOTAL_BATCHES]
     by_key = {result.idempotency_key: result for result in stored_results}
     assert all(by_key[key].current == index + 1 for index, key in enumerate(keys))
     assert stage.admin.get(path)["spec"]["replicas"] == COMMANDS
     assert all(service.ready() for service in stage.services)
+    assert all(trainer.wait(15) == 0 for trainer in stage.trainers), "trainers leave when done"
