@@ -35,6 +35,7 @@ from trainer_harness import (
     wait_until,
 )
 
+from tests.chaos.report import ChaosReport
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.trainer.busport import pserver_subject
@@ -214,6 +215,17 @@ async def test_two_epoch_paddle_ctr_job_survives_kills_applying_every_batch_once
         recoveries.append(await recovery_seconds(client))
 
         assert await coordinator.wait(150) == 0, coordinator.tail()
+        report = ChaosReport("5. trainers, pservers and the coordinator SIGKILLed during a job")
+        report.runs = 1
+        report.faults = sum(1 for fault in faults if not fault.startswith("added"))
+        report.recovery_s = recoveries
+        pairs = {(epoch, shard) for epoch in range(EPOCHS) for shard in range(DATA.num_shards)}
+        report.checked = len(pairs)
+        for status in await client.status(from_epoch=0):
+            report.lost += len(pairs - status.applied)
+            report.doubled += max(0, status.version - total)
+        report.print()
+        assert (report.lost, report.doubled) == (0, 0)
         duplicates = await assert_exactly_once(
             client, epochs=EPOCHS, shards=DATA.num_shards, batches=BATCHES
         )
