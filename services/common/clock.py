@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Protocol
 
 
@@ -48,3 +49,8 @@ async def wait_for_event(clock: Clock, event: asyncio.Event, seconds: float) -> 
         for waiter in (setting, sleeping):
             waiter.cancel()
     return event.is_set()
+
+
+def utc_now(clock: Clock) -> datetime:
+    """`clock`'s time as an aware datetime (for event timestamps)."""
+    return datetime.fromtimestamp(clock.now(), UTC)

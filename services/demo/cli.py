@@ -238,7 +238,12 @@ def _run_sim(args: argparse.Namespace, profile: RateProfile, profile_name: str) 
     summary, meter, _ = asyncio.run(run_sim_demo(config, progress=show))
     done()
     table = format_table(summary)
-    png = plot(meter, args.out / "demo.png", title=f"tideshift demo: {profile_name}")
+    png = plot(
+        meter,
+        args.out / "demo.png",
+        title=f"tideshift demo: {profile_name}",
+        training=summary.training_series,
+    )
     (args.out / "summary.txt").write_text(table + "\n")
     write_json(summary, args.out / "summary.json")
     print(table)

@@ -25,6 +25,8 @@ from typing import IO
 from tideshift.services.trainer.model import DatasetSpec, dataset_uris
 
 log = logging.getLogger("tideshift.demo.fleet")
+# One batch per shard: a pull and a push per task, light beside the control loops.
+DEMO_DATASET = DatasetSpec(num_shards=48, samples_per_shard=1000, batch_size=1000)
 STOP_GRACE_S = 15.0
 TRAINING_NICENESS = 10
 
@@ -55,13 +57,7 @@ class TrainingFleet:
     nats_url: str
     log_dir: Path
     min_task_seconds: float = 1.0
-    coordinator_args: Sequence[str] = (
-        "--dataset",
-        # One batch per shard: a pull and a push per task, light beside the control loops.
-        json.dumps(
-            dataset_uris(DatasetSpec(num_shards=48, samples_per_shard=1000, batch_size=1000))
-        ),
-    )
+    coordinator_args: Sequence[str] = ("--dataset", json.dumps(dataset_uris(DEMO_DATASET)))
     data_dir: Path | None = None
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
     started: int = 0

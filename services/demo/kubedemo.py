@@ -697,7 +697,7 @@ class _DayFollower:
         return (
             f"{int(hours) % 24:02d}:{int(rest // 60):02d} | demand {demand:5.0f} req/s"
             f" | serving {replicas} ready ({replicas * serving.capacity_rps:5.0f} req/s)"
-            f" | trainers {trainers} | short {len(meter.shortfall_minutes)} min"
+            f" | trainers {trainers} | short {len(meter.accounts.shortfall_minutes)} min"
         )
 
 

@@ -1,7 +1,9 @@
 """Starts the production services in-process with the demo's ports (sim cluster, sim clock).
 
-Each service gets its own bus connection and its own `ServiceContext`, and runs the same
-component its `tideshift run <service>` runs; only the adapters differ.
+Each service gets its own bus connection and its own `ServiceContext`, and runs through the
+body its `tideshift run <service>` runs (`serve` / `run`) with the same kind of settings; only
+the ports differ: the simulated cluster instead of Kubernetes, the traffic profile instead of
+Prometheus, the simulated clock instead of the wall clock.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +26,7 @@ from tideshift.services.executor import service as executor_service
 from tideshift.services.planner import service as planner_service
 from tideshift.services.predictor import service as predictor_service
 from tideshift.services.predictor import sources
-from tideshift.services.watcher import watcher as watcher_module
+from tideshift.services.watcher import service as watcher_service
 
 log = logging.getLogger("tideshift.demo.pipeline")
 
@@ -70,82 +72,65 @@ async def start_services(
 ) -> Stages:
     stages = Stages()
 
-    def context(name: str, bus: Bus, settings: ServiceSettings | None = None) -> ServiceContext:
-        ctx = ServiceContext(
+    async def start(
+        name: str,
+        settings: ServiceSettings,
+        body: Callable[[ServiceContext], Coroutine[Any, Any, None]],
+    ) -> None:
+        context = ServiceContext(
             name=name,
-            settings=settings or ServiceSettings(health_port=-1),
-            bus=bus,
+            settings=settings,
+            bus=await connect(name),
             instance=f"demo-{name}",
             stopping=stopping,
         )
-        stages.contexts.append(ctx)
-        return ctx
+        stages.contexts.append(context)
+        stages.tasks.append(asyncio.create_task(body(context), name=name))
 
-    # -- watcher: sim cluster -> cluster events and the snapshot
-    watcher_bus = await connect("watcher")
-    watcher = watcher_module.Watcher(port, watcher_bus, clock=clock.datetime)
-    watcher_context = context("watcher", watcher_bus)
-    stages.tasks.append(asyncio.create_task(watcher.run(watcher_context.ready), name="watcher"))
-
-    # -- executor: scale commands -> the sim cluster -> scale results
-    executor_bus = await connect("executor")
-    executor = await executor_service.build_executor(
-        executor_bus,
-        port,
-        name="executor-demo",
-        bucket="tideshift_executor_demo",
-        dry_run=False,
-        max_step=0,
+    # watcher: sim cluster -> cluster events and the snapshot
+    await start(
+        "watcher",
+        watcher_service.WatcherSettings(health_port=-1),
+        lambda context: watcher_service.serve(context, cluster=port, clock=clock),
     )
-    executor.clock = clock.datetime
-    executor_context = context("executor", executor_bus)
-    stages.tasks.append(
-        asyncio.create_task(
-            executor_service.consume(
-                executor,
-                executor_bus,
-                durable="tideshift-executor-demo",
-                stopping=stopping,
-                ready=executor_context.ready,
-            ),
-            name="executor",
-        )
+    # executor: scale commands -> the sim cluster -> scale results
+    await start(
+        "executor",
+        executor_service.ExecutorSettings(
+            health_port=-1,
+            durable="tideshift-executor-demo",
+            record_bucket="tideshift_executor_demo",
+        ),
+        lambda context: executor_service.serve(context, cluster=port, clock=clock),
     )
-
-    # -- predictor and planner, in-process with the simulated clock and metric source injected
-    await _start_predictor(
-        stages,
-        connect=connect,
-        context=context,
-        clock=clock,
-        profile=profile,
-        world=world,
-        interval_wall_s=forecast_interval_wall_s,
+    # predictor: demand read from the traffic profile at simulated time (its `sim` source)
+    predictor_settings = predictor_settings_for(world, interval_wall_s=forecast_interval_wall_s)
+    demand = sources.SimMetricSource(lambda unix_seconds: profile.rate(unix_seconds - clock.start))
+    await start(
+        "predictor",
+        predictor_settings,
+        lambda context: predictor_service.run(
+            predictor_settings, context, clock=clock, source=demand
+        ),
     )
-    await _start_planner(
-        stages,
-        connect=connect,
-        context=context,
-        clock=clock,
-        world=world,
-        interval_wall_s=plan_interval_wall_s,
+    # planner: the world's serving workload and elastic jobs as its settings
+    await start(
+        "planner",
+        planner_service.PlannerSettings(
+            health_port=-1,
+            **planner_targets(world, planner_service, speed=clock.speed),
+            **planner_timing(speed=clock.speed, interval_wall_s=plan_interval_wall_s),
+        ),
+        lambda context: planner_service.serve(context, clock=clock),
     )
     return stages
 
 
-async def _start_predictor(
-    stages: Stages,
-    *,
-    connect: Callable[[str], Awaitable[Bus]],
-    context: Callable[[str, Bus, ServiceSettings | None], ServiceContext],
-    clock: SimClock,
-    profile: RateProfile,
-    world: WorldShape,
-    interval_wall_s: float,
-) -> None:
-    """The predictor reads demand from the traffic profile at simulated time (its `sim` source)."""
+def predictor_settings_for(
+    world: WorldShape, *, interval_wall_s: float
+) -> predictor_service.PredictorSettings:
     serving = world.serving
-    settings = predictor_service.PredictorSettings(
+    return predictor_service.PredictorSettings(
         health_port=-1,
         metric_source="sim",
         workloads=[predictor_service.WorkloadQuery(namespace=serving.namespace, name=serving.name)],
@@ -155,44 +140,6 @@ async def _start_predictor(
         refit_seconds=FORECAST_REFIT_S,
         refresh_seconds=interval_wall_s,
     )
-    start = clock.start
-
-    def demand(unix_seconds: float) -> float:
-        return profile.rate(unix_seconds - start)
-
-    bus = await connect("predictor")
-    ctx = context("predictor", bus, settings)
-    stages.tasks.append(
-        asyncio.create_task(
-            predictor_service.run(
-                settings, ctx, clock=clock, source=sources.SimMetricSource(demand)
-            ),
-            name="predictor",
-        )
-    )
-
-
-async def _start_planner(
-    stages: Stages,
-    *,
-    connect: Callable[[str], Awaitable[Bus]],
-    context: Callable[[str, Bus, ServiceSettings | None], ServiceContext],
-    clock: SimClock,
-    world: WorldShape,
-    interval_wall_s: float,
-) -> None:
-    """The planner, with the world's serving workload and elastic jobs as its settings."""
-    settings = planner_service.PlannerSettings(
-        health_port=-1,
-        **planner_targets(world, planner_service, speed=clock.speed),
-        **planner_timing(speed=clock.speed, interval_wall_s=interval_wall_s),
-    )
-    bus = await connect("planner")
-    ctx = context("planner", bus, settings)
-    planner = planner_service.Planner(
-        bus, settings, ctx.instance, ctx.stopping, ctx.ready, clock=clock
-    )
-    stages.tasks.append(asyncio.create_task(planner.run(), name="planner"))
 
 
 # Wall seconds of pipeline delay (forecast -> plan -> command -> executor -> sim) the serving
@@ -233,9 +180,11 @@ def planner_targets(world: WorldShape, planner_service: Any, *, speed: float) ->
                 weight=job.weight,
                 # the sim names a job's parameter servers <job>-ps<n>
                 companion_markers=("-ps",),
+                batch=job.batch,
             )
             for job in world.jobs
         ],
+        "batch_margin": world.lend_margin,
     }
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tideshift.services.demo.world import NIGHT_HOURS, Meter
+from tideshift.services.demo.world import Meter
+from tideshift.services.simulator.accounting import NIGHT_HOURS
 
 DAY_HOURS = (10.0, 18.0)  # with the most
 
@@ -19,7 +20,9 @@ class DemoSummary:
 
     utilization: dict[str, float]
     night_cpu_utilization: float | None  # cpu requested / allocatable, 00:00-06:00
-    cpu_used: float  # cpu in use / allocatable (serving's usage model)
+    cpu_used: float  # cpu in use / allocatable (serving's usage model), lent cores included
+    cpu_lent: float  # cpu batch trainers use on reclaimed capacity / allocatable
+    serving_starved_minutes: int  # minutes some node's usage exceeded its allocatable
     stranded_cpu: float  # free cpu where no wanted trainer fits / allocatable
     shortfall_minutes: int
     shortfall_fraction: float
@@ -35,6 +38,8 @@ class DemoSummary:
     trainers_night: dict[str, float | None]
     trainers_day: dict[str, float | None]
     training: dict[str, dict[str, Any]] = field(default_factory=dict)  # real trainer progress
+    # per job: simulated hours, samples applied per wall minute, held-out loss (`progress.py`)
+    training_series: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     processes: dict[str, int] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
     load: dict[str, Any] = field(default_factory=dict)  # real-cluster mode: the HTTP load
@@ -55,6 +60,8 @@ class DemoSummary:
                 None if self.night_cpu_utilization is None else round(self.night_cpu_utilization, 4)
             ),
             "cpu_used": round(self.cpu_used, 4),
+            "cpu_lent": round(self.cpu_lent, 4),
+            "serving_starved_minutes": self.serving_starved_minutes,
             "stranded_cpu": round(self.stranded_cpu, 4),
             "shortfall_minutes": self.shortfall_minutes,
             "shortfall_fraction": round(self.shortfall_fraction, 6),
@@ -90,20 +97,19 @@ def summarize(
 ) -> DemoSummary:
     pending = meter.pending(end)
     jobs = [job.name for job in meter.shape.jobs]
-    elapsed = max(meter.elapsed_s, 1e-9)
+    accounts = meter.accounts
     return DemoSummary(
-        utilization=meter.utilization(),
-        night_cpu_utilization=meter.night_cpu_utilization(),
-        cpu_used=meter.used_cpu_seconds / elapsed,
-        stranded_cpu=meter.stranded_cpu_seconds / elapsed,
-        shortfall_minutes=len(meter.shortfall_minutes),
-        shortfall_fraction=(
-            meter.shortfall_requests / meter.demand_requests if meter.demand_requests else 0.0
-        ),
+        # The demo's nodes have no GPUs: a 0 % column would only confuse.
+        utilization=accounts.utilization(("cpu", "memory")),
+        night_cpu_utilization=accounts.night_cpu_utilization(),
+        cpu_used=accounts.cpu_used,
+        cpu_lent=accounts.cpu_lent,
+        serving_starved_minutes=len(accounts.starved_minutes),
+        stranded_cpu=accounts.stranded().get("cpu", 0.0),
+        shortfall_minutes=len(accounts.shortfall_minutes),
+        shortfall_fraction=accounts.shortfall_fraction,
         training_work=sum(job.work for job in meter.jobs.values()),
-        training_share_of_spare=(
-            meter.training_cpu_seconds / meter.spare_cpu_seconds if meter.spare_cpu_seconds else 0.0
-        ),
+        training_share_of_spare=accounts.training_share_of_spare,
         pending_mean_s=sum(pending) / len(pending) if pending else 0.0,
         pending_p95_s=(
             pending[min(len(pending) - 1, math.ceil(0.95 * len(pending)) - 1)] if pending else 0.0
@@ -112,7 +118,7 @@ def summarize(
         jobs_started=sum(1 for job in meter.jobs.values() if job.started_at is not None),
         jobs_total=len(jobs),
         wall_s=wall_s,
-        simulated_s=meter.elapsed_s,
+        simulated_s=accounts.elapsed_s,
         trainers_night={name: meter.trainers_between(name, *NIGHT_HOURS) for name in jobs},
         trainers_day={name: meter.trainers_between(name, *DAY_HOURS) for name in jobs},
     )
@@ -140,8 +146,9 @@ def format_table(summary: DemoSummary, *, policy: str = "tideshift") -> str:
         "",
         f"cpu requested / allocatable: {s.utilization.get('cpu', 0):.1%} over the day, "
         + ("- " if night is None else f"{night:.1%} ")
-        + f"at night (00-06h); cpu in use / allocatable {s.cpu_used:.1%}; "
-        f"stranded cpu {s.stranded_cpu:.1%}",
+        + f"at night (00-06h); cpu in use / allocatable {s.cpu_used:.1%} "
+        f"(lent to batch trainers {s.cpu_lent:.1%}); stranded cpu {s.stranded_cpu:.1%}; "
+        f"serving starved {s.serving_starved_minutes} min",
         "",
     ]
     lines.append("ready trainers per job, mean: night (00-06h) -> day (10-18h)")
@@ -151,10 +158,11 @@ def format_table(summary: DemoSummary, *, policy: str = "tideshift") -> str:
             f"  {name:<12} {'-' if night is None else f'{night:5.2f}'} -> "
             f"{'-' if day is None else f'{day:5.2f}'}"
         )
+    lines.append("train work is modelled (ready trainers ** 0.8 per second, as in `simulate`)")
     if s.training:
-        lines.append("real training (coordinator progress):")
+        lines.append("real training (coordinator progress; held-out loss of the pservers' model):")
         for name, progress in sorted(s.training.items()):
-            logloss = progress.get("logloss")
+            logloss = progress.get("holdout_logloss")
             lines.append(
                 f"  {name:<12} epoch {progress.get('epoch', 0)}, "
                 f"{progress.get('applied_total', 0)} shards applied, "
@@ -169,9 +177,16 @@ def format_table(summary: DemoSummary, *, policy: str = "tideshift") -> str:
     return "\n".join(lines)
 
 
-def plot(meter: Meter, path: Path, *, title: str) -> Path:
+def plot(
+    meter: Meter,
+    path: Path,
+    *,
+    title: str,
+    training: dict[str, dict[str, list[Any]]] | None = None,
+) -> Path:
     """Demand vs serving capacity; where the cores go (stacked) with the stranded cores;
-    ready trainers per job (stacked); cpu requested and in use."""
+    ready trainers per job (stacked); cpu requested and in use; the real training's
+    progress (samples applied per wall minute, held-out loss) when `training` has it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,7 +194,8 @@ def plot(meter: Meter, path: Path, *, title: str) -> Path:
 
     series = meter.series
     hours = [t / 3600.0 for t in series["t"]]
-    figure, axes = plt.subplots(4, 1, figsize=(10, 12), sharex=True)
+    panels = 5 if training else 4
+    figure, axes = plt.subplots(panels, 1, figsize=(10, 3 * panels), sharex=True)
     axes[0].plot(hours, series["demand"], label="demand (req/s)", color="tab:red", lw=1.2)
     axes[0].plot(
         hours,
@@ -194,7 +210,8 @@ def plot(meter: Meter, path: Path, *, title: str) -> Path:
     bands = [
         ("cores_serving_used", "serving, in use", "tab:blue"),
         ("cores_serving_idle", "serving, idle reservation", "lightsteelblue"),
-        ("cores_training", "training (on requests)", "tab:orange"),
+        ("cores_training", "training on requests", "tab:orange"),
+        ("cores_lent", "training on reclaimed capacity (lent)", "tab:purple"),
         ("cores_free", "free", "whitesmoke"),
     ]
     if hours:
@@ -224,21 +241,43 @@ def plot(meter: Meter, path: Path, *, title: str) -> Path:
     axes[2].set_ylabel("ready trainers per job")
     requested = [u * 100 for u in series["util_cpu"]]
     in_use = [
-        (used + training) / max(used + idle + training + free, 1e-9) * 100
-        for used, idle, training, free in zip(*(series[key] for key, _, _ in bands), strict=False)
+        (used + training + lent) / max(used + idle + training + lent + free, 1e-9) * 100
+        for used, idle, training, lent, free in zip(
+            *(series[key] for key, _, _ in bands), strict=False
+        )
     ]
     axes[3].plot(hours, requested, color="tab:green", lw=1.2, label="cpu requested / allocatable")
     axes[3].plot(hours, in_use, color="tab:olive", lw=1.0, label="cpu in use / allocatable")
     axes[3].set_ylabel("%")
     axes[3].set_ylim(0, 105)
     axes[3].legend(loc="lower left", fontsize="small")
-    axes[3].set_xlabel("simulated hours")
+    if training:
+        _plot_training(axes[4], training)
+    axes[-1].set_xlabel("simulated hours")
     for axis in axes:
         axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return path
+
+
+def _plot_training(axis: Any, training: dict[str, dict[str, list[Any]]]) -> None:
+    """Samples applied per wall minute per job (solid) and held-out loss (dashed, right)."""
+    loss_axis = axis.twinx()
+    for index, (name, series) in enumerate(sorted(training.items())):
+        color = f"C{index}"
+        axis.plot(series["hours"], series["samples_per_minute"], color=color, lw=1.0, label=name)
+        losses = [(h, v) for h, v in zip(series["hours"], series["holdout_loss"], strict=True) if v]
+        if losses:
+            loss_axis.plot(*zip(*losses, strict=True), color=color, lw=1.0, ls="--")
+    axis.set_ylabel("samples applied / wall min")
+    loss_axis.set_ylabel("held-out log loss (dashed)")
+    axis.legend(loc="upper left", fontsize="small", ncol=max(len(training), 1))
+    axis.set_title(
+        "real training: samples the pservers applied, loss of the model they hold",
+        fontsize="small",
+    )
 
 
 def write_json(summary: DemoSummary, path: Path) -> None:

@@ -27,7 +27,9 @@ from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.demo import pipeline
 from tideshift.services.demo.clock import DEFAULT_START, SimClock
-from tideshift.services.demo.fleet import TrainingFleet
+from tideshift.services.demo.fleet import DEMO_DATASET, TrainingFleet
+from tideshift.services.demo.lending import LendingCluster
+from tideshift.services.demo.progress import ProgressRecorder
 from tideshift.services.demo.report import DemoSummary, summarize
 from tideshift.services.demo.world import Meter, WorldShape, build_cluster
 
@@ -88,7 +90,6 @@ class EventLog:
                             "applied_total": data.applied_total,
                             "redelivered": data.redelivered,
                             "trainers": data.trainers,
-                            "logloss": data.logloss,
                         }
         finally:
             with contextlib.suppress(Exception):
@@ -129,7 +130,7 @@ def progress_line(
     return (
         f"day {int(day)} {int(hours):02d}:{int(rest // 60):02d} | demand {demand:6.0f} req/s | "
         f"serving {ready}/{desired} replicas ({ready * serving.capacity_rps:6.0f} req/s) | "
-        f"trainers {trainers} | cpu {util:5.1%} | short {len(meter.shortfall_minutes)} min"
+        f"trainers {trainers} | cpu {util:5.1%} | short {len(meter.accounts.shortfall_minutes)} min"
     )
 
 
@@ -151,7 +152,7 @@ async def run_sim_demo(
 
 def _cluster_ready_at_start(
     shape: WorldShape, *, start: float, initial_demand_rps: float
-) -> SimCluster:
+) -> LendingCluster:
     """The world before the clock starts: serving sized for the demand at `start`, pods ready
     there."""
     warmup = max([shape.serving.startup_delay_s] + [j.startup_delay_s for j in shape.jobs])
@@ -170,6 +171,7 @@ class _SimDemoRun:
         self.nats = EmbeddedNats(port=config.nats_port)
         self.event_log = EventLog(config.out / "events.jsonl")
         self.fleet: TrainingFleet | None = None
+        self.progress_recorder: ProgressRecorder | None = None
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._buses: list[Bus] = []
@@ -189,6 +191,7 @@ class _SimDemoRun:
         await self._start_services(cluster, clock)
         if config.real_trainers:
             await self._start_training(cluster)
+            await self._start_progress_recorder(clock)
         clock.run()
         meter = Meter(shape, start=clock.start, sample_every_s=max(60.0, config.hours * 3600 / 600))
         end = clock.start + config.hours * 3600.0
@@ -208,7 +211,7 @@ class _SimDemoRun:
         self._buses.append(bus)
         return bus
 
-    async def _start_services(self, cluster: SimCluster, clock: SimClock) -> None:
+    async def _start_services(self, cluster: LendingCluster, clock: SimClock) -> None:
         config = self.config
         stages = await pipeline.start_services(
             connect=self._connect,
@@ -254,18 +257,45 @@ class _SimDemoRun:
                 raise RuntimeError(f"a training process exited at start; see {config.out / 'logs'}")
             await asyncio.sleep(0.5)
 
+    async def _start_progress_recorder(self, clock: SimClock) -> None:
+        """Real training's progress, sampled over the day (samples applied, held-out loss)."""
+        recorder = self.progress_recorder = ProgressRecorder(
+            await self._connect("progress"),
+            [job.name for job in self.config.world.jobs],
+            samples_per_update=DEMO_DATASET.batch_size,
+        )
+        progress = self.event_log.job_progress
+        self._tasks.append(
+            asyncio.create_task(
+                recorder.follow(
+                    clock_s=lambda: clock.now() - clock.start,
+                    applied_batches=lambda job: int(progress.get(job, {}).get("applied_total", 0)),
+                    stopping=self._stopping,
+                ),
+                name="progress",
+            )
+        )
+
     async def _run_until(
-        self, end: float, *, clock: SimClock, cluster: SimCluster, meter: Meter
+        self, end: float, *, clock: SimClock, cluster: LendingCluster, meter: Meter
     ) -> None:
         """Tick: step the cluster, measure, follow the trainer pods, report progress."""
         config = self.config
         next_progress = 0.0
+        serving = config.world.serving
         while True:
             now = min(clock.now(), end)
-            cluster.step(now)
             demand = config.profile.rate(now - clock.start)
+            ready_capacity = cluster.ready_count(serving.ref) * serving.capacity_rps
+            cluster.serving_busy[serving.ref] = (
+                min(1.0, demand / ready_capacity) if ready_capacity > 0 else 0.0
+            )
+            cluster.step(now)
+            # Starvation is measured before batch trainers make way, as in `simulate`.
+            starved = cluster.starved()
+            cluster.evict_over_reclaimable()
             if now >= clock.start:
-                meter.record(now, cluster, demand)
+                meter.record(now, cluster, demand, lent_cpu=cluster.lent_cpu(), starved=starved)
             if self.fleet is not None:
                 self.fleet.reap()
                 for job_name, pods in ready_trainer_pods(cluster, config.world).items():
@@ -311,6 +341,12 @@ class _SimDemoRun:
     def add_training_figures(self, summary: DemoSummary) -> None:
         """What the event log saw and what the fleet's processes did."""
         summary.training = dict(self.event_log.job_progress)
+        if self.progress_recorder is not None:
+            summary.training_series = self.progress_recorder.series()
+            for job, points in self.progress_recorder.points.items():
+                losses = [p.holdout_loss for p in points if p.holdout_loss is not None]
+                if job in summary.training and losses:
+                    summary.training[job]["holdout_logloss"] = round(losses[-1], 5)
         summary.events = dict(sorted(self.event_log.counts.items()))
         if self.fleet is not None:
             summary.processes = {

@@ -14,13 +14,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.placement import FloatArray
 from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimWorkload
+from tideshift.services.demo.lending import LendingCluster
 from tideshift.services.planner.policy import stranded_capacity
+from tideshift.services.simulator.accounting import Accountant, Sample
 
 GIB = float(2**30)
-NIGHT_HOURS = (0.0, 6.0)  # hours of the simulated day with the least serving demand
 SERVING_KIND = "Deployment"
 JOB_KIND = "ElasticJob"
 
@@ -67,10 +69,19 @@ class JobShape:
     priority: int = 0
     weight: float = 1.0
     kind: str = JOB_KIND  # the sim's elastic job; batch/v1 `Job` (parallelism) on a real cluster
+    # Trainers request tideshift.io/batch-cpu / batch-memory: they run on what serving
+    # reserves but does not use (`lending.py`), not on requests.
+    batch: bool = False
 
     @property
     def ref(self) -> WorkloadRef:
         return WorkloadRef(self.namespace, self.kind, self.name)
+
+
+# Small trainers: a node full of serving replicas lends a few cores, never twelve.
+LENDING_JOB = JobShape(
+    "ctr-lend", trainer_cpu=2.0, trainer_memory_gib=4.0, max_trainers=32, batch=True
+)
 
 
 @dataclass(frozen=True)
@@ -79,20 +90,28 @@ class WorldShape:
     6800 req/s peak serving needs ~170 of 192 cores, at the 1200 req/s trough ~30. Trainers
     are large (12 of a node's 16 cores), so about 13 real trainer processes fill the night
     and no job's cap binds; 1-core serving replicas fill the gaps beside them, and packing
-    (MostAllocated placement, scale-downs that free whole nodes) keeps nodes whole for them."""
+    (MostAllocated placement, scale-downs that free whole nodes) keeps nodes whole for them.
+    A fourth job is batch: 2-core trainers on serving's idle reservation (what a node keeps
+    back: `lend_margin` of its allocatable)."""
 
     nodes: int = 12
     node_cpu: float = 16.0
     node_memory_gib: float = 64.0
     serving: ServingShape = ServingShape()
-    jobs: tuple[JobShape, ...] = (JobShape("ctr-a"), JobShape("ctr-b"), JobShape("ctr-c"))
+    jobs: tuple[JobShape, ...] = (
+        JobShape("ctr-a"),
+        JobShape("ctr-b"),
+        JobShape("ctr-c"),
+        LENDING_JOB,
+    )
+    lend_margin: float = OvercommitConfig().margin
     restart_cost_s: float = 10.0  # as in `simulate`: no progress while a job re-forms
     speedup_exponent: float = 0.8
 
 
-def build_cluster(shape: WorldShape, *, now: float, initial_demand_rps: float) -> SimCluster:
+def build_cluster(shape: WorldShape, *, now: float, initial_demand_rps: float) -> LendingCluster:
     """The cluster at `now`, serving sized for the initial demand, every job at its minimum."""
-    cluster = SimCluster(
+    cluster = LendingCluster(
         [
             Node(
                 f"node-{i:02d}",
@@ -102,6 +121,12 @@ def build_cluster(shape: WorldShape, *, now: float, initial_demand_rps: float) -
             for i in range(shape.nodes)
         ],
         now=now,
+        batch_use={
+            job.ref: Resources(job.trainer_cpu, job.trainer_memory_gib * GIB, 0)
+            for job in shape.jobs
+            if job.batch
+        },
+        overcommit=OvercommitConfig(margin=shape.lend_margin),
     )
     serving = shape.serving
     cluster.add_workload(
@@ -123,13 +148,18 @@ def build_cluster(shape: WorldShape, *, now: float, initial_demand_rps: float) -
                 ref=job.ref,
                 kind="ElasticJob",
                 role="training",
-                pod_requests=Resources(job.trainer_cpu, job.trainer_memory_gib * GIB, 0),
+                # a batch trainer requests only the extended batch resources
+                pod_requests=(
+                    Resources()
+                    if job.batch
+                    else Resources(job.trainer_cpu, job.trainer_memory_gib * GIB, 0)
+                ),
                 replicas=job.min_trainers,
                 priority=job.priority,
                 startup_delay_s=job.startup_delay_s,
                 min_replicas=0,
                 max_replicas=job.max_trainers,
-                gang_min=job.min_trainers,
+                gang_min=0 if job.batch else job.min_trainers,
                 companion_count=job.pservers,
                 companion_requests=Resources(job.pserver_cpu, job.pserver_memory_gib * GIB, 0),
             )
@@ -260,29 +290,18 @@ class _JobMeter:
 class Meter:
     """Integrates the run's figures over simulated time; samples series for the plot.
 
-    Definitions follow `services/simulator/run.py` so the two tables compare:
-    utilisation = requests of bound pods / allocatable (time-averaged); shortfall = request-
-    seconds above ready replicas x capacity, and the minutes with any; training work =
-    ready_trainers ** speedup_exponent per second while the job runs, none for
-    `restart_cost_s` after its trainer set changes; spare = allocatable minus what serving
-    needs for the actual demand minus other pods.
+    The cluster figures (utilisation, cpu used and lent, stranded, shortfall, starved minutes,
+    training's share of spare) go through `tideshift simulate`'s accountant
+    (`simulator/accounting.py`), so the two tables mean the same. Training work is modelled as
+    in `simulate`: ready_trainers ** speedup_exponent per second while the job runs, none for
+    `restart_cost_s` after its trainer set changes.
     """
 
     shape: WorldShape
     start: float  # simulated time the run starts (Unix seconds)
     sample_every_s: float = 300.0
     last: float | None = None
-    elapsed_s: float = 0.0
-    util_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
-    demand_requests: float = 0.0
-    shortfall_requests: float = 0.0
-    shortfall_minutes: set[int] = field(default_factory=set)
-    spare_cpu_seconds: float = 0.0
-    training_cpu_seconds: float = 0.0
-    used_cpu_seconds: float = 0.0  # cpu in use / allocatable (serving's usage model), integrated
-    stranded_cpu_seconds: float = 0.0  # stranded cpu / allocatable, integrated
-    night_seconds: float = 0.0
-    night_util_seconds: float = 0.0  # cpu requested / allocatable over 00:00-06:00
+    accounts: Accountant = field(init=False)
     jobs: dict[str, _JobMeter] = field(default_factory=dict)
     series: dict[str, Any] = field(
         default_factory=lambda: {
@@ -292,18 +311,33 @@ class Meter:
             "replicas": [],
             "util_cpu": [],
             "trainers": {},
-            # cores, stacked: serving in use, serving's idle reservation, training, free
+            # cores, stacked: serving in use, serving's idle reservation (not lent), training on
+            # requests, training on reclaimed capacity (lent), free
             "cores_serving_used": [],
             "cores_serving_idle": [],
             "cores_training": [],
+            "cores_lent": [],
             "cores_free": [],
             "stranded_cpu": [],  # free cores on nodes where no trainer that is wanted fits
         }
     )
     _next_sample: float = -math.inf
 
-    def record(self, now: float, cluster: ClusterFigures | SimCluster, demand_rps: float) -> None:
-        """Account for [last, now) with the state seen now (the demo ticks often)."""
+    def __post_init__(self) -> None:
+        self.accounts = Accountant(start=self.start)
+
+    def record(
+        self,
+        now: float,
+        cluster: ClusterFigures | SimCluster,
+        demand_rps: float,
+        *,
+        lent_cpu: float = 0.0,
+        starved: bool = False,
+    ) -> None:
+        """Account for [last, now) with the state seen now (the demo ticks often): `lent_cpu`
+        is what batch trainers use, `starved` whether serving's usage exceeded what it could
+        get on some node."""
         if isinstance(cluster, SimCluster):
             cluster = SimFigures(cluster)
         if self.last is None:
@@ -313,27 +347,30 @@ class Meter:
         serving = self.shape.serving
         ready = cluster.ready_count(serving.ref)
         capacity = ready * serving.capacity_rps
-        cores = self._cores(cluster, demand_rps=demand_rps, ready=ready, bound=bound)
-        alloc_cpu = max(allocatable.cpu, 1e-9)
+        cores = self._cores(cluster, demand_rps=demand_rps, ready=ready, bound=bound, lent=lent_cpu)
         stranded = self._stranded_cpu(cluster)
         if now > self.last:
-            dt = now - self.last
-            self._account_utilization(allocatable, bound, dt)
-            self._account_demand((self.last, now), demand_rps, capacity)
             training_cpu = self._account_jobs((self.last, now), cluster)
-            self._account_spare(
-                dt,
-                cluster,
-                demand_rps=demand_rps,
-                training_cpu=training_cpu,
-                allocatable=allocatable,
-                bound=bound,
+            serving_cpu = cluster.bound_count(serving.ref) * serving.cpu
+            other_cpu = bound.cpu - training_cpu - serving_cpu
+            self.accounts.add(
+                self.last,
+                now,
+                Sample(
+                    allocatable=_vector(allocatable),
+                    requested=_vector(bound),
+                    used_cpu=cores["serving_used"] + cores["training"] + lent_cpu,
+                    lent_cpu=lent_cpu,
+                    stranded=np.array([stranded, 0.0, 0.0]),
+                    demand_rps=(demand_rps,),
+                    capacity_rps=(capacity,),
+                    spare_cpu=max(
+                        0.0, allocatable.cpu - serving.need(demand_rps) * serving.cpu - other_cpu
+                    ),
+                    training_cpu=training_cpu + lent_cpu,
+                    starved=starved,
+                ),
             )
-            self.used_cpu_seconds += (bound.cpu - cores["serving_idle"]) / alloc_cpu * dt
-            self.stranded_cpu_seconds += stranded / alloc_cpu * dt
-            if NIGHT_HOURS[0] <= ((self.last - self.start) / 3600.0) % 24 < NIGHT_HOURS[1]:
-                self.night_seconds += dt
-                self.night_util_seconds += bound.cpu / alloc_cpu * dt
         self.last = now
         if now >= self._next_sample:
             self._next_sample = now + self.sample_every_s
@@ -346,24 +383,36 @@ class Meter:
                 self.series["trainers"].setdefault(job.name, []).append(
                     cluster.ready_count(job.ref)
                 )
-            for name, value in cores.items():
-                self.series[f"cores_{name}"].append(value)
-            self.series["cores_free"].append(max(allocatable.cpu - bound.cpu, 0.0))
+            for name in ("serving_used", "serving_idle", "training", "lent"):
+                self.series[f"cores_{name}"].append(cores[name])
+            self.series["cores_free"].append(
+                max(allocatable.cpu - bound.cpu - max(lent_cpu - cores["serving_idle_all"], 0), 0)
+            )
             self.series["stranded_cpu"].append(stranded)
 
     def _cores(
-        self, cluster: ClusterFigures, *, demand_rps: float, ready: int, bound: Resources
+        self,
+        cluster: ClusterFigures,
+        *,
+        demand_rps: float,
+        ready: int,
+        bound: Resources,
+        lent: float,
     ) -> dict[str, float]:
-        """Requested cores by use. Serving's usage model (as in `simulate`): its ready
-        replicas are busy in proportion to demand / capacity, never beyond their requests."""
+        """Cores by use. Serving's usage model (as in `simulate`): its ready replicas are busy
+        in proportion to demand / capacity, never beyond their requests. Lent cores are
+        counted out of serving's idle reservation first, then out of unrequested cores."""
         serving = self.shape.serving
         serving_cpu = cluster.bound_count(serving.ref) * serving.cpu
         used = min(demand_rps / serving.capacity_rps, float(ready)) * serving.cpu
         used = min(used, serving_cpu)
+        idle = serving_cpu - used
         return {
             "serving_used": used,
-            "serving_idle": serving_cpu - used,
+            "serving_idle_all": idle,
+            "serving_idle": max(idle - lent, 0.0),
             "training": max(bound.cpu - serving_cpu, 0.0),  # trainers, pservers, other pods
+            "lent": lent,
         }
 
     def _stranded_cpu(self, cluster: ClusterFigures) -> float:
@@ -371,42 +420,19 @@ class Meter:
         shapes = [
             (job.trainer_cpu, job.trainer_memory_gib * GIB, 0.0)
             for job in self.shape.jobs
-            if cluster.bound_count(job.ref) < job.max_trainers
+            if not job.batch and cluster.bound_count(job.ref) < job.max_trainers
         ]
         free = cluster.free_room()
         return float(stranded_capacity(free, np.array(shapes).reshape(-1, 3))[0])
 
-    def _account_utilization(self, allocatable: Resources, bound: Resources, dt: float) -> None:
-        self.elapsed_s += dt
-        alloc = (allocatable.cpu, allocatable.memory, float(allocatable.gpu))
-        used = (bound.cpu, bound.memory, float(bound.gpu))
-        for i in range(3):
-            if alloc[i] > 0:
-                self.util_seconds[i] += used[i] / alloc[i] * dt
-
-    def _account_demand(
-        self, interval: tuple[float, float], demand_rps: float, capacity: float
-    ) -> None:
-        """Demand served or not over the interval, and the run-minutes it touched short."""
-        begin, now = interval
-        dt = now - begin
-        self.demand_requests += demand_rps * dt
-        missing = max(0.0, demand_rps - capacity)
-        if missing > 1e-9:
-            self.shortfall_requests += missing * dt
-            first = math.floor((begin - self.start) / 60)
-            last = math.floor((now - self.start - 1e-9) / 60)
-            self.shortfall_minutes.update(range(first, last + 1))
-
     def _account_jobs(self, interval: tuple[float, float], cluster: ClusterFigures) -> float:
-        """Each job's training work over the interval; returns the CPU its pods hold."""
+        """Each job's training work over the interval; returns the CPU its pods request (a
+        batch job's trainers request none)."""
         begin, now = interval
         training_cpu = 0.0
         for job in self.shape.jobs:
-            training_cpu += (
-                cluster.bound_count(job.ref) * job.trainer_cpu
-                + cluster.bound_companions(job.ref) * job.pserver_cpu
-            )
+            trainers_cpu = 0.0 if job.batch else cluster.bound_count(job.ref) * job.trainer_cpu
+            training_cpu += trainers_cpu + cluster.bound_companions(job.ref) * job.pserver_cpu
             trainers = cluster.ready_count(job.ref)
             meter = self.jobs.get(job.name)
             if meter is None:  # first sight: the job's current trainer set is no restart
@@ -422,34 +448,6 @@ class Meter:
                 if productive > 0:
                     meter.work += trainers**self.shape.speedup_exponent * productive
         return training_cpu
-
-    def _account_spare(
-        self,
-        dt: float,
-        cluster: ClusterFigures,
-        *,
-        demand_rps: float,
-        training_cpu: float,
-        allocatable: Resources,
-        bound: Resources,
-    ) -> None:
-        """Spare CPU (beyond serving's need and other pods) and the part training used."""
-        serving = self.shape.serving
-        serving_bound_cpu = cluster.bound_count(serving.ref) * serving.cpu
-        other_cpu = bound.cpu - training_cpu - serving_bound_cpu
-        spare = max(0.0, allocatable.cpu - serving.need(demand_rps) * serving.cpu - other_cpu)
-        self.spare_cpu_seconds += spare * dt
-        self.training_cpu_seconds += min(training_cpu, spare) * dt
-
-    def night_cpu_utilization(self) -> float | None:
-        """Mean cpu requested / allocatable between 00:00 and 06:00 (None if not reached)."""
-        return self.night_util_seconds / self.night_seconds if self.night_seconds else None
-
-    def utilization(self) -> dict[str, float]:
-        names = ("cpu", "memory", "gpu")
-        elapsed = max(self.elapsed_s, 1e-9)
-        # The demo's nodes have no GPUs: a 0 % column would only confuse.
-        return {name: self.util_seconds[i] / elapsed for i, name in enumerate(names[:2])}
 
     def pending(self, end: float) -> list[float]:
         """Seconds from the start until each job first ran (until `end` if it never did)."""
@@ -470,3 +468,7 @@ class Meter:
             if start_h <= (t / 3600.0) % 24 < end_h
         ]
         return sum(values) / len(values) if values else None
+
+
+def _vector(resources: Resources) -> FloatArray:
+    return np.array([resources.cpu, resources.memory, float(resources.gpu)], dtype=np.float64)

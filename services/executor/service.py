@@ -23,6 +23,7 @@ from tideshift.services.cluster.connect import open_kubernetes, packing_writer
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import ClusterError, ClusterPort
 from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery
+from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
 from tideshift.services.common.retry import exponential
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
@@ -255,10 +256,14 @@ def _packing(
     return BatchAdvertiser(port, writer, usage, OvercommitConfig(margin=settings.batch_margin))
 
 
-async def serve(context: ServiceContext) -> None:
+async def serve(
+    context: ServiceContext, *, cluster: ClusterPort | None = None, clock: Clock = WALL_CLOCK
+) -> None:
+    """The service body; `cluster` replaces the Kubernetes port the settings name (the demo
+    passes its simulated cluster and clock; nothing else differs)."""
     settings = context.settings
     assert isinstance(settings, ExecutorSettings)
-    port = await open_kubernetes(settings.kubeconfig, context=settings.kube_context)
+    port = cluster or await open_kubernetes(settings.kubeconfig, context=settings.kube_context)
     advertising: asyncio.Task[None] | None = None
     try:
         executor = await build_executor(
@@ -269,6 +274,7 @@ async def serve(context: ServiceContext) -> None:
             dry_run=settings.dry_run,
             max_step=settings.max_step,
         )
+        executor.clock = functools.partial(utc_now, clock)
         advertiser = _packing(executor, port, settings)
         if advertiser is not None:
             advertising = asyncio.create_task(

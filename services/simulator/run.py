@@ -4,7 +4,7 @@ Each policy gets a fresh `SimCluster` and the same scenario (see `scenario.py` f
 format). Every `step_s` the loop: admits arriving jobs, lets the policy plan when its cadence is
 due (Tideshift every `plan_interval_s`; the baselines plan every step and keep their own
 sync periods), applies changed counts to the cluster, steps the cluster, and integrates the
-metrics over the step:
+metrics over the step (`accounting.py`, the accountant the demo shares):
 
 * utilisation: requests of bound pods / allocatable, per resource, time-averaged;
 * cpu used: what pods use / allocatable, from a usage model: a serving pod uses
@@ -47,6 +47,7 @@ from tideshift.services.cluster.sim import SimCluster, SimWorkload
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import Policy, make_policy
 from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec
+from tideshift.services.simulator.accounting import Accountant, Sample, trainer_churn
 from tideshift.services.simulator.batch import BatchTrainers
 from tideshift.services.simulator.forecasters import SimForecaster, make_forecaster
 from tideshift.services.simulator.scenario import GIB, JobGroup, Scenario, ServingSpec
@@ -152,22 +153,6 @@ def serving_need(spec: ServingSpec, rps: float) -> int:
     return min(max(need, spec.min_replicas), spec.max_replicas)
 
 
-@dataclass
-class _Totals:
-    """The metrics integrated over the run so far."""
-
-    util_sum: Any = field(default_factory=lambda: np.zeros(3))
-    used_cpu_sum: float = 0.0
-    batch_cpu_sum: float = 0.0
-    stranded_sum: Any = field(default_factory=lambda: np.zeros(3))
-    starved_minutes: set[int] = field(default_factory=set)
-    demand: float = 0.0
-    shortfall: float = 0.0
-    shortfall_minutes: set[int] = field(default_factory=set)
-    spare: float = 0.0
-    training: float = 0.0
-
-
 class _Run:
     """One policy on a fresh cluster: admits jobs, plans on its cadence, integrates metrics."""
 
@@ -212,7 +197,7 @@ class _Run:
         )
         self.lends_batch = name == "tideshift"
         self.starved_now = False
-        self.totals = _Totals()
+        self.accounts = Accountant()
         self.next_plan = 0.0
         self.plan_every = self.policy.cadence_s or scenario.plan_interval_s
         self.series_every = max(scenario.step_s, scenario.duration_s / 1500)
@@ -370,24 +355,17 @@ class _Run:
 
     def _measure(self, now: float, demands: Sequence[float]) -> tuple[Any, float]:
         """Integrate the metrics over [now, now + step); returns (bound requests, capacity)."""
-        cluster, totals, step = self.cluster, self.totals, self.scenario.step_s
+        cluster, step = self.cluster, self.scenario.step_s
         bound = cluster.bound_requests_total()
         used = np.array([bound.cpu, bound.memory, float(bound.gpu)])
-        alloc_vector = self.alloc_vector
-        totals.util_sum += np.divide(used, alloc_vector, out=np.zeros(3), where=alloc_vector > 0)
-        capacity_total = 0.0
-        serving_need_cpu = 0.0
-        for spec, ref, demand in zip(
-            self.scenario.serving, self.serving_refs, demands, strict=True
-        ):
-            capacity = cluster.ready_count(ref) * spec.capacity_rps
-            capacity_total += capacity
-            totals.demand += demand * step
-            missing = max(0.0, demand - capacity)
-            if missing > 1e-9:
-                totals.shortfall += missing * step
-                totals.shortfall_minutes.add(int(now // 60))
-            serving_need_cpu += serving_need(spec, demand) * spec.replica.cpu
+        capacities = tuple(
+            cluster.ready_count(ref) * spec.capacity_rps
+            for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
+        )
+        serving_need_cpu = sum(
+            serving_need(spec, demand) * spec.replica.cpu
+            for spec, demand in zip(self.scenario.serving, demands, strict=True)
+        )
         training_cpu = self._progress_jobs(now)
         other_cpu = (
             bound.cpu
@@ -397,26 +375,29 @@ class _Run:
                 for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
             )
         )
-        spare = max(0.0, self.alloc.cpu - serving_need_cpu - other_cpu)
-        totals.spare += spare
-        totals.training += min(training_cpu, spare)
         serving_used_cpu = self._serving_used_cpu(demands)
         used_cpu = bound.cpu - sum(
             cluster.bound_count(ref) * spec.replica.cpu
             for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
         )
         batch_cpu = float(self.batch.use()[:, 0].sum())
-        totals.batch_cpu_sum += batch_cpu / max(self.alloc.cpu, 1e-9)
-        totals.used_cpu_sum += (used_cpu + serving_used_cpu + batch_cpu) / max(self.alloc.cpu, 1e-9)
-        if self.starved_now or np.any(cluster.free_room()[:, 0] < -1e-6):
-            totals.starved_minutes.add(int(now // 60))
-        totals.stranded_sum += np.divide(
-            self._stranded(),
-            alloc_vector,
-            out=np.zeros(3),
-            where=alloc_vector > 0,
+        self.accounts.add(
+            now,
+            now + step,
+            Sample(
+                allocatable=self.alloc_vector,
+                requested=used,
+                used_cpu=used_cpu + serving_used_cpu + batch_cpu,
+                lent_cpu=batch_cpu,
+                stranded=self._stranded(),
+                demand_rps=tuple(demands),
+                capacity_rps=capacities,
+                spare_cpu=max(0.0, self.alloc.cpu - serving_need_cpu - other_cpu),
+                training_cpu=training_cpu,
+                starved=self.starved_now or bool(np.any(cluster.free_room()[:, 0] < -1e-6)),
+            ),
         )
-        return used, capacity_total
+        return used, sum(capacities)
 
     def _serving_used_cpu(self, demands: Sequence[float]) -> float:
         """Serving's cpu in use: demand / ready capacity x the requests of its bound pods."""
@@ -499,39 +480,29 @@ class _Run:
 
     def result(self, wall_s: float) -> PolicyResult:
         duration = self.scenario.duration_s
-        totals, jobs = self.totals, self.jobs
+        accounts, jobs = self.accounts, self.jobs
         pending = sorted(
             (run.started_at if run.started_at is not None else duration) - run.arrival
             for run in jobs
         )
         counters = self.cluster.counters
-        churn = counters.pods_bound.get("training", 0) + counters.pods_stopped.get("training", 0)
+        churn = trainer_churn(counters.pods_bound, counters.pods_stopped)
         churn += self.batch.started + self.batch.stopped
-        steps_taken = len(self.times)
-        utilization = {
-            name: float(totals.util_sum[i] / steps_taken)
-            for i, name in enumerate(pol.RESOURCE_NAMES)
-            if self.alloc_vector[i] > 0
-        }
         return PolicyResult(
             name=self.name,
-            utilization=utilization,
-            shortfall_minutes=len(totals.shortfall_minutes),
-            shortfall_fraction=totals.shortfall / totals.demand if totals.demand else 0.0,
-            cpu_used=totals.used_cpu_sum / steps_taken,
-            stranded={
-                name: float(totals.stranded_sum[i] / steps_taken)
-                for i, name in enumerate(pol.RESOURCE_NAMES)
-                if name != "memory" and self.alloc_vector[i] > 0
-            },
-            serving_starved_minutes=len(totals.starved_minutes),
-            cpu_batch=totals.batch_cpu_sum / steps_taken,
+            utilization=accounts.utilization(),
+            shortfall_minutes=len(accounts.shortfall_minutes),
+            shortfall_fraction=accounts.shortfall_fraction,
+            cpu_used=accounts.cpu_used,
+            stranded=accounts.stranded(),
+            serving_starved_minutes=len(accounts.starved_minutes),
+            cpu_batch=accounts.cpu_lent,
             batch_evictions=self.batch.evicted,
             training_work=sum(run.work_done for run in jobs),
             pending_mean_s=float(np.mean(pending)) if pending else 0.0,
             pending_p95_s=_p95(pending),
             trainer_churn=churn,
-            training_share_of_spare=totals.training / totals.spare if totals.spare else 0.0,
+            training_share_of_spare=accounts.training_share_of_spare,
             jobs_started=sum(1 for run in jobs if run.started_at is not None),
             jobs_finished=sum(1 for run in jobs if run.finished_at is not None),
             jobs_total=len(jobs),

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 
 from pydantic import Field
 
 from tideshift.services.cluster.connect import open_kubernetes
+from tideshift.services.cluster.port import ClusterPort
+from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
 from tideshift.services.common.retry import fixed
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
@@ -47,10 +50,14 @@ class WatcherSettings(ServiceSettings):
     )
 
 
-async def serve(context: ServiceContext) -> None:
+async def serve(
+    context: ServiceContext, *, cluster: ClusterPort | None = None, clock: Clock = WALL_CLOCK
+) -> None:
+    """The service body; `cluster` replaces the Kubernetes port the settings name (the demo
+    passes its simulated cluster and clock; nothing else differs)."""
     settings = context.settings
     assert isinstance(settings, WatcherSettings)
-    port = await open_kubernetes(
+    port = cluster or await open_kubernetes(
         settings.kubeconfig,
         context=settings.kube_context,
         namespace=settings.namespace,
@@ -58,7 +65,9 @@ async def serve(context: ServiceContext) -> None:
         resync_seconds=settings.resync_seconds,
     )
     context.readiness_checks.append(lambda: [f"not watching {name}" for name in port.unwatched()])
-    watcher = Watcher(port, context.bus, bucket=settings.snapshot_bucket)
+    watcher = Watcher(
+        port, context.bus, bucket=settings.snapshot_bucket, clock=functools.partial(utc_now, clock)
+    )
     while not context.stopping.is_set():
         task = asyncio.create_task(watcher.run(context.ready))
         stop = asyncio.create_task(context.stopping.wait())

@@ -17,10 +17,13 @@ def test_planner_targets_describe_the_world() -> None:
     (serving,) = targets["serving"]
     assert serving.capacity_rps == pytest.approx(50.0 * 0.8)  # at the target utilisation
     assert serving.margin_s == pytest.approx(288.0 * pipeline.LAG_BUDGET_WALL_S)
-    assert [t.name for t in targets["training"]] == ["ctr-a", "ctr-b", "ctr-c"]
+    assert [t.name for t in targets["training"]] == ["ctr-a", "ctr-b", "ctr-c", "ctr-lend"]
     for target, job in zip(targets["training"], world.jobs, strict=True):
         assert target.kind == "ElasticJob"
         assert target.max_trainers == job.max_trainers
+        assert target.batch == job.batch
+    assert [t.name for t in targets["training"] if t.batch] == ["ctr-lend"]
+    assert targets["batch_margin"] == world.lend_margin
     # the sim names parameter servers <job>-ps<n>; trainers <job>-t<n> must not match
     markers = targets["training"][0].companion_markers
     assert any(m in "ctr-a-ps7" for m in markers)

@@ -32,11 +32,11 @@ def test_shortfall_is_measured_against_ready_capacity() -> None:
     meter = Meter(SHAPE, start=START, sample_every_s=60.0)
     meter.record(START, cluster, 20.0)
     meter.record(START + 60, cluster, 20.0)  # 2 replicas x 10 req/s: exactly enough
-    assert meter.shortfall_minutes == set()
+    assert meter.accounts.shortfall_minutes == set()
     meter.record(START + 180, cluster, 30.0)  # 10 req/s short for 120 s: minutes 1 and 2
-    assert meter.shortfall_minutes == {1, 2}
-    assert meter.shortfall_requests == pytest.approx(1200.0)
-    assert meter.demand_requests == pytest.approx(20 * 60 + 30 * 120)
+    assert meter.accounts.shortfall_minutes == {1, 2}
+    assert meter.accounts.shortfall_requests == pytest.approx(1200.0)
+    assert meter.accounts.demand_requests == pytest.approx(20 * 60 + 30 * 120)
 
 
 def test_utilisation_and_training_work_integrate_over_time() -> None:
@@ -46,7 +46,7 @@ def test_utilisation_and_training_work_integrate_over_time() -> None:
     meter.record(START, cluster, 10.0)
     meter.record(START + 100, cluster, 10.0)
     # 1 serving cpu + 8 trainer cpu of 32
-    assert meter.utilization()["cpu"] == pytest.approx(9 / 32)
+    assert meter.accounts.utilization()["cpu"] == pytest.approx(9 / 32)
     # one trainer, running since before the start: 1 ** 0.8 per second for 100 s
     assert meter.jobs["job-a"].work == pytest.approx(100.0)
     cluster.scale(SHAPE.jobs[0].ref, 2)
@@ -70,8 +70,8 @@ def test_cores_by_use_and_night_utilisation() -> None:
     assert meter.series["cores_free"][0] == pytest.approx(32 - 10)
     # the job wants more; serving's node has 6 free cores, too few for an 8-core trainer
     assert meter.series["stranded_cpu"][0] == pytest.approx(6.0)
-    assert meter.night_cpu_utilization() == pytest.approx(10 / 32)
-    assert meter.used_cpu_seconds / meter.elapsed_s == pytest.approx(9.5 / 32)
+    assert meter.accounts.night_cpu_utilization() == pytest.approx(10 / 32)
+    assert meter.accounts.cpu_used == pytest.approx(9.5 / 32)
 
 
 def test_free_cores_where_no_wanted_trainer_fits_are_stranded() -> None:

@@ -1,0 +1,134 @@
+"""Serving's idle reservation lent to the demo's batch trainers.
+
+A job marked batch has trainers that request `tideshift.io/batch-cpu` / `batch-memory`, not
+cpu / memory, so the simulated scheduler sees them as empty pods. `LendingCluster` places them
+as the extended resource would on a real node: per node, on reclaimable capacity
+(`cluster.overcommit`: allocatable x (1 - margin) - what non-batch pods use: a ready serving
+pod its request x how busy demand keeps serving, every other pod, and a serving pod still
+starting, its requests). A pod with requests that binds where batch trainers borrow takes its
+cores at once (they run BestEffort, with the smallest cpu share): the trainers that no longer
+fit there are evicted on binding. When serving's usage rises, batch trainers are evicted first
+from the nodes short of it; a node where what everything uses would exceed allocatable is a
+minute serving was starved (measured before that eviction, as `simulate` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from tideshift.services.cluster.overcommit import OvercommitConfig, reclaimable
+from tideshift.services.cluster.placement import FloatArray
+from tideshift.services.cluster.port import Node, Resources, WorkloadRef
+from tideshift.services.cluster.sim import SimCluster, _SimNode, _SimPod
+
+
+class LendingCluster(SimCluster):
+    """The sim cluster plus batch trainers bound on reclaimable capacity."""
+
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        *,
+        now: float,
+        batch_use: Mapping[WorkloadRef, Resources],
+        overcommit: OvercommitConfig,
+    ) -> None:
+        super().__init__(nodes, now=now)
+        self.batch_use = dict(batch_use)  # what one trainer of each batch job uses
+        self.overcommit = overcommit
+        # Fraction of its requests each serving workload uses; set by the demo every tick.
+        self.serving_busy: dict[WorkloadRef, float] = {}
+        self.batch_evictions = 0
+
+    def _batch_trainer(self, pod: _SimPod) -> bool:
+        return pod.owner in self.batch_use and not pod.companion
+
+    def usage(self) -> tuple[list[str], FloatArray, FloatArray, FloatArray]:
+        """(node names, allocatable, non-batch use, batch use), each per node (nodes, 3)."""
+        names = [name for name, sim_node in self._nodes.items() if sim_node.node.schedulable]
+        row = {name: i for i, name in enumerate(names)}
+        allocatable = np.array(
+            [_vector(self._nodes[name].node.allocatable) for name in names]
+        ).reshape(-1, 3)
+        non_batch = np.zeros_like(allocatable)
+        batch = np.zeros_like(allocatable)
+        for pod in self.pods_raw():
+            if pod.node not in row:
+                continue
+            if self._batch_trainer(pod):
+                batch[row[pod.node]] += _vector(self.batch_use[pod.owner])
+            elif pod.role == "serving" and pod.ready:
+                busy = self.serving_busy.get(pod.owner, 1.0)
+                non_batch[row[pod.node]] += busy * _vector(pod.requests)
+            else:
+                non_batch[row[pod.node]] += _vector(pod.requests)
+        return names, allocatable, non_batch, batch
+
+    def lent_cpu(self) -> float:
+        """Cores batch trainers use (bound, starting or ready)."""
+        return float(self.usage()[3][:, 0].sum())
+
+    def starved(self) -> bool:
+        """Some node's usage exceeds its allocatable cpu: serving cannot get what it uses."""
+        _, allocatable, non_batch, batch = self.usage()
+        return bool(np.any(non_batch[:, 0] + batch[:, 0] > allocatable[:, 0] + 1e-6))
+
+    def evict_over_reclaimable(self, only: str | None = None) -> int:
+        """Evict the newest batch trainers from nodes (or node `only`) where they use more
+        than is reclaimable; their pods come back pending and bind where there is room."""
+        names, allocatable, non_batch, batch = self.usage()
+        room = reclaimable(allocatable, non_batch, self.overcommit)
+        evicted = 0
+        for i, name in enumerate(names):
+            over = batch[i, :2] - room[i]
+            if (only is not None and name != only) or np.all(over <= 1e-6):
+                continue
+            pods = sorted(
+                (pod for pod in self._nodes[name].pods.values() if self._batch_trainer(pod)),
+                key=lambda pod: -pod.seq,
+            )
+            for pod in pods:
+                if np.all(over <= 1e-6):
+                    break
+                over -= _vector(self.batch_use[pod.owner])[:2]
+                self._delete_pod(pod, evicted=True)
+                evicted += 1
+        self.batch_evictions += evicted
+        return evicted
+
+    def _bind(self, pod: _SimPod, sim_node: _SimNode) -> None:
+        super()._bind(pod, sim_node)
+        if self.batch_use and not self._batch_trainer(pod) and pod.requests.cpu > 0:
+            self.evict_over_reclaimable(only=sim_node.node.name)
+
+    def step(self, now: float) -> None:
+        # Reclaimable room changes with demand, not only with pod events: retry pending
+        # batch trainers every step.
+        if any(self._batch_trainer(self._pods[key]) for key in self._pending):
+            self._schedule_needed = True
+        super().step(now)
+
+    def _place(self, pod: _SimPod) -> bool:
+        if not self._batch_trainer(pod):
+            return super()._place(pod)
+        names, allocatable, non_batch, batch = self.usage()
+        room = reclaimable(allocatable, non_batch, self.overcommit) - batch[:, :2]
+        need = _vector(self.batch_use[pod.owner])[:2]
+        fits = np.all(room >= need - 1e-9, axis=1)
+        if not np.any(fits):
+            return False
+        # Best fit: the node with the least cpu room that fits keeps larger gaps whole.
+        candidates = np.flatnonzero(fits)
+        chosen = candidates[int(np.argmin(room[candidates, 0]))]
+        self._bind(pod, self._nodes[names[chosen]])
+        return True
+
+    def _preempt_for(self, pod: _SimPod) -> bool:
+        # Batch trainers are below everything: they never preempt.
+        return False if self._batch_trainer(pod) else super()._preempt_for(pod)
+
+
+def _vector(resources: Resources) -> FloatArray:
+    return np.array([resources.cpu, resources.memory, float(resources.gpu)], dtype=np.float64)

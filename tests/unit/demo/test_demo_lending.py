@@ -1,0 +1,114 @@
+"""Batch trainers in the demo's sim cluster borrow serving's idle reservation, make way first
+when serving's usage rises, and come back when it falls."""
+
+from __future__ import annotations
+
+from tideshift.services.cluster.overcommit import OvercommitConfig
+from tideshift.services.cluster.port import Node, Resources, WorkloadRef
+from tideshift.services.cluster.sim import SimWorkload
+from tideshift.services.demo.lending import LendingCluster
+from tideshift.services.demo.world import GIB, JobShape, Meter, ServingShape, WorldShape
+
+WEB = WorkloadRef("demo", "Deployment", "web")
+LEND = WorkloadRef("demo", "ElasticJob", "lend")
+TRAINER = Resources(2.0, 4 * GIB, 0)
+
+
+def one_node_cluster(*, batch_trainers: int) -> LendingCluster:
+    cluster = LendingCluster(
+        [Node("n1", Resources(16.0, 64 * GIB, 0))],
+        now=0.0,
+        batch_use={LEND: TRAINER},
+        overcommit=OvercommitConfig(margin=0.05),
+    )
+    cluster.add_workload(
+        SimWorkload(
+            ref=WEB,
+            kind="Deployment",
+            role="serving",
+            pod_requests=Resources(1.0, 1 * GIB, 0),
+            replicas=10,
+            priority=1000,
+        )
+    )
+    cluster.add_workload(
+        SimWorkload(
+            ref=LEND,
+            kind="ElasticJob",
+            role="training",
+            pod_requests=Resources(),  # batch: only the extended resources
+            replicas=batch_trainers,
+        )
+    )
+    return cluster
+
+
+def test_batch_trainers_bind_on_what_serving_does_not_use() -> None:
+    cluster = one_node_cluster(batch_trainers=6)
+    cluster.serving_busy[WEB] = 0.5  # 10 cores requested, 5 used once ready
+    cluster.step(1.0)
+    # serving replicas still starting use their requests: 16 x 0.95 - 10 = 5.2 cores
+    assert cluster.bound_count(LEND) == 2
+    cluster.step(2.0)
+    # ready: 16 x 0.95 - 5 = 10.2 cores: five 2-core trainers, the sixth waits
+    assert cluster.bound_count(LEND) == 5
+    assert cluster.lent_cpu() == 10.0
+    assert not cluster.starved()
+    assert cluster.bound_requests_total().cpu == 10.0  # batch trainers request no cpu
+
+
+def test_rising_serving_usage_evicts_batch_trainers_first_then_they_return() -> None:
+    cluster = one_node_cluster(batch_trainers=4)
+    cluster.serving_busy[WEB] = 0.5
+    cluster.step(1.0)
+    cluster.step(2.0)
+    assert cluster.bound_count(LEND) == 4
+
+    cluster.serving_busy[WEB] = 1.0  # serving uses all 10 cores: 18 cores in use on 16
+    cluster.step(3.0)
+    assert cluster.starved()
+    assert cluster.evict_over_reclaimable() == 2  # 15.2 - 10 = 5.2 left: two trainers stay
+    assert not cluster.starved()
+    assert cluster.bound_count(WEB) == 10  # serving kept every replica
+    cluster.step(4.0)
+    assert cluster.bound_count(LEND) == 2  # the evicted ones wait, pending
+
+    cluster.serving_busy[WEB] = 0.5
+    cluster.step(5.0)
+    assert cluster.bound_count(LEND) == 4
+
+
+def test_a_pod_with_requests_takes_its_cores_from_batch_trainers_on_binding() -> None:
+    cluster = one_node_cluster(batch_trainers=5)
+    cluster.serving_busy[WEB] = 0.5
+    cluster.step(1.0)
+    cluster.step(2.0)
+    assert cluster.bound_count(LEND) == 5  # 10 of the 10.2 reclaimable cores
+    cluster.scale(WEB, 14)  # four more replicas bind and start, using their requests
+    cluster.step(3.0)
+    assert cluster.bound_count(WEB) == 14
+    # on binding: 15.2 - 5 (ready) - 4 (starting) = 6.2 cores: three trainers stay
+    assert cluster.bound_count(LEND) == 3
+    assert not cluster.starved()
+
+
+def test_meter_counts_lent_cores_as_used_and_starved_minutes() -> None:
+    world = WorldShape(
+        nodes=1,
+        serving=ServingShape(capacity_rps=10.0, min_replicas=1, startup_delay_s=0.0),
+        jobs=(JobShape("lend", trainer_cpu=2.0, trainer_memory_gib=4.0, batch=True),),
+    )
+    cluster = one_node_cluster(batch_trainers=0)
+    cluster.step(0.0)  # ten ready 1-core serving replicas
+    meter = Meter(world, start=0.0, sample_every_s=60.0)
+    meter.record(0.0, cluster, 50.0)
+    meter.record(60.0, cluster, 50.0, lent_cpu=4.0)
+    meter.record(120.0, cluster, 50.0, lent_cpu=4.0, starved=True)
+    # 5 of 16 cores serve (50 req/s at 10 per core); 4 more are lent for the whole run
+    assert meter.accounts.cpu_used == (5.0 + 4.0) / 16.0
+    assert meter.accounts.cpu_lent == 4.0 / 16.0
+    assert meter.accounts.starved_minutes == {1}
+    # the picture's bands still add up to the node
+    last = {key: meter.series[key][-1] for key in meter.series if key.startswith("cores_")}
+    assert sum(last.values()) == 16.0
+    assert last["cores_lent"] == 4.0
