@@ -172,6 +172,9 @@ class PolicyConfig:
     # the forecast once tends to come back (heavy tails), and serving must cover its first
     # minute, which no reaction can (replicas take their startup delay).
     burst_half_life_s: float = 86400.0
+    # Serving scales down only to what the forecast needs over this long: room it releases
+    # moves trainers in and, when demand returns, out again (a restart each way).
+    release_horizon_s: float = 900.0
     # Batch capacity: per node, allocatable x (1 - margin) minus what non-batch pods use.
     overcommit: OvercommitConfig = field(default_factory=OvercommitConfig)
 

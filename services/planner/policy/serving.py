@@ -110,9 +110,12 @@ def plan_serving(
     window_end = now + workload.lead_time_s + workload.margin_s
     peak: float | None = None
     allowed: float | None = None
+    release_peak: float | None = None
     if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
         peak = forecast_peak(forecast, now, window_end, workload.quantile)
         allowed = forecast_peak(forecast, now, now, workload.quantile)
+        release_end = now + max(config.release_horizon_s, window_end - now)
+        release_peak = forecast_peak(forecast, now, release_end, workload.quantile)
     new_miss = track_miss(miss, observed=observed, allowed=allowed, now=now, config=config)
     observed_need = (
         math.ceil(observed / workload.capacity_rps - 1e-9) if observed is not None else 0
@@ -163,6 +166,27 @@ def plan_serving(
     )
     if held_why is not None:
         return current, f"{basis}; {held_why}", new_history, None, new_miss
+    # Released room is taken by trainers at the cost of a restart, and given back at the cost
+    # of another when demand returns: release only what the forecast does not need soon.
+    kept = math.ceil(max(release_peak or 0.0, 0.0) * headroom / workload.capacity_rps - 1e-9)
+    if kept > stabilized:
+        if kept >= current:
+            return (
+                current,
+                f"{basis}; scale-down held: the forecast needs {kept} within "
+                f"{config.release_horizon_s:.0f} s",
+                new_history,
+                None,
+                new_miss,
+            )
+        return (
+            kept,
+            f"{basis}; scale down to what the forecast needs within "
+            f"{config.release_horizon_s:.0f} s",
+            new_history,
+            None,
+            new_miss,
+        )
     if stabilized < current:
         return (
             stabilized,

@@ -128,3 +128,36 @@ def test_the_reason_says_panic_only_when_the_safety_net_set_the_count() -> None:
     # demand alone needs one replica more than the forecast: the safety net set the count.
     assert miss.worst == 1.0
     assert desired == 11 and surge.startswith(PANIC), surge
+
+
+def test_scale_down_releases_only_what_the_forecast_does_not_need_soon() -> None:
+    def rising(now: float, later_rps: float) -> pol.Forecast:
+        # 50 req/s for five minutes, then `later_rps` for the rest of the half hour.
+        values = tuple(50.0 if i < 5 else later_rps for i in range(30))
+        times = tuple(now + 60.0 * i for i in range(30))
+        return pol.Forecast(now, times, {0.95: values})
+
+    def down_from_15(later_rps: float) -> tuple[int, str]:
+        desired, reason, _, _, _ = plan_serving(
+            WEB,
+            rising(0.0, later_rps),
+            current=15,
+            history=(),
+            seen_since=-1e6,
+            now=0.0,
+            config=CONFIG,
+            cluster_stale=False,
+            observed=40.0,
+        )
+        return desired, reason
+
+    # Demand returns to 150 req/s within the release horizon: the room stays with serving
+    # (released, trainers would move in and straight out again).
+    held, reason = down_from_15(150.0)
+    assert held == 15 and "scale-down held" in reason, reason
+    # It returns to 120 only: serving releases down to that, not to the next minutes' 5.
+    partial, reason = down_from_15(120.0)
+    assert partial == 12, reason
+    # It stays low: serving scales down to what the next minutes need.
+    low, _ = down_from_15(50.0)
+    assert low == 5
