@@ -213,8 +213,10 @@ async def _scenario(planners: Planners, report: ChaosReport) -> list[events.Scal
             alive.discard(leader)
             killed_at = time.monotonic()
             report.faults += 1
-            # The killed one comes back as the next standby; its imports overlap the takeover.
+            # The killed one comes back as the next standby; its imports overlap the takeover,
+            # and on a busy machine it may be the one that takes the expired lease.
             standby = planners.start()
+            alive.add(standby)
             # Demand changes while nobody leads: only the new leader may act on it.
             demand["rps"] = 600.0 + 200 * kill
             leader, led_at = await _leader_after(statuses, alive, since=killed_at)
@@ -222,7 +224,6 @@ async def _scenario(planners: Planners, report: ChaosReport) -> list[events.Scal
             report.runs += 1
             await _planned_for(seen, demand["rps"])
             await planners.ready(standby)
-            alive.add(standby)
         return await read_stored(bus, commands_subject, stream=SCALE_STREAM)
     finally:
         for task in (follower, feeder, collector):
