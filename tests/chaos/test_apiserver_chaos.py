@@ -172,7 +172,7 @@ def test_apiserver_restarts_leave_snapshot_equal_to_a_fresh_list(
                 report.recovery_s.append(time.monotonic() - back_at)
             listed = _listed_pods(admin, namespace)
             snapshot = loop.run_until_complete(_snapshot_pods(bus, namespace))
-            report.checked = len(listed)
+            report.checked = len(listed) + len(keys)  # pods, and commands with a result
             report.lost = len(set(listed) - set(snapshot))
             report.doubled = len(set(snapshot) - set(listed))
             results = {
