@@ -210,7 +210,10 @@ class Miss:
     at: float  # when `ratio` was measured
     ratio: float  # observed / allowed, at least 1 (1 = no miss)
     panic_until: float  # no scale-down before this
-    worst: float = 1.0  # the same ratio fading with `burst_half_life_s`: the headroom
+    # The worst burst: observed / max(allowed, the previous observation), fading with
+    # `burst_half_life_s`; the forecast's headroom (a ramp the planner saw coming is not one)
+    worst: float = 1.0
+    observed: float | None = None  # the latest observation (req/s)
 
 
 Role = Literal["serving", "training"]

@@ -67,9 +67,11 @@ def track_miss(
     config: PolicyConfig,
 ) -> Miss:
     """The workload's miss after this observation: the previous ratio fades toward 1 with
-    `miss_half_life_s` (its worst with `burst_half_life_s`); a new observation above what
-    the forecast allowed raises both and starts a panic window."""
+    `miss_half_life_s`, the worst burst with `burst_half_life_s`; a new observation above
+    what the forecast allowed raises the ratio and starts a panic window, and raises the
+    worst burst by as much as it also jumped above the previous observation."""
     ratio, worst, panic_until = 1.0, 1.0, -math.inf
+    previous = None if miss is None else miss.observed
     if miss is not None:
         elapsed = max(0.0, now - miss.at)
         ratio = 1.0 + (miss.ratio - 1.0) * 0.5 ** (elapsed / config.miss_half_life_s)
@@ -84,7 +86,18 @@ def track_miss(
     ):
         ratio = max(ratio, observed / max(allowed, 1e-9))
         panic_until = now + config.panic_window_s
-    return Miss(at=now, ratio=ratio, panic_until=panic_until, worst=max(worst, ratio))
+        # A ramp the observations already showed is met by reacting to them; a jump past
+        # both them and the forecast is met only by room held in advance.
+        jump = observed / max(allowed, previous if previous is not None else 0.0, 1e-9)
+        if jump > 1.0 + config.miss_tolerance:
+            worst = max(worst, jump)
+    return Miss(
+        at=now,
+        ratio=ratio,
+        panic_until=panic_until,
+        worst=worst,
+        observed=observed if observed is not None else previous,
+    )
 
 
 def plan_serving(
@@ -130,7 +143,7 @@ def plan_serving(
             f"{workload.target}: {why}; holding",
             new_miss,
         )
-    headroom = new_miss.worst
+    headroom = max(new_miss.ratio, new_miss.worst)
     bare_need = math.ceil(max(peak, 0.0) / workload.capacity_rps - 1e-9)
     forecast_need = math.ceil(max(peak, 0.0) * headroom / workload.capacity_rps - 1e-9)
     need = max(forecast_need, observed_need)

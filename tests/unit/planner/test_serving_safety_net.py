@@ -161,3 +161,17 @@ def test_scale_down_releases_only_what_the_forecast_does_not_need_soon() -> None
     # It stays low: serving scales down to what the next minutes need.
     low, _ = down_from_15(50.0)
     assert low == 5
+
+
+def test_a_ramp_the_observations_showed_leaves_no_burst_headroom_a_jump_does() -> None:
+    ramp = None
+    for step, rps in enumerate((90.0, 100.0, 110.0, 120.0)):
+        ramp = track_miss(ramp, observed=rps, allowed=100.0, now=15.0 * step, config=CONFIG)
+    assert ramp is not None
+    # 120 against 100 allowed: a miss (the panic window, scale-down waits), but each
+    # observation was within 10 % of the one before, which reacting to them covers.
+    assert ramp.ratio == pytest.approx(1.2)
+    assert ramp.worst == pytest.approx(1.1, abs=1e-4)  # faded for 15 s
+    jump = track_miss(None, observed=90.0, allowed=100.0, now=0.0, config=CONFIG)
+    jump = track_miss(jump, observed=250.0, allowed=100.0, now=15.0, config=CONFIG)
+    assert jump.worst == pytest.approx(2.5)
