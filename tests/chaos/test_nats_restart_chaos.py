@@ -145,9 +145,9 @@ def stage(k8s_cluster: Any, tmp_path: Path) -> Iterator[Stage]:
                 running = Running(name, process, port, log)
                 (state.training if name in training else state.services).append(running)
             for index in range(TRAINERS):
-                # Each shard held a second at least: the job outlasts the two restarts.
+                # Each shard held 2 s at least: the job (16 s and more) outlasts both restarts.
                 argv = [TIDESHIFT, "run", "trainer", "--nats-url", server.url, *job]
-                argv += ["--instance", f"t{index}", "--min-task-seconds", "1"]
+                argv += ["--instance", f"t{index}", "--min-task-seconds", "2"]
                 with (tmp_path / f"trainer-{index}.log").open("ab") as handle:
                     state.trainers.append(
                         subprocess.Popen(
