@@ -91,8 +91,10 @@ class WorldShape:
     are large (12 of a node's 16 cores), so about 13 real trainer processes fill the night
     and no job's cap binds; 1-core serving replicas fill the gaps beside them, and packing
     (MostAllocated placement, scale-downs that free whole nodes) keeps nodes whole for them.
-    A fourth job is batch: 2-core trainers on serving's idle reservation (what a node keeps
-    back: `lend_margin` of its allocatable)."""
+    A fourth job is batch: 2-core trainers on serving's idle reservation. Each node keeps
+    `lend_margin` of its allocatable back; the default 10 % is what a replica at 80 % target
+    utilisation leaves idle, so 5 % (0.8 of 16 cores, below one replica's core) lends a
+    trainer per node of serving."""
 
     nodes: int = 12
     node_cpu: float = 16.0
@@ -104,7 +106,7 @@ class WorldShape:
         JobShape("ctr-c"),
         LENDING_JOB,
     )
-    lend_margin: float = OvercommitConfig().margin
+    lend_margin: float = 0.05
     restart_cost_s: float = 10.0  # as in `simulate`: no progress while a job re-forms
     speedup_exponent: float = 0.8
 
