@@ -220,6 +220,12 @@ class PlannerSettings(ServiceSettings):
         description="fraction of each node's allocatable never lent to batch trainers "
         "(the executor's batch_margin)",
     )
+    batch_grow_after_seconds: float = Field(
+        default=_POLICY_DEFAULTS.batch_grow_after_s,
+        ge=0,
+        description="batch trainers grow only into room that stayed reclaimable this long "
+        "(they shrink at once)",
+    )
 
 
 def _forecast(event: ForecastIssued) -> pol.Forecast:
@@ -423,6 +429,7 @@ class PlannerState:
                 shrink_tolerance=settings.shrink_tolerance,
                 grow_tolerance=settings.grow_tolerance,
                 overcommit=OvercommitConfig(margin=settings.batch_margin),
+                batch_grow_after_s=settings.batch_grow_after_seconds,
             ),
             cluster_stale=now - self.last_cluster_event > settings.cluster_silence_seconds,
             observed_rps=self.observed_rps(now),

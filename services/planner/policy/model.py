@@ -177,6 +177,10 @@ class PolicyConfig:
     release_horizon_s: float = 900.0
     # Batch capacity: per node, allocatable x (1 - margin) minus what non-batch pods use.
     overcommit: OvercommitConfig = field(default_factory=OvercommitConfig)
+    # Batch trainers grow only into room that stayed reclaimable this long (shrinking is at
+    # once): serving's usage moves every minute, and lending each rise would make batch
+    # trainers come and go with it.
+    batch_grow_after_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +205,19 @@ class PlanState:
     serving_seen_since: Mapping[Target, float] = field(default_factory=dict)
     job_grew_at: Mapping[Target, float] = field(default_factory=dict)
     serving_misses: Mapping[Target, Miss] = field(default_factory=dict)
+    # Per node name: the batch room batch trainers may grow into (growth hysteresis).
+    batch_room: Mapping[str, SteadyRoom] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyRoom:
+    """One node's batch room (cpu, memory) for growth: `granted` drops with the room at once
+    and rises only to `low`, the least room seen over a period of `batch_grow_after_s`
+    starting at `since`."""
+
+    granted: tuple[float, float]
+    low: tuple[float, float]
+    since: float
 
 
 @dataclass(frozen=True, slots=True)

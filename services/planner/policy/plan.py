@@ -8,8 +8,10 @@ import numpy as np
 
 from tideshift.services.planner.policy.batch import (
     batch_room,
+    hold_released_room,
     plan_batch,
     serving_busy,
+    serving_staying,
     split_batch,
 )
 from tideshift.services.planner.policy.model import (
@@ -17,6 +19,7 @@ from tideshift.services.planner.policy.model import (
     Infeasible,
     PlanInputs,
     PlanState,
+    SteadyRoom,
     TargetDecision,
 )
 from tideshift.services.planner.policy.packing import cluster_entries, managed_targets
@@ -48,6 +51,9 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     # 2-4. Training, tier by tier (higher priority first): what the tiers above leave goes to
     #      weighted dominant-resource-fair shares, gangs all or nothing, packed per node,
     #      within the churn limits.
+    #      Room serving releases waits one plan while batch trainers may stand on it.
+    if batch_inputs.jobs:
+        usage = hold_released_room(inputs, entries, usage)
     free = inputs.cluster.allocatable - usage
     grew_at = {target: t for target, t in state.job_grew_at.items() if target in managed}
     trainers = Trainers.of(inputs, entries)
@@ -62,16 +68,24 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     # 5. Batch jobs on what serving reserves but does not use (and what no request took):
     #    planned after serving, so serving never waits for them, and shrunk first when
     #    serving's usage rises.
+    batch_steady: dict[str, SteadyRoom] = {}
     if batch_inputs.jobs:
         requested = inputs.cluster.allocatable - free
         busy = serving_busy(inputs, serving.desired, now)
-        room = batch_room(inputs, requested, usage - entries.fixed, busy)
+        staying = serving_staying(inputs, entries, serving.desired)
+        room = batch_room(inputs, requested, staying, busy)
         batch = plan_batch(
-            batch_inputs, room, grew_at=grew_at, growth_frozen=growth_frozen, now=now
+            batch_inputs,
+            room,
+            steady=state.batch_room,
+            grew_at=grew_at,
+            growth_frozen=growth_frozen,
+            now=now,
         )
         decisions += batch.decisions
         infeasible += batch.infeasible
         grew_at = batch.grew_at
+        batch_steady = batch.steady
 
     decision = Decision(
         tuple(decisions),
@@ -84,5 +98,6 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         serving_seen_since={k: v for k, v in serving.seen_since.items() if k in managed},
         serving_misses={k: v for k, v in serving.misses.items() if k in managed},
         job_grew_at=grew_at,
+        batch_room=batch_steady,
     )
     return decision, new_state

@@ -1,7 +1,10 @@
 """Batch capacity in the policy: opted-in jobs are planned on what serving reserves but does
-not use, and shrink first when serving's usage rises."""
+not use (never on room no request holds), shrink first when serving's usage rises, and grow
+only into room that stayed."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +22,8 @@ from tideshift.services.planner.policy import (
     TrainingJob,
     plan,
 )
+from tideshift.services.planner.policy.batch import serving_staying
+from tideshift.services.planner.policy.packing import cluster_entries
 
 GIB = 2**30
 WEB = Target("prod", "Deployment", "web")
@@ -33,9 +38,10 @@ def flat_forecast(rps: float) -> Forecast:
 
 def web() -> ServingWorkload:
     # 10 rps per replica at a 50 % target utilisation: a replica at capacity uses half its cpu.
+    # 4 GiB each, so that memory is not what limits the 1-GiB trainers.
     return ServingWorkload(
         WEB,
-        (4.0, GIB, 0.0),
+        (4.0, 4 * GIB, 0.0),
         capacity_rps=10.0,
         min_replicas=4,
         max_replicas=4,
@@ -50,11 +56,21 @@ def job(target: Target, *, batch: bool) -> TrainingJob:
     return TrainingJob(target, (1.0, GIB, 0.0), min_trainers=1, max_trainers=40, batch=batch)
 
 
-def inputs(rps: float, jobs: tuple[TrainingJob, ...], trainers: dict[str, int]) -> PlanInputs:
-    """Two 8-cpu nodes, each holding two serving replicas (all of its cpu requested);
-    `trainers` bound batch trainers (zero requests, as the API shows them) per node."""
-    nodes = [NodeSpec(f"n{i}", (8.0, 64.0 * GIB, 0.0)) for i in range(2)]
-    pods = [PodSpec((4.0, GIB, 0.0), f"n{i % 2}", WEB) for i in range(4)]
+def inputs(
+    rps: float,
+    jobs: tuple[TrainingJob, ...],
+    trainers: dict[str, int],
+    *,
+    grow_after_s: float = 0.0,
+    empty_nodes: int = 0,
+    serving_current: int = 4,
+    serving: ServingWorkload | None = None,
+) -> PlanInputs:
+    """Two 8-cpu nodes, each holding two serving replicas (all of its cpu requested), and
+    `empty_nodes` more without pods; `trainers` bound batch trainers (zero requests, as the
+    API shows them) per node. Growth hysteresis is off unless `grow_after_s` is given."""
+    nodes = [NodeSpec(f"n{i}", (8.0, 64.0 * GIB, 0.0)) for i in range(2 + empty_nodes)]
+    pods = [PodSpec((4.0, 4 * GIB, 0.0), f"n{i % 2}", WEB) for i in range(4)]
     pods += [
         PodSpec((0.0, 0.0, 0.0), node, BATCH)
         for node, count in trainers.items()
@@ -62,11 +78,15 @@ def inputs(rps: float, jobs: tuple[TrainingJob, ...], trainers: dict[str, int]) 
     ]
     return PlanInputs(
         cluster=ClusterView.build(nodes, pods),
-        serving=(web(),),
+        serving=(serving or web(),),
         jobs=jobs,
         forecasts={WEB: flat_forecast(rps)},
-        current={WEB: 4, BATCH: sum(trainers.values())},
-        config=PolicyConfig(overcommit=OvercommitConfig(margin=0.1), min_trainer_lifetime_s=0.0),
+        current={WEB: serving_current, BATCH: sum(trainers.values())},
+        config=PolicyConfig(
+            overcommit=OvercommitConfig(margin=0.1),
+            min_trainer_lifetime_s=0.0,
+            batch_grow_after_s=grow_after_s,
+        ),
         observed_rps={WEB: rps},
     )
 
@@ -104,6 +124,80 @@ def test_rising_serving_usage_shrinks_batch_trainers_and_never_serving() -> None
     assert decision_of(busy.targets, WEB) == decision_of(alone.targets, WEB)
     # Batch trainers hold no requests: the plan's requested usage is serving's alone.
     assert busy.node_usage[:, 0].tolist() == alone.node_usage[:, 0].tolist()
+
+
+def test_room_no_request_holds_goes_to_plain_jobs_not_batch() -> None:
+    # A third, empty node: any pod (a new job, a serving scale-up) may bind there at once, so
+    # batch trainers are not planned on it; a job on requests takes it.
+    decision, _ = plan(inputs(20.0, (job(BATCH, batch=True),), {}, empty_nodes=1), PlanState(), 0.0)
+    assert decision_of(decision.targets, BATCH)[0] == 10
+    plain, _ = plan(inputs(20.0, (job(PLAIN, batch=False),), {}, empty_nodes=1), PlanState(), 0.0)
+    assert decision_of(plain.targets, PLAIN)[0] == 8
+
+
+def test_while_serving_scales_up_the_replicas_already_there_carry_the_demand() -> None:
+    # Two of the four replicas are known so far: 20 rps on 20 rps of capacity, half of every
+    # request busy: 8 x 0.5 idle per node, 7.2 - 4 = 3.2 -> 3 trainers per node.
+    decision, _ = plan(
+        inputs(20.0, (job(BATCH, batch=True),), {}, serving_current=2), PlanState(), 0.0
+    )
+    assert decision_of(decision.targets, BATCH)[0] == 6
+
+
+def test_batch_grows_only_into_room_that_stayed_and_shrinks_at_once() -> None:
+    jobs = (job(BATCH, batch=True),)
+    state = PlanState()
+    desired: list[int] = []
+    bound: dict[str, int] = {}
+    # (time, rps): quiet, a rise at 130 s, quiet again from 135 s
+    for now, rps in [(0.0, 20.0), (60.0, 20.0), (120.0, 20.0), (130.0, 36.0), (135.0, 20.0)]:
+        decision, state = plan(inputs(rps, jobs, bound, grow_after_s=120.0), state, now)
+        count = decision_of(decision.targets, BATCH)[0]
+        desired.append(count)
+        bound = {"n0": count // 2, "n1": count - count // 2}
+    # Nothing until the room has stayed 120 s; 3 per node as soon as the rise leaves 3.6 cpu;
+    # the room coming back 5 s later is not lent again at once.
+    assert desired == [0, 0, 10, 6, 6]
+    decision, state = plan(inputs(20.0, jobs, bound, grow_after_s=120.0), state, 240.0)
+    assert decision_of(decision.targets, BATCH)[0] == 6  # 130 s' low is in this period
+    decision, _ = plan(inputs(20.0, jobs, bound, grow_after_s=120.0), state, 360.0)
+    assert decision_of(decision.targets, BATCH)[0] == 10
+
+
+def test_a_serving_scale_down_takes_its_share_of_room_from_every_node_it_leaves() -> None:
+    # Which replicas go is the ReplicaSet controller's choice: going from 4 to 2, each node
+    # keeps half of its serving requests to lend (4 of 8 cpu), not the plan's guess of which
+    # node empties.
+    scaled_down = inputs(20.0, (job(BATCH, batch=True),), {})
+    staying = serving_staying(scaled_down, cluster_entries(scaled_down), [2])
+    assert staying[:, 0].tolist() == [4.0, 4.0]
+    assert serving_staying(scaled_down, cluster_entries(scaled_down), [4])[:, 0].tolist() == [
+        8.0,
+        8.0,
+    ]
+
+
+def test_room_serving_releases_waits_a_plan_for_jobs_on_requests_while_batch_jobs_run() -> None:
+    # 10 rps needs 2 of the 4 replicas at once (no stabilisation window). Which two go is the
+    # ReplicaSet controller's choice, so with a batch job the 8 cpu they release go to the
+    # plain job only at the next plan, when the view shows where they were.
+    shrinking = replace(web(), min_replicas=2, stabilization_s=0.0)
+    both = (job(PLAIN, batch=False), job(BATCH, batch=True))
+    decision, _ = plan(inputs(10.0, both, {}, serving=shrinking), PlanState(), 0.0)
+    assert decision_of(decision.targets, WEB)[0] == 2
+    assert decision_of(decision.targets, PLAIN)[0] == 0
+    alone, _ = plan(inputs(10.0, both[:1], {}, serving=shrinking), PlanState(), 0.0)
+    assert decision_of(alone.targets, PLAIN)[0] == 8
+
+
+def test_trainers_that_must_leave_a_node_are_not_replaced_elsewhere_in_the_same_plan() -> None:
+    # Six on n0, whose room holds five; n1's five are free. The executor removes trainers by
+    # count where room is shortest, so one leaves now and n1 fills at the next plan.
+    decision, _ = plan(inputs(20.0, (job(BATCH, batch=True),), {"n0": 6}), PlanState(), 0.0)
+    desired, reason = decision_of(decision.targets, BATCH)
+    assert desired == 5 and "must leave" in reason
+    decision, _ = plan(inputs(20.0, (job(BATCH, batch=True),), {"n0": 5}), PlanState(), 15.0)
+    assert decision_of(decision.targets, BATCH)[0] == 10
 
 
 def test_unknown_demand_lends_nothing() -> None:

@@ -15,6 +15,7 @@ from tideshift.events import (
     ForecastIssued,
     ForecastPoint,
     NodeChanged,
+    PodChanged,
     Resources,
     WorkloadRef,
 )
@@ -34,16 +35,23 @@ NIGHTLY = WorkloadRef(kind="PyTorchJob", namespace="ml", name="nightly")
 
 
 def settings(**overrides: object) -> PlannerSettings:
-    """One serving workload of 4-cpu replicas, 100 rps each at full use of its request."""
+    """One serving workload of at least three 4-cpu replicas, 100 rps each at full use of its
+    request."""
     web = ServingTarget(
-        namespace="shop", name="web", cpu=4.0, memory=GIB, capacity_rps=100.0, max_replicas=8
+        namespace="shop",
+        name="web",
+        cpu=4.0,
+        memory=4 * GIB,
+        capacity_rps=100.0,
+        min_replicas=3,
+        max_replicas=8,
     )
     return PlannerSettings(serving=[web], health_port=-1, **overrides)  # type: ignore[arg-type]
 
 
 def state_at(now: float, planner_settings: PlannerSettings) -> PlannerState:
-    """One 16-cpu node and a flat 200 rps forecast issued at `now`: serving needs two
-    replicas (8 cpu requested) and uses all of it."""
+    """One 16-cpu node holding serving's three replicas (12 cpu requested) and a flat 100 rps
+    forecast issued at `now`: serving stays at three and uses a third of its requests."""
     state = PlannerState(planner_settings)
     at = datetime.fromtimestamp(now, tz=UTC)
     state.apply_node(
@@ -54,14 +62,28 @@ def state_at(now: float, planner_settings: PlannerSettings) -> PlannerState:
             observed_at=at,
         )
     )
+    for index in range(3):
+        state.apply_pod(
+            PodChanged(
+                change="added",
+                namespace="shop",
+                name=f"web-{index}",
+                phase="Running",
+                node="n1",
+                owner=WEB,
+                role="serving",
+                requests=Resources(cpu=4.0, memory=4 * GIB),
+                observed_at=at,
+            )
+        )
     points = tuple(
         ForecastPoint(
             at=at + timedelta(seconds=60 * k),
-            point=200.0,
-            q50=200.0,
-            q90=200.0,
-            q95=200.0,
-            q99=200.0,
+            point=100.0,
+            q50=100.0,
+            q90=100.0,
+            q95=100.0,
+            q99=100.0,
         )
         for k in range(10)
     )
@@ -72,16 +94,22 @@ def state_at(now: float, planner_settings: PlannerSettings) -> PlannerState:
 
 
 def planned(state: PlannerState, now: float, target: WorkloadRef) -> tuple[int, str]:
-    inputs = state.inputs(now, state.targets({}))
-    decision, _ = make_policy("tideshift").plan(
-        inputs, make_policy("tideshift").initial_state(), now
+    """The target's decision once the room has stayed `batch_grow_after_seconds` (a first
+    plan at `now`, lending nothing yet, then one that long after)."""
+    policy = make_policy("tideshift")
+    wait = state.settings.batch_grow_after_seconds
+    first, policy_state = policy.plan(
+        state.inputs(now, state.targets({})), policy.initial_state(), now
     )
+    assert [item.desired for item in first.targets if item.target == target] == [0]
+    later = now + wait
+    decision, _ = policy.plan(state.inputs(later, state.targets({})), policy_state, later)
     (item,) = [item for item in decision.targets if item.target == target]
     return item.desired, item.reason
 
 
 def nightly_workload(annotations: dict[str, str]) -> port.Workload:
-    """A PyTorchJob whose trainers request 1 batch cpu and 2 GiB batch memory, no cpu."""
+    """A PyTorchJob whose trainers request 1 batch cpu and 1 GiB batch memory, no cpu."""
     return port.Workload(
         ref=NIGHTLY,
         role="training",
@@ -91,7 +119,7 @@ def nightly_workload(annotations: dict[str, str]) -> port.Workload:
         max_replicas=40,
         requests=port.Resources(),
         annotations=tuple(sorted(annotations.items())),
-        batch_requests=port.Resources(cpu=1.0, memory=2 * GIB),
+        batch_requests=port.Resources(cpu=1.0, memory=GIB),
     )
 
 
@@ -103,24 +131,24 @@ def test_an_annotated_job_is_planned_on_what_serving_reserves_but_does_not_use()
         "added", nightly_workload({"tideshift.io/batch": "true"}), observed_at=at
     )
     assert event.training is not None and event.training.batch
-    assert (event.requests.cpu, event.requests.memory) == (1.0, 2 * GIB)
+    assert (event.requests.cpu, event.requests.memory) == (1.0, GIB)
     state.apply_workload(event)
     (job,) = state.inputs(now, state.targets({})).jobs
-    assert job.batch and job.trainer_requests == (1.0, 2 * GIB, 0.0)
+    assert job.batch and job.trainer_requests == (1.0, GIB, 0.0)
     desired, reason = planned(state, now, NIGHTLY)
-    # 16 x (1 - 0.1) - the 8 cpu serving uses = 6.4: six trainers of one batch cpu
-    assert desired == 6
+    # serving's idle 8 cpu (12 x 2/3), within 16 x (1 - 0.1) - the 4 cpu it uses: 8 trainers
+    assert desired == 8
     assert "batch capacity" in reason
 
 
 def test_the_planners_batch_margin_is_what_it_never_lends() -> None:
     now = time.time()
-    state = state_at(now, settings(batch_margin=0.25))
+    state = state_at(now, settings(batch_margin=0.5))
     at = datetime.fromtimestamp(now, tz=UTC)
     state.apply_workload(
         workload_event("added", nightly_workload({"tideshift.io/batch": "true"}), observed_at=at)
     )
-    # 16 x (1 - 0.25) - 8 = 4
+    # 16 x (1 - 0.5) - the 4 cpu serving uses = 4
     assert planned(state, now, NIGHTLY)[0] == 4
 
 
@@ -131,7 +159,7 @@ def test_a_job_in_the_settings_opts_in_with_batch_true() -> None:
         kind="PyTorchJob",
         name="nightly",
         cpu=1.0,
-        memory=2 * GIB,
+        memory=GIB,
         max_trainers=40,
         batch=True,
     )
@@ -139,7 +167,7 @@ def test_a_job_in_the_settings_opts_in_with_batch_true() -> None:
     (job,) = state.inputs(now, state.targets({})).jobs
     assert job.batch
     desired, reason = planned(state, now, NIGHTLY)
-    assert desired == 6 and "batch capacity" in reason
+    assert desired == 8 and "batch capacity" in reason
 
 
 def test_a_batch_job_in_the_settings_asking_for_gpus_is_refused() -> None:
