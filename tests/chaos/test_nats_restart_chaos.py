@@ -172,15 +172,19 @@ async def _publish_until_acked(bus: Bus, command: events.ScaleCommand) -> None:
     subject = events.SCALE_COMMAND.at(
         namespace=command.target.namespace, kind=command.target.kind, name=command.target.name
     )
+    payload = events.encode(command, source="chaos")
+    headers = {"Nats-Msg-Id": command.idempotency_key}  # a retried publish is stored once
     deadline = time.monotonic() + WAIT
     while True:
         try:
-            await bus.publish_durable(subject, command, msg_id=command.idempotency_key)
+            # A short ack wait: a publish lost across the restart is retried in a second,
+            # so the recovery measured is the services', not this client's.
+            await bus.js.publish(subject.value, payload, headers=headers, timeout=1.0)
             return
         except (nats.errors.Error, TimeoutError):
             if time.monotonic() > deadline:
                 raise
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.1)
 
 
 def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> None:
