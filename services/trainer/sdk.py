@@ -55,6 +55,7 @@ from tideshift.services.trainer.jobspec import (
 )
 from tideshift.services.trainer.layout import Layout, NamedArrays, check_state, describe, plan
 from tideshift.services.trainer.pserver_client import Gradient, PServerClient, PushReply
+from tideshift.services.trainer.pserver_state import MAX_OPEN_EPOCHS
 
 log = logging.getLogger("tideshift.trainer")
 R = TypeVar("R")
@@ -367,6 +368,9 @@ class Task:
         # A pserver is behind this shard's position (it restored an older checkpoint): the
         # shard goes back to the queue and resumes at the first batch every pserver lacks.
         self.resume = False
+        # Why no pserver would ever take this task (an epoch beyond the open ones): it is
+        # terminated, never handed back for every trainer to fail on in turn.
+        self.refused: str | None = None
         self._heartbeat = job._loop.run(self._start_heartbeat())
         log.info(
             "job %s: training epoch %d shard %d (delivery %d)",
@@ -396,6 +400,13 @@ class Task:
         statuses = self.job._loop.run(
             self.job._retry(lambda: client.status(position=(self.epoch, self.shard)))
         )
+        beyond = [s.index for s in statuses if self.epoch >= s.watermark + MAX_OPEN_EPOCHS]
+        if beyond:
+            self.refused = (
+                f"epoch {self.epoch} is beyond the epochs pservers {beyond} accept "
+                f"(watermark + {MAX_OPEN_EPOCHS})"
+            )
+            return -1
         open_positions = [status.next_batch for status in statuses if not status.finished]
         return min(open_positions) if open_positions else -1
 
@@ -409,7 +420,7 @@ class Task:
         if start > 0:
             log.info("job %s: shard %d resumes at batch %d", self.job.spec.job, self.shard, start)
         if start < 0:
-            self.complete = True
+            self.complete = self.refused is None
             return
         iterator = iter(read_shard(self.location))
         for _ in range(start):
@@ -488,7 +499,11 @@ class Task:
         with contextlib.suppress(asyncio.CancelledError):
             await self._heartbeat
         try:
-            if self.complete:
+            if self.refused is not None:
+                log.error("job %s: terminating a task: %s", self.job.spec.job, self.refused)
+                BATCHES.labels("poison").inc()
+                await self.delivery.term()
+            elif self.complete:
                 await self.delivery.ack()
             else:
                 log.info(

@@ -4,7 +4,8 @@ A coordinator, a pserver and the example trainer run as processes (`tideshift ru
 job that trains until stopped. The trainers' task queue and the coordinator's membership
 subject get the corpus in tests/fuzz/corpus/, two generated monsters and hypothesis-made
 mutations of a valid event; each pserver request/reply endpoint (init, params, push, status)
-gets the same corpus and mutations of a valid request. Afterwards every process is alive, the
+gets the same corpus and mutations of a valid request; the trainers also get a valid task for
+an epoch no pserver accepts, which they must terminate. Afterwards every process is alive, the
 coordinator and the pserver answer /readyz, each consumer's dead letters equal what the
 contract refuses, the pserver counted exactly the requests it answered with a refusal (and
 never answered with an unhandled exception), and normal messages sent last are still
@@ -231,6 +232,12 @@ async def _scenario(
                 else:
                     await bus.connection.publish(subject.value, payload)
                     await bus.flush()  # paced: a core subscriber's buffer is not what is tested
+        # A task the contract accepts but no pserver ever would (an epoch far beyond the open
+        # ones): the trainer terminates it instead of failing on it, again on every redelivery.
+        far = events.ShardTask(
+            job=job, epoch=10**9, shard=0, shards=DATA.num_shards, issued_at=datetime.now(UTC)
+        )
+        await bus.publish_durable(events.SHARD_TASK.at(job=job), far)
         # Hostile requests: every pserver endpoint, each answered.
         refusals: dict[PServerOp, int] = {}
         for op, payloads in requests.items():
@@ -290,6 +297,12 @@ async def _scenario(
         applied = await applied_total(client)
         assert applied is not None
         await wait_for(lambda: training(applied), "training to go on", alive=processes)
+        trainer = harness.processes["t1"]
+
+        async def far_task_terminated() -> bool:
+            return "terminating a task: epoch 1000000000" in trainer.stderr_path.read_text()
+
+        await wait_for(far_task_terminated, "the far-future task terminated", alive=processes)
         for name, port in ports.items():
             code, body = await asyncio.to_thread(get, port, "/readyz")
             assert code == 200, f"{name}: {body}"
