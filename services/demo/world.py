@@ -78,9 +78,9 @@ class JobShape:
         return WorkloadRef(self.namespace, self.kind, self.name)
 
 
-# Small trainers: a node full of serving replicas lends a few cores, never twelve.
+# Small trainers: a node full of serving replicas lends two or three cores, never twelve.
 LENDING_JOB = JobShape(
-    "ctr-lend", trainer_cpu=2.0, trainer_memory_gib=4.0, max_trainers=32, batch=True
+    "ctr-lend", trainer_cpu=1.0, trainer_memory_gib=2.0, max_trainers=48, batch=True
 )
 
 
@@ -91,10 +91,10 @@ class WorldShape:
     are large (12 of a node's 16 cores), so about 13 real trainer processes fill the night
     and no job's cap binds; 1-core serving replicas fill the gaps beside them, and packing
     (MostAllocated placement, scale-downs that free whole nodes) keeps nodes whole for them.
-    A fourth job is batch: 2-core trainers on serving's idle reservation. Each node keeps
+    A fourth job is batch: 1-core trainers on serving's idle reservation. Each node keeps
     `lend_margin` of its allocatable back; the default 10 % is what a replica at 80 % target
-    utilisation leaves idle, so 5 % (0.8 of 16 cores, below one replica's core) lends a
-    trainer per node of serving."""
+    utilisation leaves idle, so 5 % (0.8 of 16 cores, below one replica's core) lends two
+    trainers per node of serving."""
 
     nodes: int = 12
     node_cpu: float = 16.0
