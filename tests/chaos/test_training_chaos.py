@@ -65,7 +65,8 @@ pytest.importorskip("paddle")
 sys.path.insert(0, str(REPO / "examples" / "training" / "paddle_ctr"))
 import ctr
 
-pytestmark = [pytest.mark.timeout(170), pytest.mark.slow]
+# A bound, not a speed claim: the job ran 30-120 s on the 2-core machine under other suites.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 SEED = 20261123
 EPOCHS = 2
 DATA = DatasetSpec(
