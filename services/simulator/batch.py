@@ -1,8 +1,9 @@
 """Batch trainers of the simulated cluster: pods that request tideshift.io/batch-cpu and
 batch-memory, not cpu / memory, so the simulated scheduler never sees them. Here they bind per
-node against reclaimable capacity (`cluster.overcommit`: allocatable x (1 - margin) - what
-non-batch pods use), shrink where their nodes are shortest of it, and are evicted first from
-any node where what everything uses would exceed allocatable."""
+node against the room the planner lends: serving's idle reservation (its requests minus what
+it uses), within reclaimable capacity (`cluster.overcommit`: allocatable x (1 - margin) - what
+non-batch pods use); they shrink where their nodes are shortest of it, and are evicted first
+from any node where what everything uses would exceed allocatable."""
 
 from __future__ import annotations
 
@@ -96,10 +97,17 @@ class BatchTrainers:
                 self.evicted += 1
                 self.stopped += 1
 
-    def shrink(self, non_batch_used: pol.FloatArray) -> None:
+    def room(self, non_batch_used: pol.FloatArray, serving_idle: pol.FloatArray) -> pol.FloatArray:
+        """Per node (cpu, memory) batch trainers may use: serving's idle reservation within
+        what is reclaimable."""
+        lendable = reclaimable(self.allocatable, non_batch_used, self.config)
+        room: pol.FloatArray = np.minimum(serving_idle[:, :2], lendable)
+        return room
+
+    def shrink(self, non_batch_used: pol.FloatArray, serving_idle: pol.FloatArray) -> None:
         """Jobs above their desired count lose trainers where the node is most short of
-        reclaimable capacity (the executor's deletion cost), latest bound first on a tie."""
-        short = self.use()[:, :2] - reclaimable(self.allocatable, non_batch_used, self.config)
+        room (the executor's deletion cost), latest bound first on a tie."""
+        short = self.use()[:, :2] - self.room(non_batch_used, serving_idle)
         for job in self.jobs.values():
             while len(job.pods) > job.desired:
                 ranks = [
@@ -110,11 +118,13 @@ class BatchTrainers:
                 short[pod.node] -= job.request[:2]
                 self.stopped += 1
 
-    def grow(self, non_batch_used: pol.FloatArray, now: float) -> None:
-        """Jobs below their desired count bind new trainers on the reclaimable capacity left,
-        packed as the scheduler packs."""
+    def grow(
+        self, non_batch_used: pol.FloatArray, serving_idle: pol.FloatArray, now: float
+    ) -> None:
+        """Jobs below their desired count bind new trainers on the room left, packed as the
+        scheduler packs."""
         free = np.zeros_like(self.allocatable)
-        free[:, :2] = reclaimable(self.allocatable, non_batch_used, self.config)
+        free[:, :2] = self.room(non_batch_used, serving_idle)
         free -= self.use()
         for job in self.jobs.values():
             wanted = job.desired - len(job.pods)

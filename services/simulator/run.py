@@ -9,8 +9,9 @@ metrics over the step (`accounting.py`, the accountant the demo shares):
 * utilisation: requests of bound pods / allocatable, per resource, time-averaged;
 * cpu used: what pods use / allocatable, from a usage model: a serving pod uses
   demand / ready capacity x its request (never above it), every other pod its request; batch
-  trainers (jobs with `batch: true`, Tideshift only; `batch.py`) request nothing, bind on the
-  reclaimable capacity and use their whole trainer vector (`cpu_batch` is their share);
+  trainers (jobs with `batch: true`, Tideshift only; `batch.py`) request nothing, bind on
+  serving's idle reservation within the reclaimable capacity and use their whole trainer
+  vector (`cpu_batch` is their share);
 * stranded capacity: free cpu and GPUs on nodes where not one trainer of a job that wants more
   fits (`policy.stranded_capacity`), as a fraction of allocatable, time-averaged;
 * serving starved minutes: minutes in which some node's pods held more requests than its
@@ -252,9 +253,10 @@ class _Run:
             self.next_series += self.series_every
             self._record_series(now, demands, used, capacity_total)
 
-    def _non_batch_used(self, demands: Sequence[float]) -> Any:
-        """What every non-batch pod uses per node (nodes, 3): serving pods their requests x
-        demand / ready capacity (never above 1), every other pod its requests."""
+    def _non_batch_used(self, demands: Sequence[float]) -> tuple[Any, Any]:
+        """(what every non-batch pod uses per node (nodes, 3): serving pods their requests x
+        demand / ready capacity (never above 1), every other pod its requests; serving's idle
+        reservation per node: its requests minus that use)."""
         cluster = self.cluster
         busy: dict[WorkloadRef, float] = {}
         for spec, ref, demand in zip(
@@ -263,15 +265,17 @@ class _Run:
             ready_capacity = cluster.ready_count(ref) * spec.capacity_rps
             busy[ref] = min(1.0, demand / ready_capacity) if ready_capacity > 0 else 0.0
         used = np.zeros_like(self.batch.allocatable)
+        idle = np.zeros_like(used)
         for pod in cluster.pods_raw():
             if pod.node is None:
                 continue
             fraction = busy.get(pod.owner, 1.0) if pod.role == "serving" else 1.0
             requests = pod.requests
-            used[self.node_row[pod.node]] += fraction * np.array(
-                [requests.cpu, requests.memory, float(requests.gpu)]
-            )
-        return used
+            vector = np.array([requests.cpu, requests.memory, float(requests.gpu)])
+            row = self.node_row[pod.node]
+            used[row] += fraction * vector
+            idle[row] += (1.0 - fraction) * vector
+        return used, idle
 
     def _bind_batch(self, now: float, demands: Sequence[float]) -> None:
         """The planner's shrinks take effect with the step's other changes; starvation is
@@ -280,12 +284,12 @@ class _Run:
         if not self.batch.jobs:
             self.starved_now = False
             return
-        used = self._non_batch_used(demands)
-        self.batch.shrink(used)
+        used, serving_idle = self._non_batch_used(demands)
+        self.batch.shrink(used, serving_idle)
         total = used[:, 0] + self.batch.use()[:, 0]
         self.starved_now = bool(np.any(total > self.batch.allocatable[:, 0] + 1e-6))
         self.batch.evict(used)
-        self.batch.grow(used, now)
+        self.batch.grow(used, serving_idle, now)
 
     def _admit(self, now: float) -> None:
         arrivals = self.arrivals
