@@ -65,11 +65,13 @@ def track_miss(
     allowed: float | None,
     now: float,
     config: PolicyConfig,
+    absorbed: float = 1.0,
 ) -> Miss:
     """The workload's miss after this observation: the previous ratio fades toward 1 with
     `miss_half_life_s`, the worst burst with `burst_half_life_s`; a new observation above
     what the forecast allowed raises the ratio and starts a panic window, and raises the
-    worst burst by as much as it also jumped above the previous observation."""
+    worst burst by as much as it also jumped above the previous observation, when that jump
+    is beyond `absorbed` (what replicas hold above their target utilisation: 1 / it)."""
     ratio, worst, panic_until = 1.0, 1.0, -math.inf
     previous = None if miss is None else miss.observed
     if miss is not None:
@@ -89,7 +91,8 @@ def track_miss(
         # A ramp the observations already showed is met by reacting to them; a jump past
         # both them and the forecast is met only by room held in advance.
         jump = observed / max(allowed, previous if previous is not None else 0.0, 1e-9)
-        if jump > 1.0 + config.miss_tolerance:
+        # A jump the replicas' spare capacity absorbs starves nothing: no room held for it.
+        if jump > max(1.0 + config.miss_tolerance, absorbed):
             worst = max(worst, jump)
     return Miss(
         at=now,
@@ -129,7 +132,14 @@ def plan_serving(
         allowed = forecast_peak(forecast, now, now, workload.quantile)
         release_end = now + max(config.release_horizon_s, window_end - now)
         release_peak = forecast_peak(forecast, now, release_end, workload.quantile)
-    new_miss = track_miss(miss, observed=observed, allowed=allowed, now=now, config=config)
+    new_miss = track_miss(
+        miss,
+        observed=observed,
+        allowed=allowed,
+        now=now,
+        config=config,
+        absorbed=1.0 / workload.target_utilization,
+    )
     observed_need = (
         math.ceil(observed / workload.capacity_rps - 1e-9) if observed is not None else 0
     )

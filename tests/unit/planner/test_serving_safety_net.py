@@ -3,6 +3,8 @@ and make scale-down wait; a quiet workload is untouched."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tideshift.services.planner import policy as pol
@@ -175,3 +177,38 @@ def test_a_ramp_the_observations_showed_leaves_no_burst_headroom_a_jump_does() -
     jump = track_miss(None, observed=90.0, allowed=100.0, now=0.0, config=CONFIG)
     jump = track_miss(jump, observed=250.0, allowed=100.0, now=15.0, config=CONFIG)
     assert jump.worst == pytest.approx(2.5)
+
+
+def test_a_jump_the_spare_capacity_absorbs_leaves_no_burst_headroom() -> None:
+    # Sized at 80 % utilisation, replicas serve 1.25x what they were sized for.
+    spare = dataclasses.replace(WEB, target_utilization=0.8)
+
+    def burst(observed: float) -> pol.Miss:
+        _, _, _, _, quiet = plan_serving(
+            spare,
+            flat(100.0, 0.0),
+            current=10,
+            history=(),
+            seen_since=-1e6,
+            now=0.0,
+            config=CONFIG,
+            cluster_stale=False,
+            observed=90.0,
+        )
+        return plan_serving(
+            spare,
+            flat(100.0, 15.0),
+            current=10,
+            history=(),
+            seen_since=-1e6,
+            now=15.0,
+            config=CONFIG,
+            cluster_stale=False,
+            observed=observed,
+            miss=quiet,
+        )[4]
+
+    absorbed = burst(120.0)
+    assert absorbed.ratio == pytest.approx(1.2)  # still a miss: the panic window holds
+    assert absorbed.worst == 1.0
+    assert burst(150.0).worst == pytest.approx(1.5)
