@@ -45,21 +45,32 @@ def split_batch(inputs: PlanInputs) -> tuple[PlanInputs, PlanInputs]:
     return replace(inputs, jobs=on_requests), replace(inputs, serving=(), jobs=on_batch)
 
 
-def serving_busy(inputs: PlanInputs, desired: Sequence[int], now: float) -> float:
-    """The largest fraction of its requests any serving workload uses until the next plan:
-    the forecast's peak over its look-ahead (or what is observed, when higher) / the capacity
-    of its replicas (the fewer of desired and current), times the fraction of a request a
-    replica uses at capacity. The largest, because the plan places replicas per node, not per
+def serving_busy(
+    inputs: PlanInputs,
+    desired: Sequence[int],
+    now: float,
+    *,
+    ahead: bool = True,
+    beyond_s: float = 0.0,
+) -> float:
+    """The largest fraction of its requests any serving workload uses: with `ahead`, the
+    forecast's peak over its look-ahead, or over `beyond_s` when longer (or what is observed,
+    when higher); without, now: what is observed (else that peak); / the capacity of its
+    replicas (the fewer of desired and current), times the fraction of a request a replica
+    uses at capacity. The largest, because the plan places replicas per node, not per
     workload's share."""
     busy = 0.0
     for workload, wanted in zip(inputs.serving, desired, strict=True):
         # Scaling up, the replicas already there carry the demand until the new ones are up.
         replicas = min(wanted, inputs.current.get(workload.target, wanted))
         forecast = inputs.forecasts.get(workload.target)
-        horizon = now + workload.lead_time_s + workload.margin_s
+        horizon = now + max(workload.lead_time_s + workload.margin_s, beyond_s)
         peak = forecast_peak(forecast, now, horizon, workload.quantile) if forecast else None
         observed = inputs.observed_rps.get(workload.target)
-        demand = max(peak if peak is not None else np.inf, observed or 0.0)
+        if ahead or observed is None:
+            demand = max(peak if peak is not None else np.inf, observed or 0.0)
+        else:
+            demand = observed
         capacity = replicas * workload.capacity_rps
         fraction = demand / capacity if capacity > 0 else (1.0 if demand > 0 else 0.0)
         busy = max(busy, min(1.0, fraction * workload.target_utilization))
@@ -113,15 +124,21 @@ def hold_released_room(
 
 
 def batch_room(
-    inputs: PlanInputs, requested: FloatArray, serving_requested: FloatArray, busy: float
+    inputs: PlanInputs,
+    requested: FloatArray,
+    *,
+    serving_requested: FloatArray,
+    staying: FloatArray,
+    busy: float,
 ) -> FloatArray:
-    """Per node (nodes, 3) what batch trainers may use now: `requested` is what the
-    request-based plan places (serving included), `serving_requested` what serving holds
-    (`serving_staying`); GPUs are not lent."""
-    idle = serving_requested * (1.0 - busy)
-    lendable = reclaimable(inputs.cluster.allocatable, requested - idle, inputs.config.overcommit)
+    """Per node (nodes, 3) what batch trainers may use: the idle part of what serving keeps
+    (`staying`, from `serving_staying`), within allocatable x (1 - margin) minus what
+    non-batch pods use: `requested` (what the request-based plan holds, serving included)
+    minus the idle part of `serving_requested` (serving's share of it). GPUs are not lent."""
+    used = requested - serving_requested * (1.0 - busy)
+    lendable = reclaimable(inputs.cluster.allocatable, used, inputs.config.overcommit)
     room = np.zeros_like(requested)
-    room[:, :2] = np.minimum(idle[:, :2], lendable)
+    room[:, :2] = np.minimum(staying[:, :2] * (1.0 - busy), lendable)
     return room
 
 
@@ -157,17 +174,20 @@ def plan_batch(
     inputs: PlanInputs,
     room: FloatArray,
     *,
+    room_ahead: FloatArray,
     steady: Mapping[str, SteadyRoom],
     grew_at: Mapping[Target, float],
     growth_frozen: bool,
     now: float,
 ) -> BatchPlan:
-    """The batch jobs' trainers, tier by tier: trainers stay where `room` still holds them
-    (those on nodes whose room shrank below them leave at once, and then nothing grows) and
-    grow only into the steady room."""
+    """The batch jobs' trainers, tier by tier: trainers stay where `room` (serving's usage
+    now) still holds them (those on nodes whose room shrank below them leave at once, and then
+    nothing grows) and grow only into the steady part of `room_ahead` (its usage until the
+    next plan, from the forecast): growth is conservative, while trainers the scheduler put
+    where the forecast lends less are not sent away before serving's usage needs it."""
     entries = cluster_entries(inputs)
     trainers = Trainers.of(inputs, entries)
-    granted, watch = steady_room(inputs, room, steady, now)
+    granted, watch = steady_room(inputs, np.minimum(room_ahead, room), steady, now)
     bound = node_sums(trainers.node, trainers.count, trainers.requests[trainers.job], room.shape[0])
     holds = np.all(bound <= room + 1e-6, axis=1)
     # Each node offers its trainers what they hold plus the steady room beyond. Once some

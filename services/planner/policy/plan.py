@@ -71,12 +71,23 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     batch_steady: dict[str, SteadyRoom] = {}
     if batch_inputs.jobs:
         requested = inputs.cluster.allocatable - free
-        busy = serving_busy(inputs, serving.desired, now)
+        # Growth only into room the forecast keeps for as long as growth waits for it.
+        busy_ahead = serving_busy(
+            inputs, serving.desired, now, beyond_s=inputs.config.batch_grow_after_s
+        )
+        busy_now = serving_busy(inputs, serving.desired, now, ahead=False)
+        serving_requested = usage - entries.fixed
         staying = serving_staying(inputs, entries, serving.desired)
-        room = batch_room(inputs, requested, staying, busy)
+        room_now, room_ahead = (
+            batch_room(
+                inputs, requested, serving_requested=serving_requested, staying=staying, busy=busy
+            )
+            for busy in (busy_now, busy_ahead)
+        )
         batch = plan_batch(
             batch_inputs,
-            room,
+            room_now,
+            room_ahead=room_ahead,
             steady=state.batch_room,
             grew_at=grew_at,
             growth_frozen=growth_frozen,

@@ -65,6 +65,7 @@ def inputs(
     empty_nodes: int = 0,
     serving_current: int = 4,
     serving: ServingWorkload | None = None,
+    observed_rps: float | None = None,
 ) -> PlanInputs:
     """Two 8-cpu nodes, each holding two serving replicas (all of its cpu requested), and
     `empty_nodes` more without pods; `trainers` bound batch trainers (zero requests, as the
@@ -87,7 +88,7 @@ def inputs(
             min_trainer_lifetime_s=0.0,
             batch_grow_after_s=grow_after_s,
         ),
-        observed_rps={WEB: rps},
+        observed_rps={WEB: rps if observed_rps is None else observed_rps},
     )
 
 
@@ -198,6 +199,15 @@ def test_trainers_that_must_leave_a_node_are_not_replaced_elsewhere_in_the_same_
     assert desired == 5 and "must leave" in reason
     decision, _ = plan(inputs(20.0, (job(BATCH, batch=True),), {"n0": 5}), PlanState(), 15.0)
     assert decision_of(decision.targets, BATCH)[0] == 10
+
+
+def test_trainers_stay_on_what_serving_leaves_now_and_grow_on_what_the_forecast_leaves() -> None:
+    # 20 rps now, 36 forecast: 5.2 cpu per node are idle now, 3.6 until the next plan.
+    jobs = (job(BATCH, batch=True),)
+    placed = inputs(36.0, jobs, {"n0": 5, "n1": 5}, observed_rps=20.0)
+    assert decision_of(plan(placed, PlanState(), 0.0)[0].targets, BATCH)[0] == 10
+    empty = inputs(36.0, jobs, {}, observed_rps=20.0)
+    assert decision_of(plan(empty, PlanState(), 0.0)[0].targets, BATCH)[0] == 6
 
 
 def test_unknown_demand_lends_nothing() -> None:
