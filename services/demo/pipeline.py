@@ -158,8 +158,10 @@ def planner_targets(world: WorldShape, planner_service: Any, *, speed: float) ->
                 name=serving.name,
                 cpu=serving.cpu,
                 memory=serving.memory_gib * gib,
-                # the planner's capacity is per replica at its target utilisation
+                # the planner's capacity is per replica at its target utilisation, where a
+                # replica uses that fraction of its cpu (the rest may be lent)
                 capacity_rps=serving.capacity_rps * serving.target_utilization,
+                target_utilization=serving.target_utilization,
                 min_replicas=serving.min_replicas,
                 max_replicas=serving.max_replicas,
                 lead_time_s=serving.startup_delay_s,

@@ -91,21 +91,16 @@ class WorldShape:
     are large (12 of a node's 16 cores), so about 13 real trainer processes fill the night
     and no job's cap binds; 1-core serving replicas fill the gaps beside them, and packing
     (MostAllocated placement, scale-downs that free whole nodes) keeps nodes whole for them.
-    A fourth job is batch: 1-core trainers on serving's idle reservation. Each node keeps
-    `lend_margin` of its allocatable back; the default 10 % is what a replica at 80 % target
-    utilisation leaves idle, so 5 % (0.8 of 16 cores, below one replica's core) lends two
-    trainers per node of serving."""
+    `tideshift demo --lend` adds a fourth job, batch: 1-core trainers on serving's idle
+    reservation (`LENDING_JOB`). Each node keeps `lend_margin` of its allocatable back; the
+    default 10 % is what a replica at 80 % target utilisation leaves idle, so 5 % (0.8 of 16
+    cores, below one replica's core) lends two trainers per node of serving."""
 
     nodes: int = 12
     node_cpu: float = 16.0
     node_memory_gib: float = 64.0
     serving: ServingShape = ServingShape()
-    jobs: tuple[JobShape, ...] = (
-        JobShape("ctr-a"),
-        JobShape("ctr-b"),
-        JobShape("ctr-c"),
-        LENDING_JOB,
-    )
+    jobs: tuple[JobShape, ...] = (JobShape("ctr-a"), JobShape("ctr-b"), JobShape("ctr-c"))
     lend_margin: float = 0.05
     restart_cost_s: float = 10.0  # as in `simulate`: no progress while a job re-forms
     speedup_exponent: float = 0.8

@@ -121,6 +121,13 @@ class ServingTarget(BaseModel):
     margin_s: float = Field(60.0, ge=0)
     stabilization_s: float = Field(300.0, ge=0)
     quantile: float = Field(pol.DEFAULT_SERVING_QUANTILE, gt=0, lt=1)
+    target_utilization: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="fraction of its cpu request a replica uses while serving capacity_rps; "
+        "batch jobs may borrow the rest (1: nothing of a busy replica is lent)",
+    )
 
 
 class TrainingTarget(BaseModel):
@@ -389,6 +396,7 @@ class PlannerState:
                 margin_s=s.margin_s,
                 stabilization_s=s.stabilization_s,
                 quantile=s.quantile,
+                target_utilization=s.target_utilization,
             )
             for s in self.settings.serving
         )

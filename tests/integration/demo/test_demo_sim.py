@@ -50,12 +50,9 @@ def test_a_short_day_trades_training_for_serving(tmp_path: Path) -> None:
     day = sum(summary["trainers_day_mean"].values())
     assert night >= day + 2, summary
     assert summary["shortfall_minutes"] == 0, summary
-    assert summary["jobs_started"] == summary["jobs_total"] == 4
+    assert summary["jobs_started"] == summary["jobs_total"] == 3
     assert summary["utilization"]["cpu"] > 0.5
-    # The batch job ran on serving's idle reservation: lent cores count as used, not requested.
-    assert summary["cpu_lent"] > 0, summary
-    assert summary["cpu_used"] > summary["cpu_lent"]
-    assert summary["trainers_night_mean"]["ctr-lend"] > 0, summary
+    assert summary["cpu_lent"] == 0  # no batch job without --lend
     # The pipeline really ran over NATS: forecasts, plans, commands and results are in the log.
     kinds = summary["events"]
     for kind in (

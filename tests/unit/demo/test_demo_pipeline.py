@@ -6,16 +6,17 @@ import pytest
 
 from tideshift.services.common.settings import parse_settings
 from tideshift.services.demo import pipeline
-from tideshift.services.demo.world import JobShape, ServingShape, WorldShape
+from tideshift.services.demo.world import LENDING_JOB, JobShape, ServingShape, WorldShape
 from tideshift.services.planner import service as planner_service
 from tideshift.services.predictor.service import PredictorSettings
 
 
 def test_planner_targets_describe_the_world() -> None:
-    world = WorldShape()
+    world = WorldShape(jobs=(*WorldShape().jobs, LENDING_JOB))
     targets = pipeline.planner_targets(world, planner_service, speed=288.0)
     (serving,) = targets["serving"]
     assert serving.capacity_rps == pytest.approx(50.0 * 0.8)  # at the target utilisation
+    assert serving.target_utilization == 0.8  # what a replica uses there: the rest is lent
     assert serving.margin_s == pytest.approx(288.0 * pipeline.LAG_BUDGET_WALL_S)
     assert [t.name for t in targets["training"]] == ["ctr-a", "ctr-b", "ctr-c", "ctr-lend"]
     for target, job in zip(targets["training"], world.jobs, strict=True):
