@@ -231,7 +231,7 @@ class PlannerSettings(ServiceSettings):
         default=_POLICY_DEFAULTS.batch_grow_after_s,
         ge=0,
         description="batch trainers grow only into room that stayed reclaimable this long "
-        "(they shrink at once)",
+        "and that the forecast keeps as long (they shrink at once)",
     )
 
 

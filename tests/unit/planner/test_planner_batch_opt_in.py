@@ -46,7 +46,8 @@ def settings(**overrides: object) -> PlannerSettings:
         min_replicas=3,
         max_replicas=8,
     )
-    return PlannerSettings(serving=[web], health_port=-1, **overrides)  # type: ignore[arg-type]
+    fields: dict[str, object] = {"batch_grow_after_seconds": 120.0} | overrides
+    return PlannerSettings(serving=[web], health_port=-1, **fields)  # type: ignore[arg-type]
 
 
 def state_at(now: float, planner_settings: PlannerSettings) -> PlannerState:

@@ -20,10 +20,11 @@ JOB = WorkloadRef("ml", "ElasticJob", "batch-0")
 IDLE = np.array([[8.0, 32.0 * GIB, 0.0], [8.0, 32.0 * GIB, 0.0]])
 
 # Serving requests 15 to 30 of the 32 cores and uses half of that at most; one job runs on
-# requests, one on batch capacity.
+# requests, one on batch capacity. Each level lasts 20 minutes: batch trainers grow only into
+# room that stayed (and that the forecast keeps) for `batch_grow_after_s`, 10 minutes.
 SCENARIO = """
 name: batch
-duration_s: 1800
+duration_s: 3600
 step_s: 5
 plan_interval_s: 10
 forecaster: {kind: oracle}
@@ -38,7 +39,7 @@ serving:
     max_replicas: 32
     startup_delay_s: 10
     stabilization_s: 60
-    traffic: {kind: points, points: [[0, 150], [600, 300], [1200, 150]]}
+    traffic: {kind: points, points: [[0, 150], [1200, 300], [2400, 150]]}
 training:
   jobs:
     - {name_prefix: plain, trainer: {cpu: 1, memory_gib: 1}, min_trainers: 1,
