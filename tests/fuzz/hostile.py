@@ -13,12 +13,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
-from tideshift.events.codec import DEFAULT_MAX_BYTES
+from tideshift import events
+from tideshift.events.codec import DEFAULT_MAX_BYTES, EventRejected, decode
 from tideshift.services.trainer.wire import pack
 
 CORPUS = Path(__file__).parent / "corpus"
+
+# One seeded draw per run: the services are processes, so a test is one long example, and the
+# same payloads every run (a failure reproduces).
+one_seeded_draw = settings(
+    max_examples=1,
+    phases=[Phase.generate],
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def refused(payload: bytes, model: type[events.EventData]) -> bool:
+    """Whether the contract rejects `payload` as a `model` (what a consumer dead-letters)."""
+    try:
+        decode(payload, model)
+    except EventRejected:
+        return True
+    return False
 
 
 def corpus() -> dict[str, bytes]:

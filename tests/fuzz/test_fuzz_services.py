@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.chaos.objects import create_web_deployment
-from tests.fuzz.hostile import Service, corpus, mutations
+from tests.fuzz.hostile import Service, corpus, mutations, one_seeded_draw, refused
 from tideshift import events
-from tideshift.events.codec import EventRejected, decode
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import DEAD_LETTER_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -169,21 +168,7 @@ async def _dead_letters(url: str, consumer: str) -> int:
         await bus.close()
 
 
-def _refused(payload: bytes, model: type[events.EventData]) -> bool:
-    try:
-        decode(payload, model)
-    except EventRejected:
-        return True
-    return False
-
-
-@settings(
-    max_examples=1,
-    phases=[Phase.generate],
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-)
+@one_seeded_draw
 @given(data=st.data())
 def test_every_consumer_survives_hostile_input_and_accounts_for_it(
     system: System, data: st.DataObject
@@ -207,7 +192,7 @@ def test_every_consumer_survives_hostile_input_and_accounts_for_it(
             generated = data.draw(st.lists(mutations(encoded), min_size=25, max_size=25), kind)
             durable = kind == "command"
             for payload in [*hostile.values(), *generated]:
-                if _refused(payload, type(valid)):
+                if refused(payload, type(valid)):
                     letters += 1
                     batches.append((subject, durable, payload))
         expected_letters[consumer] = letters

@@ -28,12 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.fuzz.hostile import corpus, metric_in, mutations, wire_mutations
+from tests.fuzz.hostile import (
+    corpus,
+    metric_in,
+    mutations,
+    one_seeded_draw,
+    refused,
+    wire_mutations,
+)
 from tideshift import events
-from tideshift.events.codec import EventRejected, decode
 from tideshift.events.subjects import BoundSubject
 from tideshift.services.common.bus import DEAD_LETTER_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -63,14 +69,6 @@ def _prefixed(header: bytes) -> bytes:
 # Headers that are well framed but break a JSON parser: nesting past the recursion limit, an
 # integer past the digit limit.
 WIRE_MONSTERS = (_prefixed(b"[" * 60_000), _prefixed(b'{"header":{"job":' + b"9" * 5_000 + b"}}"))
-
-
-def refused(payload: bytes, model: type[events.EventData]) -> bool:
-    try:
-        decode(payload, model)
-    except EventRejected:
-        return True
-    return False
 
 
 def refusal(reply: bytes) -> bool:
@@ -157,13 +155,7 @@ def events_of(
     return chosen
 
 
-@settings(
-    max_examples=1,
-    phases=[Phase.generate],
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-)
+@one_seeded_draw
 @given(data=st.data())
 def test_training_services_survive_hostile_input_and_account_for_it(
     nats_server: EmbeddedNats, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
