@@ -58,6 +58,10 @@ class Resources:
     def times(self, count: int) -> Resources:
         return Resources(self.cpu * count, self.memory * count, self.gpu * count)
 
+    def vector(self) -> tuple[float, float, float]:
+        """(cpu, memory, gpu): the shape the policy and the packing model compute with."""
+        return (self.cpu, self.memory, float(self.gpu))
+
 
 @dataclass(frozen=True, slots=True)
 class Node:

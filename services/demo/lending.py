@@ -50,7 +50,7 @@ class LendingCluster(SimCluster):
         names = [name for name, sim_node in self._nodes.items() if sim_node.node.schedulable]
         row = {name: i for i, name in enumerate(names)}
         allocatable = np.array(
-            [_vector(self._nodes[name].node.allocatable) for name in names]
+            [resource_array(self._nodes[name].node.allocatable) for name in names]
         ).reshape(-1, 3)
         non_batch = np.zeros_like(allocatable)
         batch = np.zeros_like(allocatable)
@@ -58,12 +58,12 @@ class LendingCluster(SimCluster):
             if pod.node not in row:
                 continue
             if self._batch_trainer(pod):
-                batch[row[pod.node]] += _vector(self.batch_use[pod.owner])
+                batch[row[pod.node]] += resource_array(self.batch_use[pod.owner])
             elif pod.role == "serving" and pod.ready:
                 busy = self.serving_busy.get(pod.owner, 1.0)
-                non_batch[row[pod.node]] += busy * _vector(pod.requests)
+                non_batch[row[pod.node]] += busy * resource_array(pod.requests)
             else:
-                non_batch[row[pod.node]] += _vector(pod.requests)
+                non_batch[row[pod.node]] += resource_array(pod.requests)
         return names, allocatable, non_batch, batch
 
     def lent_cpu(self) -> float:
@@ -92,7 +92,7 @@ class LendingCluster(SimCluster):
             for pod in pods:
                 if np.all(over <= 1e-6):
                     break
-                over -= _vector(self.batch_use[pod.owner])[:2]
+                over -= resource_array(self.batch_use[pod.owner])[:2]
                 self._delete_pod(pod, evicted=True)
                 evicted += 1
         self.batch_evictions += evicted
@@ -115,7 +115,7 @@ class LendingCluster(SimCluster):
             return super()._place(pod)
         names, allocatable, non_batch, batch = self.usage()
         room = reclaimable(allocatable, non_batch, self.overcommit) - batch[:, :2]
-        need = _vector(self.batch_use[pod.owner])[:2]
+        need = resource_array(self.batch_use[pod.owner])[:2]
         fits = np.all(room >= need - 1e-9, axis=1)
         if not np.any(fits):
             return False
@@ -130,5 +130,5 @@ class LendingCluster(SimCluster):
         return False if self._batch_trainer(pod) else super()._preempt_for(pod)
 
 
-def _vector(resources: Resources) -> FloatArray:
-    return np.array([resources.cpu, resources.memory, float(resources.gpu)], dtype=np.float64)
+def resource_array(resources: Resources) -> FloatArray:
+    return np.array(resources.vector(), dtype=np.float64)

@@ -18,7 +18,7 @@ from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.placement import FloatArray
 from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimWorkload
-from tideshift.services.demo.lending import LendingCluster
+from tideshift.services.demo.lending import LendingCluster, resource_array
 from tideshift.services.planner.policy import stranded_capacity
 from tideshift.services.simulator.accounting import Accountant, Sample
 
@@ -354,8 +354,8 @@ class Meter:
                 self.last,
                 now,
                 Sample(
-                    allocatable=_vector(allocatable),
-                    requested=_vector(bound),
+                    allocatable=resource_array(allocatable),
+                    requested=resource_array(bound),
                     used_cpu=cores["serving_used"] + cores["training"] + lent_cpu,
                     lent_cpu=lent_cpu,
                     stranded=np.array([stranded, 0.0, 0.0]),
@@ -465,7 +465,3 @@ class Meter:
             if start_h <= (t / 3600.0) % 24 < end_h
         ]
         return sum(values) / len(values) if values else None
-
-
-def _vector(resources: Resources) -> FloatArray:
-    return np.array([resources.cpu, resources.memory, float(resources.gpu)], dtype=np.float64)

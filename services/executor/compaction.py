@@ -18,7 +18,6 @@ from tideshift.services.cluster.port import (
     ClusterPort,
     Node,
     Pod,
-    Resources,
     WorkloadRef,
 )
 
@@ -33,10 +32,6 @@ COMPACTED_KINDS = frozenset({"Deployment.apps"})
 
 class DeletionCostWriter(Protocol):
     async def set_deletion_cost(self, namespace: str, name: str, cost: int) -> None: ...
-
-
-def _vector(resources: Resources) -> tuple[float, float, float]:
-    return (resources.cpu, resources.memory, float(resources.gpu))
 
 
 def scale_down_victims(
@@ -54,11 +49,11 @@ def scale_down_victims(
     if remove <= 0 or not ready:
         return []
     row_of = {node.name: row for row, node in enumerate(nodes)}
-    allocatable = np.array([_vector(node.allocatable) for node in nodes]).reshape(-1, 3)
+    allocatable = np.array([node.allocatable.vector() for node in nodes]).reshape(-1, 3)
     used = np.zeros_like(allocatable)
     for pod in live:
         if pod.node in row_of:
-            used[row_of[pod.node]] += _vector(pod.requests)
+            used[row_of[pod.node]] += pod.requests.vector()
     by_node: dict[str, list[Pod]] = {}
     for pod in ready:
         if pod.node in row_of:
@@ -66,7 +61,7 @@ def scale_down_victims(
     names = sorted(by_node)
     node_rows = np.array([row_of[name] for name in names], dtype=np.int64)
     counts = np.array([len(by_node[name]) for name in names], dtype=np.int64)
-    request = np.array([_vector(by_node[name][0].requests) for name in names]).reshape(-1, 3)
+    request = np.array([by_node[name][0].requests.vector() for name in names]).reshape(-1, 3)
     rest = entry_rest(used, allocatable, node_rows, counts, request)
     stays = compact_down(
         counts,

@@ -21,19 +21,15 @@ from tideshift.services.planner.policy import (
 )
 
 
-def vector(resources: Resources) -> tuple[float, float, float]:
-    return (resources.cpu, resources.memory, float(resources.gpu))
-
-
 def node_spec(node: Node) -> NodeSpec:
-    return NodeSpec(node.name, vector(node.allocatable), node.schedulable)
+    return NodeSpec(node.name, node.allocatable.vector(), node.schedulable)
 
 
 def pod_spec(
     node: str | None, requests: Resources, owner: Target | None, *, companion: bool
 ) -> PodSpec:
     """A pod row for `ClusterView.build`; a job's companions are not among its replicas."""
-    return PodSpec(vector(requests), node, owner, not companion)
+    return PodSpec(requests.vector(), node, owner, not companion)
 
 
 def live_replicas(view: ClusterView) -> dict[Target, int]:

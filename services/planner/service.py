@@ -71,7 +71,7 @@ from tideshift.events import (
 from tideshift.events.models import TargetDecision as EventTargetDecision
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.common.bus import Bus, TypedKV
-from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
+from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
 from tideshift.services.common.retry import fixed
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
@@ -418,7 +418,7 @@ class PlannerState:
         )
 
     def targets(self, pins: dict[pol.Target, ScalePin]) -> Targets:
-        return self.book.targets(pins, datetime.fromtimestamp(self.clock.now(), UTC))
+        return self.book.targets(pins, utc_now(self.clock))
 
     def inputs(self, now: float, targets: Targets | None = None) -> pol.PlanInputs:
         settings = self.settings
@@ -577,7 +577,7 @@ class Planner:
             leader=self.leader,
             mode=mode,
             reasons=self.reasons,
-            at=datetime.fromtimestamp(self.clock.now(), UTC),
+            at=utc_now(self.clock),
         )
         with contextlib.suppress(Exception):
             await self.bus.publish(PLANNER_STATUS.at(planner=self.instance), status)
