@@ -2,14 +2,16 @@
 
 A job marked batch has trainers that request `tideshift.io/batch-cpu` / `batch-memory`, not
 cpu / memory, so the simulated scheduler sees them as empty pods. `LendingCluster` places them
-as the extended resource would on a real node: per node, on reclaimable capacity
-(`cluster.overcommit`: allocatable x (1 - margin) - what non-batch pods use: a ready serving
-pod its request x how busy demand keeps serving, every other pod, and a serving pod still
-starting, its requests). A pod with requests that binds where batch trainers borrow takes its
-cores at once (they run BestEffort, with the smallest cpu share): the trainers that no longer
-fit there are evicted on binding. When serving's usage rises, batch trainers are evicted first
-from the nodes short of it; a node where what everything uses would exceed allocatable is a
-minute serving was starved (measured before that eviction, as `simulate` does).
+per node on what the executor advertises and the planner lends (`cluster.overcommit.lendable`:
+the idle part of what non-batch pods request, within allocatable x (1 - margin) - what they
+use). A ready serving pod uses its request x how busy demand keeps serving; a serving pod
+still starting, and every other pod, uses its requests. Room no request holds is not lent, as
+in `simulate`. A pod with requests that binds where batch trainers borrow takes its cores at
+once (they run BestEffort, with the smallest cpu share): the trainers that no longer fit there
+are evicted on binding. When serving's usage rises, batch trainers are evicted first from the
+nodes short of reclaimable room; a node where what everything uses would exceed allocatable is
+a minute serving was starved (measured before that eviction, as `simulate` does). A batch job
+scaled down loses its trainers where room is shortest (the executor's deletion cost).
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from tideshift.services.cluster.overcommit import OvercommitConfig, reclaimable
+from tideshift.services.cluster.overcommit import OvercommitConfig, lendable, reclaimable
 from tideshift.services.cluster.placement import FloatArray
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
-from tideshift.services.cluster.sim import SimCluster, _SimNode, _SimPod
+from tideshift.services.cluster.sim import SimCluster, SimWorkload, _SimNode, _SimPod
 
 
 class LendingCluster(SimCluster):
-    """The sim cluster plus batch trainers bound on reclaimable capacity."""
+    """The sim cluster plus batch trainers bound on serving's idle reservation."""
 
     def __init__(
         self,
@@ -45,40 +47,46 @@ class LendingCluster(SimCluster):
     def _batch_trainer(self, pod: _SimPod) -> bool:
         return pod.owner in self.batch_use and not pod.companion
 
-    def usage(self) -> tuple[list[str], FloatArray, FloatArray, FloatArray]:
-        """(node names, allocatable, non-batch use, batch use), each per node (nodes, 3)."""
+    def usage(self) -> tuple[list[str], FloatArray, FloatArray, FloatArray, FloatArray]:
+        """(node names, allocatable, non-batch use, non-batch idle reservation, batch use),
+        each per node (nodes, 3)."""
         names = [name for name, sim_node in self._nodes.items() if sim_node.node.schedulable]
         row = {name: i for i, name in enumerate(names)}
         allocatable = np.array(
             [resource_array(self._nodes[name].node.allocatable) for name in names]
         ).reshape(-1, 3)
         non_batch = np.zeros_like(allocatable)
+        idle = np.zeros_like(allocatable)
         batch = np.zeros_like(allocatable)
         for pod in self.pods_raw():
             if pod.node not in row:
                 continue
             if self._batch_trainer(pod):
                 batch[row[pod.node]] += resource_array(self.batch_use[pod.owner])
-            elif pod.role == "serving" and pod.ready:
-                busy = self.serving_busy.get(pod.owner, 1.0)
-                non_batch[row[pod.node]] += busy * resource_array(pod.requests)
-            else:
-                non_batch[row[pod.node]] += resource_array(pod.requests)
-        return names, allocatable, non_batch, batch
+                continue
+            requests = resource_array(pod.requests)
+            busy = (
+                self.serving_busy.get(pod.owner, 1.0)
+                if pod.role == "serving" and pod.ready
+                else 1.0
+            )
+            non_batch[row[pod.node]] += busy * requests
+            idle[row[pod.node]] += (1.0 - busy) * requests
+        return names, allocatable, non_batch, idle, batch
 
     def lent_cpu(self) -> float:
         """Cores batch trainers use (bound, starting or ready)."""
-        return float(self.usage()[3][:, 0].sum())
+        return float(self.usage()[4][:, 0].sum())
 
     def starved(self) -> bool:
         """Some node's usage exceeds its allocatable cpu: serving cannot get what it uses."""
-        _, allocatable, non_batch, batch = self.usage()
+        _, allocatable, non_batch, _, batch = self.usage()
         return bool(np.any(non_batch[:, 0] + batch[:, 0] > allocatable[:, 0] + 1e-6))
 
     def evict_over_reclaimable(self, only: str | None = None) -> int:
         """Evict the newest batch trainers from nodes (or node `only`) where they use more
         than is reclaimable; their pods come back pending and bind where there is room."""
-        names, allocatable, non_batch, batch = self.usage()
+        names, allocatable, non_batch, _, batch = self.usage()
         room = reclaimable(allocatable, non_batch, self.overcommit)
         evicted = 0
         for i, name in enumerate(names):
@@ -110,13 +118,19 @@ class LendingCluster(SimCluster):
             self._schedule_needed = True
         super().step(now)
 
+    def _room(self) -> tuple[list[str], FloatArray]:
+        """(node names, per node the (cpu, memory) lent and not yet borrowed: negative where
+        batch trainers hold more than is lent)."""
+        names, allocatable, non_batch, idle, batch = self.usage()
+        return names, lendable(allocatable, non_batch, idle, self.overcommit) - batch[:, :2]
+
     def _place(self, pod: _SimPod) -> bool:
         if not self._batch_trainer(pod):
             return super()._place(pod)
-        names, allocatable, non_batch, batch = self.usage()
-        room = reclaimable(allocatable, non_batch, self.overcommit) - batch[:, :2]
+        names, room = self._room()
         need = resource_array(self.batch_use[pod.owner])[:2]
-        fits = np.all(room >= need - 1e-9, axis=1)
+        # relative tolerance: memory is in bytes, where float sums drift by far more than 1e-9
+        fits = np.all(room >= need * (1.0 - 1e-9), axis=1)
         if not np.any(fits):
             return False
         # Best fit: the node with the least cpu room that fits keeps larger gaps whole.
@@ -124,6 +138,23 @@ class LendingCluster(SimCluster):
         chosen = candidates[int(np.argmin(room[candidates, 0]))]
         self._bind(pod, self._nodes[names[chosen]])
         return True
+
+    def _reconcile_workload(self, workload: SimWorkload) -> None:
+        trainers = [pod for pod in workload.pods if self._batch_trainer(pod)]
+        extra = len(trainers) - workload.replicas
+        if extra <= 0 or workload.ref not in self.batch_use:
+            super()._reconcile_workload(workload)
+            return
+        # A batch job scaled down loses its trainers where lent room is shortest (pending
+        # ones first, the newest first on a tie), as the executor's deletion cost orders them.
+        names, room = self._room()
+        short = {name: float(-room[i, 0]) for i, name in enumerate(names)}
+        victims = sorted(
+            trainers,
+            key=lambda pod: (pod.node is not None, -short.get(pod.node or "", 0.0), -pod.seq),
+        )
+        for pod in victims[:extra]:
+            self._delete_pod(pod, evicted=False)
 
     def _preempt_for(self, pod: _SimPod) -> bool:
         # Batch trainers are below everything: they never preempt.

@@ -104,7 +104,9 @@ async def start_services(
         lambda context: executor_service.serve(context, cluster=port, clock=clock),
     )
     # predictor: demand read from the traffic profile at simulated time (its `sim` source)
-    predictor_settings = predictor_settings_for(world, interval_wall_s=forecast_interval_wall_s)
+    predictor_settings = predictor_settings_for(
+        world, interval_s=clock.speed * forecast_interval_wall_s
+    )
     demand = sources.SimMetricSource(lambda unix_seconds: profile.rate(unix_seconds - clock.start))
     await start(
         "predictor",
@@ -127,8 +129,10 @@ async def start_services(
 
 
 def predictor_settings_for(
-    world: WorldShape, *, interval_wall_s: float
+    world: WorldShape, *, interval_s: float
 ) -> predictor_service.PredictorSettings:
+    """The predictor's settings; `interval_s` (clock seconds) between forecasts and between
+    observed-demand messages alike."""
     serving = world.serving
     return predictor_service.PredictorSettings(
         health_port=-1,
@@ -138,7 +142,8 @@ def predictor_settings_for(
         horizon_seconds=FORECAST_HORIZON_S,
         history_seconds=FORECAST_HISTORY_S,
         refit_seconds=FORECAST_REFIT_S,
-        refresh_seconds=interval_wall_s,
+        refresh_seconds=interval_s,
+        observe_seconds=interval_s,
     )
 
 

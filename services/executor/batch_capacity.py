@@ -1,8 +1,10 @@
-"""Lending serving's idle reservation: per node, reclaimable = allocatable - what non-batch pods
-use - a margin (`cluster.overcommit`), advertised as the extended resources
-`tideshift.io/batch-cpu` (millicores) and `tideshift.io/batch-memory` (bytes) on each Node's
-status. Trainers that opt in request those instead of cpu/memory and run below serving; when
-serving's usage rises, what is advertised shrinks with it."""
+"""Lending serving's idle reservation: per node, what non-batch pods request but do not use,
+within allocatable - what they use - a margin (`cluster.overcommit.lendable`, the planner's
+definition too), advertised as the extended resources `tideshift.io/batch-cpu` (millicores)
+and `tideshift.io/batch-memory` (bytes) on each Node's status. Trainers that opt in request
+those instead of cpu/memory and run below serving; when serving's usage rises, what is
+advertised shrinks with it. Room no request holds is not advertised: a pod on requests may
+bind there at any moment."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from tideshift.services.cluster.overcommit import (
     BATCH_CPU,
     BATCH_MEMORY,
     OvercommitConfig,
-    reclaimable,
+    idle_reservation,
+    lendable,
 )
 from tideshift.services.cluster.port import ClusterError, ClusterPort
 
@@ -104,7 +107,7 @@ def parse_by_node(result: Any, query: str) -> dict[str, float]:
 
 
 class BatchAdvertiser:
-    """Writes each node's reclaimable capacity when it changed since the last write."""
+    """Writes what each node lends when it changed since the last write."""
 
     def __init__(
         self,
@@ -121,6 +124,14 @@ class BatchAdvertiser:
         usage lends nothing (its usage is unknown)."""
         nodes = [node for node in await self.port.list_nodes() if node.schedulable]
         used_by_node = await self.usage.non_batch_usage()
+        # Batch trainers request only the extended resources: their cpu / memory requests are
+        # none, so these sums are what non-batch pods reserve.
+        requested_by_node: dict[str, tuple[float, float]] = {}
+        for pod in await self.port.list_pods():
+            if pod.node is None or pod.deleting or pod.phase not in ("Pending", "Running"):
+                continue
+            cpu, memory = requested_by_node.get(pod.node, (0.0, 0.0))
+            requested_by_node[pod.node] = (cpu + pod.requests.cpu, memory + pod.requests.memory)
         allocatable = np.array(
             [(node.allocatable.cpu, node.allocatable.memory) for node in nodes]
         ).reshape(-1, 2)
@@ -131,8 +142,11 @@ class BatchAdvertiser:
                 for node in nodes
             ]
         ).reshape(-1, 2)
-        lendable = reclaimable(allocatable, used, self.config)
-        for node, (cpu, memory) in zip(nodes, lendable.tolist(), strict=True):
+        requested = np.array(
+            [requested_by_node.get(node.name, (0.0, 0.0)) for node in nodes]
+        ).reshape(-1, 2)
+        lent = lendable(allocatable, used, idle_reservation(requested, used), self.config)
+        for node, (cpu, memory) in zip(nodes, lent.tolist(), strict=True):
             amounts = {BATCH_CPU: int(cpu * 1000), BATCH_MEMORY: int(memory)}
             if self.advertised.get(node.name) == amounts:
                 continue

@@ -92,7 +92,8 @@ class ExecutorSettings(ServiceSettings):
     batch_resources: bool = Field(
         default=False,
         description="advertise tideshift.io/batch-cpu and batch-memory on each Node's status: "
-        "allocatable - non-batch usage (from Prometheus) - batch_margin",
+        "what non-batch pods request but do not use (usage from Prometheus), within "
+        "allocatable - that usage - batch_margin",
     )
     prometheus_url: str | None = Field(
         default=None, description="Prometheus with per-node usage (needed by batch_resources)"

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
@@ -40,6 +40,7 @@ from tideshift.events.models import (
     WorkloadRef,
 )
 from tideshift.events.subjects import DEMAND_OBSERVED, FORECAST, WORKLOAD_CHANGED
+from tideshift.services.common.clock import Clock, WallClock, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.predictor.models import (
@@ -74,17 +75,6 @@ OBSERVATIONS = Counter(
     ["workload", "outcome"],
 )
 STALE = Gauge("tideshift_predictor_stale", "1 while a workload's forecast is stale", ["workload"])
-
-
-class Clock(Protocol):
-    def now(self) -> float:
-        """Unix seconds."""
-        ...
-
-
-class WallClock:
-    def now(self) -> float:
-        return time.time()
 
 
 class WorkloadQuery(BaseModel):
@@ -140,12 +130,12 @@ class PredictorSettings(ServiceSettings):
         default=3600.0, gt=0, description="refit cadence; updates in between (clock seconds)"
     )
     refresh_seconds: float | None = Field(
-        default=None, gt=0, description="wall seconds between forecasts; unset = step_seconds"
+        default=None, gt=0, description="clock seconds between forecasts; unset = step_seconds"
     )
     observe_seconds: float = Field(
         default=10.0,
         ge=0,
-        description="wall seconds between observed-demand messages (safety net); 0 = off",
+        description="clock seconds between observed-demand messages (safety net); 0 = off",
     )
     query_timeout_seconds: float = Field(
         default=10.0, gt=0, description="a slower query counts as an outage"
@@ -523,8 +513,9 @@ async def _loop(
 ) -> None:
     subject = FORECAST.at(namespace=forecaster.spec.namespace, workload=forecaster.spec.name)
     published = False
+    clock = forecaster.clock
     while not context.stopping.is_set():
-        started = time.monotonic()
+        started = clock.now()
         try:
             event = await forecaster.tick()
             if event is not None:
@@ -542,9 +533,7 @@ async def _loop(
         except Exception:
             # A control loop never dies on one bad step: log it and try again next step.
             log.exception("%s: forecasting step failed", forecaster.label)
-        remaining = interval_s - (time.monotonic() - started)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(context.stopping.wait(), max(0.0, remaining))
+        await wait_for_event(clock, context.stopping, interval_s - (clock.now() - started))
 
 
 async def _all(loops: list[Coroutine[Any, Any, None]]) -> None:
@@ -556,17 +545,16 @@ async def _observe_loop(
     forecaster: WorkloadForecaster, *, context: ServiceContext, interval_s: float
 ) -> None:
     subject = DEMAND_OBSERVED.at(namespace=forecaster.spec.namespace, workload=forecaster.spec.name)
+    clock = forecaster.clock
     while not context.stopping.is_set():
-        started = time.monotonic()
+        started = clock.now()
         try:
             event = await forecaster.observe()
             if event is not None:
                 await context.bus.publish(subject, event)
         except Exception:
             log.exception("%s: observing demand failed", forecaster.label)
-        remaining = interval_s - (time.monotonic() - started)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(context.stopping.wait(), max(0.0, remaining))
+        await wait_for_event(clock, context.stopping, interval_s - (clock.now() - started))
 
 
 def main(argv: Sequence[str]) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tideshift.services.cluster.overcommit import OvercommitConfig, reclaimable
+from tideshift.services.cluster.overcommit import OvercommitConfig, lendable
 from tideshift.services.cluster.port import WorkloadRef
 from tideshift.services.planner import policy as pol
 
@@ -100,9 +100,7 @@ class BatchTrainers:
     def room(self, non_batch_used: pol.FloatArray, serving_idle: pol.FloatArray) -> pol.FloatArray:
         """Per node (cpu, memory) batch trainers may use: serving's idle reservation within
         what is reclaimable."""
-        lendable = reclaimable(self.allocatable, non_batch_used, self.config)
-        room: pol.FloatArray = np.minimum(serving_idle[:, :2], lendable)
-        return room
+        return lendable(self.allocatable, non_batch_used, serving_idle, self.config)
 
     def shrink(self, non_batch_used: pol.FloatArray, serving_idle: pol.FloatArray) -> None:
         """Jobs above their desired count lose trainers where the node is most short of

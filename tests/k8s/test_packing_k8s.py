@@ -212,6 +212,15 @@ async def test_batch_resources_on_node_status_follow_serving_usage(
     pack_nodes: tuple[str, list[str]],
 ) -> None:
     group, node_names = pack_nodes
+    deployments = collection("Deployment", k8s_namespace)
+    await asyncio.to_thread(create, admin, deployments, serving("web", group, 6, spread=True))
+
+    def spread_over_three() -> list[str] | None:
+        names = nodes_of(admin, k8s_namespace, "web")
+        return names if names is not None and len(names) == 6 else None
+
+    names = await asyncio.to_thread(wait_until, spread_over_three, timeout=WAIT, what="6 pods")
+    assert sorted(set(names)) == node_names  # serving requests 2 cores on every node
     port = await asyncio.to_thread(
         KubernetesClusterPort.from_kubeconfig, Path(k8s_cluster.kubeconfig)
     )
@@ -223,11 +232,12 @@ async def test_batch_resources_on_node_status_follow_serving_usage(
         advertiser = BatchAdvertiser(port, writer, usage, OvercommitConfig(margin=0.25))
         usage.used = {name: (0.5, 2 * GIB) for name in node_names}
         await advertiser.advertise_once()
-        # 4 x 0.75 - 0.5 = 2.5 cores lent per node
-        assert await asyncio.to_thread(batch_cpu, admin, node_names[0]) == 2500
+        # serving's idle reservation, 2 - 0.5 = 1.5 cores per node, within the reclaimable
+        # 4 x 0.75 - 0.5 = 2.5: the 2 cores no request holds are not lent
+        assert await asyncio.to_thread(batch_cpu, admin, node_names[0]) == 1500
         pods = f"/api/v1/namespaces/{k8s_namespace}/pods"
         await asyncio.to_thread(
-            create, admin, pods, trainer("borrower", group, {BATCH_CPU: "2000"})
+            create, admin, pods, trainer("borrower", group, {BATCH_CPU: "1000"})
         )
         node = await asyncio.to_thread(
             wait_until,
@@ -237,10 +247,10 @@ async def test_batch_resources_on_node_status_follow_serving_usage(
         )
         assert node in node_names
         # serving gets busy on the first node: what it lends shrinks with it
-        usage.used[node_names[0]] = (2.5, 2 * GIB)
+        usage.used[node_names[0]] = (1.5, 2 * GIB)
         await advertiser.advertise_once()
         assert await asyncio.to_thread(batch_cpu, admin, node_names[0]) == 500
-        assert await asyncio.to_thread(batch_cpu, admin, node_names[1]) == 2500
+        assert await asyncio.to_thread(batch_cpu, admin, node_names[1]) == 1500
     finally:
         await port.close()
         # shared nodes got 0 (their usage is unknown here): take the resources off again

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tideshift.services.cluster.overcommit import reclaimable
+from tideshift.services.cluster.overcommit import lendable
 from tideshift.services.planner.policy import reasons
 from tideshift.services.planner.policy.model import (
     FloatArray,
@@ -136,9 +136,10 @@ def batch_room(
     non-batch pods use: `requested` (what the request-based plan holds, serving included)
     minus the idle part of `serving_requested` (serving's share of it). GPUs are not lent."""
     used = requested - serving_requested * (1.0 - busy)
-    lendable = reclaimable(inputs.cluster.allocatable, used, inputs.config.overcommit)
     room = np.zeros_like(requested)
-    room[:, :2] = np.minimum(staying[:, :2] * (1.0 - busy), lendable)
+    room[:, :2] = lendable(
+        inputs.cluster.allocatable, used, staying * (1.0 - busy), inputs.config.overcommit
+    )
     return room
 
 

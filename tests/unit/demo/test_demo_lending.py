@@ -26,7 +26,7 @@ def one_node_cluster(*, batch_trainers: int) -> LendingCluster:
             ref=WEB,
             kind="Deployment",
             role="serving",
-            pod_requests=Resources(1.0, 1 * GIB, 0),
+            pod_requests=Resources(1.0, 2 * GIB, 0),
             replicas=10,
             priority=1000,
         )
@@ -43,23 +43,24 @@ def one_node_cluster(*, batch_trainers: int) -> LendingCluster:
     return cluster
 
 
-def test_batch_trainers_bind_on_what_serving_does_not_use() -> None:
+def test_batch_trainers_bind_on_what_serving_reserves_and_does_not_use() -> None:
     cluster = one_node_cluster(batch_trainers=6)
     cluster.serving_busy[WEB] = 0.5  # 10 cores requested, 5 used once ready
     cluster.step(1.0)
-    # serving replicas still starting use their requests: 16 x 0.95 - 10 = 5.2 cores
-    assert cluster.bound_count(LEND) == 2
+    # serving replicas still starting use their requests: nothing idle to lend yet
+    assert cluster.bound_count(LEND) == 0
     cluster.step(2.0)
-    # ready: 16 x 0.95 - 5 = 10.2 cores: five 2-core trainers, the sixth waits
-    assert cluster.bound_count(LEND) == 5
-    assert cluster.lent_cpu() == 10.0
+    # ready: 5 idle cores (within 16 x 0.95 - 5 = 10.2 reclaimable): two 2-core trainers; the
+    # 6 cores no request holds are not lent
+    assert cluster.bound_count(LEND) == 2
+    assert cluster.lent_cpu() == 4.0
     assert not cluster.starved()
     assert cluster.bound_requests_total().cpu == 10.0  # batch trainers request no cpu
 
 
 def test_rising_serving_usage_evicts_batch_trainers_first_then_they_return() -> None:
     cluster = one_node_cluster(batch_trainers=4)
-    cluster.serving_busy[WEB] = 0.5
+    cluster.serving_busy[WEB] = 0.2  # 8 idle cores
     cluster.step(1.0)
     cluster.step(2.0)
     assert cluster.bound_count(LEND) == 4
@@ -71,25 +72,61 @@ def test_rising_serving_usage_evicts_batch_trainers_first_then_they_return() -> 
     assert not cluster.starved()
     assert cluster.bound_count(WEB) == 10  # serving kept every replica
     cluster.step(4.0)
-    assert cluster.bound_count(LEND) == 2  # the evicted ones wait, pending
+    assert cluster.bound_count(LEND) == 2  # nothing idle: the evicted ones wait, pending
 
-    cluster.serving_busy[WEB] = 0.5
+    cluster.serving_busy[WEB] = 0.2
     cluster.step(5.0)
     assert cluster.bound_count(LEND) == 4
 
 
 def test_a_pod_with_requests_takes_its_cores_from_batch_trainers_on_binding() -> None:
     cluster = one_node_cluster(batch_trainers=5)
-    cluster.serving_busy[WEB] = 0.5
+    cluster.serving_busy[WEB] = 0.2
     cluster.step(1.0)
     cluster.step(2.0)
-    assert cluster.bound_count(LEND) == 5  # 10 of the 10.2 reclaimable cores
-    cluster.scale(WEB, 14)  # four more replicas bind and start, using their requests
+    assert cluster.bound_count(LEND) == 4  # the 8 idle cores
+    cluster.scale(WEB, 16)  # six more replicas bind and start, using their requests
     cluster.step(3.0)
-    assert cluster.bound_count(WEB) == 14
-    # on binding: 15.2 - 5 (ready) - 4 (starting) = 6.2 cores: three trainers stay
+    assert cluster.bound_count(WEB) == 16
+    # on binding: 15.2 - 2 (ready) - 6 (starting) = 7.2 cores: three trainers stay
     assert cluster.bound_count(LEND) == 3
     assert not cluster.starved()
+
+
+def test_a_batch_job_scaled_down_loses_trainers_where_lent_room_is_shortest() -> None:
+    cluster = LendingCluster(
+        [Node("n1", Resources(16.0, 64 * GIB, 0)), Node("n2", Resources(16.0, 64 * GIB, 0))],
+        now=0.0,
+        batch_use={LEND: TRAINER},
+        overcommit=OvercommitConfig(margin=0.05),
+    )
+    cluster.add_workload(
+        SimWorkload(
+            ref=WEB,
+            kind="Deployment",
+            role="serving",
+            pod_requests=Resources(1.0, 2 * GIB, 0),
+            replicas=20,  # packed: 16 on one node, 4 on the other
+            priority=1000,
+        )
+    )
+    cluster.serving_busy[WEB] = 0.5
+    cluster.step(1.0)
+    cluster.add_workload(
+        SimWorkload(
+            ref=LEND, kind="ElasticJob", role="training", pod_requests=Resources(), replicas=4
+        )
+    )
+    cluster.step(2.0)
+    by_node = lambda: sorted(pod.node or "" for pod in cluster.pods() if pod.owner == LEND)  # noqa: E731
+    full = next(pod.node for pod in cluster.pods() if pod.owner == WEB and pod.node)
+    placed = by_node()
+    # 8 idle cores on the full node lend three trainers (7.2 reclaimable), 2 on the other one
+    assert placed.count(full) == 3 and len(placed) == 4
+    cluster.scale(LEND, 3)
+    cluster.step(3.0)
+    # the other node had no room left beyond its trainer (2 - 2), the full one 1.2 cores
+    assert by_node() == [full] * 3
 
 
 def test_meter_counts_lent_cores_as_used_and_starved_minutes() -> None:

@@ -4,13 +4,14 @@ each node advertises, and the usage reply's validation."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Mapping
 
 import pytest
 
 from tideshift.services.cluster.overcommit import BATCH_CPU, BATCH_MEMORY, OvercommitConfig
 from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
-from tideshift.services.cluster.sim import SimCluster, SimClusterPort
+from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
 from tideshift.services.executor.batch_capacity import (
     BatchAdvertiser,
     UsageError,
@@ -83,17 +84,41 @@ class Usage:
         return self.used
 
 
-def test_advertised_batch_cpu_follows_serving_usage() -> None:
-    port = SimClusterPort(SimCluster(NODES[:2]))
-    writer, usage = Recorder(), Usage({"n0": (1.0, 2 * GIB), "n1": (3.0, 8 * GIB)})
+def serving_on_nodes(replicas: int) -> SimClusterPort:
+    """The three nodes with `replicas` 1-core / 2 GiB serving pods, packed (4 per node)."""
+    cluster = SimCluster(NODES)
+    cluster.add_workload(
+        SimWorkload(
+            ref=WEB,
+            kind="Deployment",
+            role="serving",
+            pod_requests=Resources(1.0, 2 * GIB),
+            replicas=replicas,
+        )
+    )
+    cluster.step(0.0)
+    return SimClusterPort(cluster)
+
+
+def test_advertised_batch_cpu_is_serving_idle_reservation_and_follows_its_usage() -> None:
+    port = serving_on_nodes(6)
+    per_node = Counter(pod.node for pod in asyncio.run(port.list_pods()))
+    (full, _), (half, _) = per_node.most_common()
+    assert per_node == {full: 4, half: 2}
+    (empty,) = {node.name for node in NODES} - set(per_node)
+    writer = Recorder()
+    usage = Usage({full: (1.0, 2 * GIB), half: (0.5, 1 * GIB), empty: (0.0, 0.0)})
     advertiser = BatchAdvertiser(port, writer, usage, OvercommitConfig(margin=0.25))
     first = asyncio.run(advertiser.advertise_once())
-    assert first["n0"] == {BATCH_CPU: 2000, BATCH_MEMORY: 10 * GIB}  # 4*0.75 - 1 cores
-    assert first["n1"][BATCH_CPU] == 0
-    usage.used["n0"] = (2.5, 2 * GIB)  # serving got busier on n0
+    # 4 cores requested, 1 used: 3 idle, within 4 x 0.75 - 1 = 2 reclaimable; memory 6 GiB idle
+    assert first[full] == {BATCH_CPU: 2000, BATCH_MEMORY: 6 * GIB}
+    assert first[half] == {BATCH_CPU: 1500, BATCH_MEMORY: 3 * GIB}  # 2 - 0.5 idle
+    # room no request holds is not lent, however little is used there
+    assert first[empty] == {BATCH_CPU: 0, BATCH_MEMORY: 0}
+    usage.used[full] = (2.5, 2 * GIB)  # serving got busier on the full node
     asyncio.run(advertiser.advertise_once())
-    assert writer.writes[-1] == ("n0", {BATCH_CPU: 500, BATCH_MEMORY: 10 * GIB})
-    assert len(writer.writes) == 3  # n1 unchanged: not written again
+    assert writer.writes[-1] == (full, {BATCH_CPU: 500, BATCH_MEMORY: 6 * GIB})
+    assert len(writer.writes) == 4  # the other nodes unchanged: not written again
 
 
 def test_a_node_without_usage_lends_nothing() -> None:
