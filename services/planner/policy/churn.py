@@ -4,12 +4,96 @@ functions returning new values; the solver's state is never edited."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tideshift.services.planner.policy import reasons
 from tideshift.services.planner.policy.model import PolicyConfig, Target
-from tideshift.services.planner.policy.tiers import Bounds, TierJob
+from tideshift.services.planner.policy.tiers import Bounds, TierJob, TierSolver
+
+# Bisection steps over how far above its fair share a job may stay (each one admit + fill).
+_REBALANCE_STEPS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Rebalance:
+    """A tier's counts after partial rebalancing: the bounds that pin each job kept above its
+    fair share, the jobs whose gangs stay out, and why those jobs keep more."""
+
+    counts: list[int]
+    bounds: tuple[tuple[int, int], ...]
+    excluded: set[int]
+    reasons: dict[int, str]
+
+
+def rebalance_partly(
+    solver: TierSolver,
+    order: list[int],
+    bounds: Bounds,
+    fair: Sequence[int],
+    excluded: set[int],
+    *,
+    config: PolicyConfig,
+) -> Rebalance:
+    """Jobs above their fair share give back only what lifts every other job to
+    `config.rebalance_floor` of its share (and keeps what each keeps): all above-share jobs
+    stay within the same multiple `level` of their share, the highest level that still does it
+    (bisection). A newcomer gets its floor of the share at once, the rest as room frees up."""
+    jobs = solver.jobs
+    admitted = [i for i in order if i not in excluded]
+    above = [i for i in admitted if fair[i] < jobs[i].kept_total]
+    unchanged = Rebalance(list(fair), tuple(bounds), set(excluded), {})
+    if not above or config.rebalance_floor >= 1:
+        return unchanged
+    required = {
+        j: min(
+            fair[j],
+            max(
+                jobs[j].kept_total,
+                jobs[j].job.floor,
+                math.ceil(config.rebalance_floor * fair[j] - 1e-9),
+            ),
+        )
+        for j in admitted
+        if j not in above
+    }
+
+    def solve(level: float) -> Rebalance | None:
+        pinned = list(bounds)
+        for j in required:  # a job at or below its share keeps what it keeps
+            pinned[j] = (max(bounds[j][0], min(jobs[j].kept_total, fair[j])), bounds[j][1])
+        for i in above:
+            keep = min(
+                jobs[i].kept_total, bounds[i][1], max(fair[i], math.ceil(level * fair[i] - 1e-9))
+            )
+            pinned[i] = (keep, keep)
+        base, out = solver.admit(order, pinned)
+        if not out <= excluded:
+            return None
+        counts = solver.fill([i for i in order if i not in out], base, pinned)
+        if any(counts[j] < need for j, need in required.items()):
+            return None
+        why = {
+            i: reasons.above_fair_share(counts[i], fair[i], config)
+            for i in above
+            if counts[i] > fair[i]
+        }
+        return Rebalance(counts, tuple(pinned), set(out), why)
+
+    top = max(jobs[i].kept_total / fair[i] for i in above)
+    best = solve(top)
+    if best is not None:
+        return best
+    low, high = 1.0, top
+    for _ in range(_REBALANCE_STEPS):
+        middle = (low + high) / 2
+        outcome = solve(middle)
+        if outcome is None:
+            high = middle
+        else:
+            low, best = middle, outcome
+    return best if best is not None else unchanged
 
 
 @dataclass(frozen=True, slots=True)

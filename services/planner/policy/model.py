@@ -161,6 +161,11 @@ class PolicyConfig:
     # growth of a running job by at most this fraction (and by less than this share of the
     # cluster) waits
     grow_tolerance: float = 0.05
+    # Rebalancing between running jobs (voluntary shrinks) goes only as far as it takes to give
+    # every job at least this fraction of its weighted fair share: each trainer moved restarts
+    # both jobs, and room serving later releases goes to the job furthest below its share
+    # first, so the shares converge without moves. 1 rebalances to the fair share at once.
+    rebalance_floor: float = 0.5
     # Serving's safety net: demand above what the forecast allowed scales up at once and
     # holds scale-down for `panic_window_s`; the worst recent miss ratio (observed / allowed)
     # becomes headroom on the forecast, fading back to none with this half-life.

@@ -30,6 +30,13 @@ def removals_capped(fair_share: int, config: PolicyConfig) -> str:
     )
 
 
+def above_fair_share(kept: int, fair_share: int, config: PolicyConfig) -> str:
+    return (
+        f"keeps {kept} above its fair share {fair_share}: every job has at least "
+        f"{config.rebalance_floor:.0%} of its share, further moves are not worth their restarts"
+    )
+
+
 def growth_deferred(growth: int) -> str:
     return f"growth by {growth} deferred (within tolerance, avoids flapping)"
 

@@ -12,6 +12,7 @@ from tideshift.services.planner.policy import reasons
 from tideshift.services.planner.policy.churn import (
     defer_small_growth,
     limit_shrinks,
+    rebalance_partly,
     release_tolerance,
 )
 from tideshift.services.planner.policy.model import (
@@ -158,26 +159,28 @@ def plan_tier(
     bounds = [(item.job.floor, _upper(item, growth_frozen=growth_frozen)) for item in jobs]
     order = list(range(len(jobs)))
     base, excluded = solver.admit(order, bounds)
-    ideal = solver.fill([i for i in order if i not in excluded], base, bounds)
+    fair = solver.fill([i for i in order if i not in excluded], base, bounds)
+    rebalance = rebalance_partly(solver, order, bounds, fair, excluded, config=config)
+    excluded = rebalance.excluded
     holds = limit_shrinks(
         jobs,
-        bounds,
-        ideal,
+        rebalance.bounds,
+        rebalance.counts,
         [i for i in order if i not in excluded],
         grew_at=grew_at,
         now=now,
         config=config,
     )
-    final = ideal
+    final = rebalance.counts
     if holds.reasons:
         base, held_excluded = solver.admit(order, holds.bounds)
         if len(held_excluded) > len(excluded) and holds.tolerance:
             # A tolerance hold would keep a gang out: release those holds.
-            holds = release_tolerance(holds, bounds)
+            holds = release_tolerance(holds, rebalance.bounds)
             base, held_excluded = solver.admit(order, holds.bounds)
         final = solver.fill([i for i in order if i not in held_excluded], base, holds.bounds)
         excluded = held_excluded
-    held = dict(holds.reasons)
+    held = rebalance.reasons | holds.reasons
     final, deferred = defer_small_growth(jobs, final, skip=excluded | set(held), config=config)
     held.update(deferred)
     decisions, infeasible, final = _decide(

@@ -379,18 +379,24 @@ def test_serving_reclaims_from_training_regardless_of_churn_limits() -> None:
 
 
 @pytest.mark.parametrize(
-    ("grew_at", "cap", "expected_a", "reason_part"),
+    ("grew_at", "cap", "rebalance_floor", "expected_a", "reason_part"),
     [
-        (0.0, 64, 16, "tier 0"),  # old enough, under the cap: rebalanced at once
-        (95.0, 64, 30, "minimum trainer lifetime"),  # grew 5 s ago: deferred
-        (0.0, 4, 26, "capped"),  # only 4 removals this step
+        (0.0, 64, 1.0, 16, "tier 0"),  # old enough, under the cap: rebalanced at once
+        # By default A gives B only half of B's share of 16: A keeps 24.
+        (0.0, 64, 0.5, 24, "above its fair share 16"),
+        (95.0, 64, 1.0, 30, "minimum trainer lifetime"),  # grew 5 s ago: deferred
+        (0.0, 4, 1.0, 26, "capped"),  # only 4 removals this step
     ],
 )
 def test_rebalancing_churn_limits(
-    grew_at: float, cap: int, expected_a: int, reason_part: str
+    grew_at: float, cap: int, rebalance_floor: float, expected_a: int, reason_part: str
 ) -> None:
     pods = replicas_pods(JOB_A, 15, "n0") + replicas_pods(JOB_A, 15, "n1")
-    config = PolicyConfig(max_trainer_removals_per_step=cap, min_trainer_lifetime_s=60.0)
+    config = PolicyConfig(
+        max_trainer_removals_per_step=cap,
+        min_trainer_lifetime_s=60.0,
+        rebalance_floor=rebalance_floor,
+    )
     decision, _ = plan(
         inputs(
             nodes=cpu_nodes(2),

@@ -1,0 +1,67 @@
+"""Partial rebalancing: a job above its fair share gives back only what lifts the others to
+`rebalance_floor` of their shares; nobody below its share loses trainers to it."""
+
+from __future__ import annotations
+
+import math
+
+from tideshift.services.planner.policy import (
+    ClusterView,
+    NodeSpec,
+    PlanInputs,
+    PlanState,
+    PodSpec,
+    PolicyConfig,
+    Target,
+    TrainingJob,
+    plan,
+)
+
+GIB = 2**30
+JOB_A = Target("ml", "PyTorchJob", "a")
+JOB_B = Target("ml", "PyTorchJob", "b")
+JOB_C = Target("ml", "PyTorchJob", "c")
+NODES = [NodeSpec(f"n{i}", (16.0, 64 * GIB, 0.0)) for i in range(2)]
+
+
+def trainers(target: Target, per_node: tuple[int, int]) -> list[PodSpec]:
+    return [
+        PodSpec((1.0, GIB, 0.0), node.name, target)
+        for node, count in zip(NODES, per_node, strict=True)
+        for _ in range(count)
+    ]
+
+
+def desired(pods: list[PodSpec], current: dict[Target, int], floor: float) -> dict[Target, int]:
+    jobs = tuple(
+        TrainingJob(target, (1.0, GIB, 0.0), 1, 100, submitted_at=float(k))
+        for k, target in enumerate(current)
+    )
+    inputs = PlanInputs(
+        cluster=ClusterView.build(NODES, pods),
+        serving=(),
+        jobs=jobs,
+        forecasts={},
+        current=current,
+        config=PolicyConfig(rebalance_floor=floor),
+    )
+    decision, _ = plan(inputs, PlanState(), 1000.0)
+    return decision.desired()
+
+
+def test_a_newcomer_gets_its_floor_of_the_share_from_the_job_above_only() -> None:
+    pods = trainers(JOB_A, (12, 12)) + trainers(JOB_B, (4, 4))
+    current = {JOB_A: 24, JOB_B: 8, JOB_C: 0}
+    fair = desired(pods, current, floor=1.0)
+    partly = desired(pods, current, floor=0.5)
+    assert partly[JOB_C] == math.ceil(0.5 * fair[JOB_C])
+    assert partly[JOB_B] == 8  # below its share: keeps what it has, gives nothing
+    assert partly[JOB_A] == 32 - 8 - partly[JOB_C]
+    assert fair[JOB_A] < partly[JOB_A] < 24
+
+
+def test_no_moves_once_every_job_has_its_floor_of_the_share() -> None:
+    pods = trainers(JOB_A, (12, 12)) + trainers(JOB_B, (4, 4))
+    current = {JOB_A: 24, JOB_B: 8}
+    assert desired(pods, current, floor=0.5) == current
+    assert desired(pods, current, floor=1.0) == {JOB_A: 16, JOB_B: 16}
