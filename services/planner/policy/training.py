@@ -24,7 +24,12 @@ from tideshift.services.planner.policy.model import (
     TargetDecision,
 )
 from tideshift.services.planner.policy.packing import ClusterEntries, node_sums
-from tideshift.services.planner.policy.tiers import TierJob, TierSolver, dominant_share
+from tideshift.services.planner.policy.tiers import (
+    TierJob,
+    TierSolver,
+    contended_resources,
+    dominant_share,
+)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -96,6 +101,7 @@ def _prepare(inputs: PlanInputs, trainers: Trainers, tier: int, free: FloatArray
     total = view_total.sum(axis=0) if view_total.shape[0] else np.zeros(3)
     tier_jobs: list[TierJob] = []
     forced: dict[int, int] = {}
+    counted = contended_resources(trainers.requests[member_array].reshape(-1, 3))
     for local, k in enumerate(members):
         kept_total, bound_total = int(kept_totals[local]), int(trainers.bound[k])
         if kept_total < bound_total:
@@ -103,7 +109,7 @@ def _prepare(inputs: PlanInputs, trainers: Trainers, tier: int, free: FloatArray
         request = trainers.requests[k]
         current = inputs.current.get(jobs[k].target, bound_total)
         tier_jobs.append(
-            TierJob(jobs[k], current, request, kept_total, dominant_share(request, total))
+            TierJob(jobs[k], current, request, kept_total, dominant_share(request, total, counted))
         )
     present = kept > 0
     solver = TierSolver(

@@ -29,6 +29,7 @@ WEB = Target("prod", "Deployment", "web")
 JOB_A = Target("ml", "PyTorchJob", "a")
 JOB_B = Target("ml", "PyTorchJob", "b")
 GPU_JOB = Target("ml", "PyTorchJob", "gpu")
+GPU_JOB_2 = Target("ml", "PyTorchJob", "gpu-2")
 
 
 def cpu_nodes(count: int, cpu: float = 16.0) -> list[NodeSpec]:
@@ -286,8 +287,31 @@ def test_training_weighted_fair_share(
 
 
 def test_training_dominant_resource_fairness_across_cpu_and_gpu() -> None:
-    # 2 nodes of 16 cpu + 4 gpu. A's trainer: 1 gpu + 1 cpu (dominant: gpu, 1/8);
-    # B's trainer: 2 cpu (dominant: cpu, 1/16). DRF equalises dominant shares.
+    # 2 nodes of 16 cpu + 4 gpu. Two GPU jobs' trainers: 1 gpu + 1 cpu (dominant: gpu, 1/8);
+    # B's trainer: 2 cpu (dominant: cpu, 1/16). DRF equalises dominant shares until the GPUs
+    # run out (4 + 4 of 8, share 1/2); B gets at least that share of the cpu (8 trainers).
+    nodes = [NodeSpec(f"g{i}", (16.0, 64.0 * GIB, 4.0)) for i in range(2)]
+    decision, _ = plan(
+        inputs(
+            nodes=nodes,
+            jobs=(
+                job(GPU_JOB, trainer_requests=(1.0, GIB, 1.0), max_trainers=8),
+                job(GPU_JOB_2, trainer_requests=(1.0, GIB, 1.0), max_trainers=8),
+                job(JOB_B, trainer_requests=(2.0, GIB, 0.0)),
+            ),
+        ),
+        PlanState(),
+        0.0,
+    )
+    desired = decision.desired()
+    assert desired[GPU_JOB] == desired[GPU_JOB_2] == 4
+    assert 8 <= desired[JOB_B] <= (32 - 8) // 2
+
+
+def test_gpus_only_one_job_can_use_are_no_share_of_it() -> None:
+    # The same cluster with one GPU job: no other job wants GPUs, so shares count cpu and
+    # memory only (A's trainer 1/32 of the cpu, B's 2/32) and A gets all it asks (8 GPUs)
+    # instead of 4, which would leave 4 GPUs idle to give B 2 more trainers.
     nodes = [NodeSpec(f"g{i}", (16.0, 64.0 * GIB, 4.0)) for i in range(2)]
     decision, _ = plan(
         inputs(
@@ -300,11 +324,7 @@ def test_training_dominant_resource_fairness_across_cpu_and_gpu() -> None:
         PlanState(),
         0.0,
     )
-    desired = decision.desired()
-    gpu_share = desired[GPU_JOB] / 8
-    cpu_share = desired[JOB_B] * 2 / 32
-    assert desired[GPU_JOB] + desired[JOB_B] * 2 <= 32
-    assert abs(gpu_share - cpu_share) <= 0.2, desired
+    assert decision.desired() == {GPU_JOB: 8, JOB_B: 12}
 
 
 def test_higher_priority_tier_is_served_first() -> None:
