@@ -17,6 +17,12 @@ history decide, per step ahead:
    its quantiles, and adaptive conformal inference moves each quantile's working level after
    every hit or miss, so q0.95 is exceeded about 5 % of the time on any shape, drifting or
    not. Until enough errors exist, the members' quantiles are combined with the same weights.
+4. Selection, in the loss the forecast is judged by. The combination is one candidate
+   beside every member's own quantiles; each candidate's pinball loss per level and step
+   ahead fades with `selection_half_life_s`, and each quantile is the candidates' weighted
+   average with weights falling exponentially with the excess loss over the leader. Pinball
+   loss is convex, so the average never scores worse than the weighted candidates. One
+   member that clearly leads gets nearly all the weight; near-ties share it.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from tideshift.services.predictor.models.base import (
 BuildMember = Callable[[str, Mapping[str, object]], Forecaster]
 
 _LEVELS = np.asarray(QUANTILE_LEVELS)
+_Q95 = QUANTILE_LEVELS.index(0.95)
+_MEDIAN = QUANTILE_LEVELS.index(0.5)
+_ABOVE_MEDIAN = _LEVELS > 0.5
 
 
 class PortfolioConfig(BaseModel):
@@ -66,6 +75,13 @@ class PortfolioConfig(BaseModel):
     min_calibration: int = Field(default=50, ge=2)
     # Adaptive conformal inference: step of a quantile's working level per hit or miss.
     adaptation_rate: float = Field(default=0.005, ge=0)
+    # Selection among the candidates (each member's own quantiles and the combination's),
+    # scored by pinball loss per level and step ahead, fading with this half-life.
+    selection_half_life_s: float = Field(default=SECONDS_PER_DAY, gt=0)
+    # A candidate whose recent loss exceeds the leader's by a fraction x keeps a weight
+    # proportional to exp(-selection_sharpness * x): 10 gives a candidate 10 % behind
+    # about a third of the leader's weight.
+    selection_sharpness: float = Field(default=10.0, ge=0)
     warmup_s: float = Field(default=SECONDS_PER_DAY, ge=0)
     warmup_every_s: float = Field(default=7200.0, gt=0)
     # Updates further than this beyond the last observation are rejected (a broken clock).
@@ -80,7 +96,8 @@ class _Origin:
     index: int
     member_logs: FloatArray  # [member, step]
     combined_log: FloatArray  # [step], the weighted member forecast before calibration
-    quantile_logs: FloatArray  # [level, step]
+    quantile_logs: FloatArray  # [level, step], the combination's calibrated quantiles
+    candidates: FloatArray  # [candidate, level, step]: members' own quantiles, combination
 
 
 class Portfolio:
@@ -112,6 +129,7 @@ class Portfolio:
         self._scores_since_sort = 0
         self._working_levels = np.tile(_LEVELS[:, None], (1, 1))
         self._cache: tuple[int, FloatArray, FloatArray] | None = None
+        self._pinball = np.zeros((1, len(QUANTILE_LEVELS), 1))
         self._top_counts = np.zeros(0)
         self.rejected_future = 0
 
@@ -138,6 +156,7 @@ class Portfolio:
         self._ring_cursor = np.zeros(steps, dtype=np.int64)
         self._sorted = None
         self._working_levels = np.tile(_LEVELS[:, None], (1, steps))
+        self._pinball = np.zeros((count + 1, len(QUANTILE_LEVELS), steps))
         self._top_counts = np.zeros(count)
         self._pending = []
 
@@ -236,8 +255,11 @@ class Portfolio:
         if self._last_index - self._last_scored >= stride:
             self._last_scored = self._last_index
             member_logs, member_quantiles = self._member_forecasts(self._steps)
-            point, quantiles = self._combine(member_logs, member_quantiles, count_top=False)
-            self._pending.append(_Origin(self._last_index, member_logs, point, quantiles))
+            point, quantiles = self._combine(member_logs, member_quantiles)
+            candidates = self._candidates(member_quantiles, quantiles)
+            self._pending.append(
+                _Origin(self._last_index, member_logs, point, quantiles, candidates)
+            )
 
     def _score(self, origin: _Origin, columns: NDArray[np.int64], actual: FloatArray) -> None:
         decay = 0.5 ** (self._score_stride_s() / self.config.score_half_life_s)
@@ -251,6 +273,14 @@ class Portfolio:
         self._ring_points[rows, columns] = origin.combined_log[columns]
         self._ring_cursor[columns] += 1
         self._scores_since_sort += 1
+        # Pinball loss in the caller's unit, the loss the planner's quantiles are judged by.
+        actual_values = np.exp(actual) - self._offset
+        shortfall = actual_values[None, None, :] - origin.candidates[:, :, columns]
+        levels = _LEVELS[None, :, None]
+        fade = 0.5 ** (self._score_stride_s() / self.config.selection_half_life_s)
+        self._pinball[:, :, columns] = fade * self._pinball[:, :, columns] + np.maximum(
+            levels * shortfall, (levels - 1.0) * shortfall
+        )
         # Adaptive conformal inference: a miss raises the working level, a hit lowers it.
         misses = (actual[None, :] > origin.quantile_logs[:, columns]).astype(np.float64)
         self._working_levels[:, columns] = np.clip(
@@ -278,8 +308,9 @@ class Portfolio:
         self._cache = (self._last_index, logs, quantiles)
         return logs[:, :steps], quantiles[:, :, :steps]
 
-    def weights(self, steps: int) -> FloatArray:
-        """Each member's weight per step ahead [member, step] from its recent errors."""
+    def combination_weights(self, steps: int) -> FloatArray:
+        """Each member's weight in the combination per step ahead [member, step], from its
+        recent squared log errors."""
         count = len(self._members)
         columns = np.minimum(np.arange(steps), self._steps - 1)
         weights = np.zeros((count, steps))
@@ -298,14 +329,40 @@ class Portfolio:
         weights[:, usable] = inverse[:, usable] / totals[usable]
         return weights
 
+    def selection_weights(self, steps: int) -> FloatArray:
+        """Each candidate's weight per level and step ahead [candidate, level, step]: the
+        members' own quantiles, then the combination's (alone until scores exist)."""
+        columns = np.minimum(np.arange(steps), self._steps - 1)
+        weights = np.zeros((self._pinball.shape[0], len(QUANTILE_LEVELS), steps))
+        weights[-1] = 1.0
+        trusted = self._scored[columns] >= self.config.min_scored
+        if not trusted.any():
+            return weights
+        losses = self._pinball[:, :, columns]
+        leader = np.maximum(losses.min(axis=0), 1e-12)
+        raw = np.exp(-self.config.selection_sharpness * (losses / leader - 1.0))
+        weights[:, :, trusted] = (raw / raw.sum(axis=0))[:, :, trusted]
+        return weights
+
+    def member_weights(self, steps: int) -> FloatArray:
+        """Each member's share of the q0.95 forecast per step ahead [member, step]: its own
+        selection weight plus its part of the combination's."""
+        selection = self.selection_weights(steps)[:, _Q95]
+        shares: FloatArray = selection[:-1] + selection[-1] * self.combination_weights(steps)
+        return shares
+
+    def _candidates(self, member_quantiles: FloatArray, combined: FloatArray) -> FloatArray:
+        """Candidate quantiles in the caller's unit [candidate, level, step]."""
+        logs = np.concatenate([member_quantiles, combined[None]], axis=0)
+        values: FloatArray = np.maximum(np.exp(logs) - self._offset, 0.0)
+        return values
+
     def _combine(
-        self, member_logs: FloatArray, member_quantiles: FloatArray, *, count_top: bool
+        self, member_logs: FloatArray, member_quantiles: FloatArray
     ) -> tuple[FloatArray, FloatArray]:
         """The weighted log point [step] and the calibrated log quantiles [level, step]."""
         steps = member_logs.shape[1]
-        weights = self.weights(steps)
-        if count_top:
-            self._top_counts += np.bincount(np.argmax(weights, axis=0), minlength=len(weights))
+        weights = self.combination_weights(steps)
         point = np.sum(weights * member_logs, axis=0)
         fallback = np.einsum("ms,mls->ls", weights, member_quantiles)
         columns = np.minimum(np.arange(steps), self._steps - 1)
@@ -346,11 +403,17 @@ class Portfolio:
         if not self._members:
             raise RuntimeError("predict() before fit()")
         member_logs, member_quantiles = self._member_forecasts(horizon_steps)
-        _, quantile_logs = self._combine(member_logs, member_quantiles, count_top=True)
-        quantiles = {
-            level: np.exp(quantile_logs[index]) - self._offset
-            for index, level in enumerate(QUANTILE_LEVELS)
-        }
+        _, combined = self._combine(member_logs, member_quantiles)
+        candidates = self._candidates(member_quantiles, combined)
+        selected = np.sum(self.selection_weights(horizon_steps) * candidates, axis=0)
+        # A member may narrow the upper quantiles down to the combination's median, not
+        # below: when a regime turns (the first weekday after a weekend), a member that led
+        # on the old one still leads on its fading score for an hour or more, and a
+        # forecast under the consensus is where a shortfall comes from.
+        selected[_ABOVE_MEDIAN] = np.maximum(selected[_ABOVE_MEDIAN], candidates[-1, _MEDIAN])
+        shares = self.member_weights(horizon_steps)
+        self._top_counts += np.bincount(np.argmax(shares, axis=0), minlength=shares.shape[0])
+        quantiles = {level: selected[index] for index, level in enumerate(QUANTILE_LEVELS)}
         return make_forecast(
             last_timestamp=self._anchor + self._last_index * self._interval,
             interval_s=self._interval,
@@ -364,7 +427,7 @@ class Portfolio:
         """What the portfolio has chosen: the current weights at a few steps ahead, and the
         share of forecast steps each member led since it was created."""
         probes = sorted({1, max(1, self._steps // 4), self._steps})
-        weights = self.weights(self._steps)
+        weights = self.member_weights(self._steps)
         total = float(self._top_counts.sum())
         return {
             "weights_by_step": {

@@ -35,7 +35,7 @@ def test_weights_leave_a_member_that_keeps_missing() -> None:
     model.fit(times[: 4 * 288], values[: 4 * 288])
     for start in range(4 * 288, times.shape[0], 12):
         model.update(times[start : start + 12], values[start : start + 12])
-    weights = model.weights(12)
+    weights = model.combination_weights(12)
     assert np.allclose(weights.sum(axis=0), 1.0)
     assert np.all(weights[2] == 0.0)  # seasonal_naive_daily
     assert np.all(weights[1] > 0.0)  # drift is among the best on a random walk
