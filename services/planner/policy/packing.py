@@ -144,3 +144,41 @@ def cluster_usage(inputs: PlanInputs) -> tuple[FloatArray, IntArray]:
     counts = np.zeros((len(managed_targets(inputs)), entries.fixed.shape[0]), dtype=np.int64)
     counts[entries.row, entries.node] = entries.count
     return entries.fixed, counts
+
+
+def reserve_pending_companions(
+    inputs: PlanInputs, entries: ClusterEntries, free: FloatArray
+) -> FloatArray:
+    """`free` less the room a managed job's companions waiting for a node (a new job's
+    parameter servers) will take: placed as the scheduler would, in room no trainer holds
+    first, then where they preempt trainers. Without it a newcomer's trainers would get room
+    its parameter servers then lack, and the job would not start."""
+    view = inputs.cluster
+    managed = set(managed_targets(inputs))
+    # One slot more for pods without an owner (index -1).
+    owned_by_managed = np.array([owner in managed for owner in view.owners] + [False])
+    waiting = (view.pod_node < 0) & ~view.pod_replica & owned_by_managed[view.pod_owner]
+    if not waiting.any():
+        return free
+    serving_count = len(inputs.serving)
+    is_job = entries.row >= serving_count
+    job_requests = np.array(
+        [job.trainer_requests for job in inputs.jobs], dtype=np.float64
+    ).reshape(-1, 3)
+    trainer_use = node_sums(
+        entries.node[is_job],
+        entries.count[is_job],
+        job_requests[entries.row[is_job] - serving_count],
+        free.shape[0],
+    )
+    reserved = free.copy()
+    shapes, counts = np.unique(view.pod_requests[waiting], axis=0, return_counts=True)
+    for shape, count in zip(shapes, counts.tolist(), strict=True):
+        rest = count
+        for room in (reserved - trainer_use, reserved):
+            nodes, placed = pack_sparse(room, shape, rest, view.allocatable)
+            reserved[nodes] -= placed[:, None] * shape
+            rest -= int(placed.sum())
+            if rest <= 0:
+                break
+    return reserved

@@ -22,7 +22,11 @@ from tideshift.services.planner.policy.model import (
     SteadyRoom,
     TargetDecision,
 )
-from tideshift.services.planner.policy.packing import cluster_entries, managed_targets
+from tideshift.services.planner.policy.packing import (
+    cluster_entries,
+    managed_targets,
+    reserve_pending_companions,
+)
 from tideshift.services.planner.policy.serving import place_serving, size_serving
 from tideshift.services.planner.policy.training import Trainers, plan_tier, tier_priorities
 
@@ -54,7 +58,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     #      Room serving releases waits one plan while batch trainers may stand on it.
     if batch_inputs.jobs:
         usage = hold_released_room(inputs, entries, usage)
-    free = inputs.cluster.allocatable - usage
+    free = reserve_pending_companions(inputs, entries, inputs.cluster.allocatable - usage)
     grew_at = {target: t for target, t in state.job_grew_at.items() if target in managed}
     trainers = Trainers.of(inputs, entries)
     for tier in tier_priorities(inputs):
