@@ -1,8 +1,8 @@
 """Portfolio: Tideshift's default forecaster, a per-workload choice among other models.
 
 No single model wins on every shape: a seasonal profile wins on a regular daily cycle,
-persistence with drift in the first minutes of a flash crowd, a smooth statistical model on a
-noisy stream. The portfolio runs several members side by side and lets the workload's own
+persistence with drift in the first minutes of a flash crowd, a smooth statistical model or
+Holt-Winters' exponential smoothing on bursty noise without a cycle. The portfolio runs several members side by side and lets the workload's own
 history decide, per step ahead:
 
 1. Rolling-origin scoring, out of sample. Every `score_every_s` the members' forecasts are
@@ -64,6 +64,7 @@ class PortfolioConfig(BaseModel):
         "seasonal_naive_weekly",
         "mstl",
         "auto_theta",
+        "holt_winters",
     )
     max_horizon_s: float = Field(default=2 * 3600.0, gt=0)
     score_every_s: float = Field(default=300.0, gt=0)
