@@ -8,7 +8,7 @@ Kubernetes, the bus or the simulated cluster):
 * `packing`: per-node packing as the scheduler packs, scale-down victims that free whole
   nodes, stranded capacity, and the cluster's pods as per-node entries;
 * `tiers`: tier solving, weighted dominant-resource fairness and gangs;
-* `churn`: limits on voluntary removals and small growth;
+* `churn`: how far rebalancing goes, limits on voluntary removals and small growth;
 * `training`: one tier's trainers kept, solved, limited and decided;
 * `batch`: jobs that opted into batch capacity, planned on what serving does not use;
 * `reasons`: the words of each decision;
