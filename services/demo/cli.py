@@ -80,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--lend",
-        action="store_true",
-        help="add a batch job whose 1-core trainers borrow serving's idle reservation "
-        "(experimental: see README, 'Reading the demo')",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a fourth, batch job whose 1-core trainers borrow serving's idle reservation "
+        "(sim cluster; default on: --no-lend runs the three jobs on requests alone)",
     )
     parser.add_argument("--nats-port", type=int, default=0, help="NATS port (default: any free)")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
@@ -222,7 +223,7 @@ def main(argv: Sequence[str]) -> int:
 def _run_sim(args: argparse.Namespace, profile: RateProfile, profile_name: str) -> int:
     from tideshift.services.demo.report import format_table, plot, write_json
     from tideshift.services.demo.simdemo import SimDemoConfig, run_sim_demo
-    from tideshift.services.demo.world import LENDING_JOB, WorldShape
+    from tideshift.services.demo.world import demo_world
 
     speed = args.speed or 288.0
     config = SimDemoConfig(
@@ -233,7 +234,7 @@ def _run_sim(args: argparse.Namespace, profile: RateProfile, profile_name: str) 
         speed=speed,
         nats_port=args.nats_port,
         real_trainers=not args.no_trainers,
-        world=WorldShape(jobs=(*WorldShape().jobs, LENDING_JOB)) if args.lend else WorldShape(),
+        world=demo_world(lend=args.lend),
     )
     show, done = _progress_printer(args.quiet)
     wall = args.hours * 3600 / speed

@@ -105,7 +105,9 @@ async def start_services(
     )
     # predictor: demand read from the traffic profile at simulated time (its `sim` source)
     predictor_settings = predictor_settings_for(
-        world, interval_s=clock.speed * forecast_interval_wall_s
+        world,
+        interval_s=clock.speed * forecast_interval_wall_s,
+        observe_s=clock.speed * plan_interval_wall_s,
     )
     demand = sources.SimMetricSource(lambda unix_seconds: profile.rate(unix_seconds - clock.start))
     await start(
@@ -129,10 +131,10 @@ async def start_services(
 
 
 def predictor_settings_for(
-    world: WorldShape, *, interval_s: float
+    world: WorldShape, *, interval_s: float, observe_s: float
 ) -> predictor_service.PredictorSettings:
-    """The predictor's settings; `interval_s` (clock seconds) between forecasts and between
-    observed-demand messages alike."""
+    """The predictor's settings: `interval_s` clock seconds between forecasts, `observe_s`
+    between observed-demand messages (one per plan, so every plan has a fresh one)."""
     serving = world.serving
     return predictor_service.PredictorSettings(
         health_port=-1,
@@ -143,7 +145,7 @@ def predictor_settings_for(
         history_seconds=FORECAST_HISTORY_S,
         refit_seconds=FORECAST_REFIT_S,
         refresh_seconds=interval_s,
-        observe_seconds=interval_s,
+        observe_seconds=observe_s,
     )
 
 
@@ -202,6 +204,8 @@ def planner_timing(*, speed: float, interval_wall_s: float) -> dict[str, Any]:
         "debounce_seconds": speed * min(0.2, interval_wall_s),
         "lease_ttl_seconds": 6.0,  # wall seconds: the lease lives in NATS KV
         "forecast_max_age_seconds": max(600.0, speed * 10.0),
+        # the predictor observes demand once per plan interval; three missed in a row is stale
+        "observed_max_age_seconds": 3.0 * speed * interval_wall_s,
         "cluster_silence_seconds": max(900.0, speed * 60.0),
         "resend_seconds": max(120.0, speed * 5.0),
         "min_trainer_lifetime_seconds": 600.0,

@@ -37,6 +37,8 @@ class DemoSummary:
     simulated_s: float
     trainers_night: dict[str, float | None]
     trainers_day: dict[str, float | None]
+    # Jobs whose trainers borrow serving's idle reservation: they grow by day, with serving.
+    batch_jobs: tuple[str, ...] = ()
     training: dict[str, dict[str, Any]] = field(default_factory=dict)  # real trainer progress
     # per job: simulated hours, samples applied per wall minute, held-out loss (`progress.py`)
     training_series: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
@@ -46,11 +48,14 @@ class DemoSummary:
 
     @property
     def training_grew_at_night(self) -> bool | None:
-        """More ready trainers at night than by day; None when the run missed one of them."""
-        if any(v is None for v in (*self.trainers_night.values(), *self.trainers_day.values())):
+        """More ready trainers of the jobs on requests at night than by day (batch jobs ride
+        serving's idle reservation instead); None when the run missed one of them."""
+        night_of = {k: v for k, v in self.trainers_night.items() if k not in self.batch_jobs}
+        day_of = {k: v for k, v in self.trainers_day.items() if k not in self.batch_jobs}
+        if any(v is None for v in (*night_of.values(), *day_of.values())):
             return None
-        night = sum(v or 0.0 for v in self.trainers_night.values())
-        day = sum(v or 0.0 for v in self.trainers_day.values())
+        night = sum(v or 0.0 for v in night_of.values())
+        day = sum(v or 0.0 for v in day_of.values())
         return night > day
 
     def to_json(self) -> dict[str, Any]:
@@ -121,6 +126,7 @@ def summarize(
         simulated_s=accounts.elapsed_s,
         trainers_night={name: meter.trainers_between(name, *NIGHT_HOURS) for name in jobs},
         trainers_day={name: meter.trainers_between(name, *DAY_HOURS) for name in jobs},
+        batch_jobs=tuple(job.name for job in meter.shape.jobs if job.batch),
     )
 
 

@@ -91,8 +91,8 @@ class WorldShape:
     are large (12 of a node's 16 cores), so about 13 real trainer processes fill the night
     and no job's cap binds; 1-core serving replicas fill the gaps beside them, and packing
     (MostAllocated placement, scale-downs that free whole nodes) keeps nodes whole for them.
-    `tideshift demo --lend` adds a fourth job, batch: 1-core trainers on serving's idle
-    reservation (`LENDING_JOB`). Each node keeps `lend_margin` of its allocatable back; the
+    `tideshift demo` adds a fourth job (`demo_world`), batch: 1-core trainers on serving's
+    idle reservation (`LENDING_JOB`). Each node keeps `lend_margin` of its allocatable back; the
     default 10 % is what a replica at 80 % target utilisation leaves idle, so 5 % (0.8 of 16
     cores, below one replica's core) lends two trainers per node of serving."""
 
@@ -104,6 +104,13 @@ class WorldShape:
     lend_margin: float = 0.05
     restart_cost_s: float = 10.0  # as in `simulate`: no progress while a job re-forms
     speedup_exponent: float = 0.8
+
+
+def demo_world(*, lend: bool) -> WorldShape:
+    """The world `tideshift demo` runs: the three jobs on requests, plus the batch job that
+    borrows serving's idle reservation unless `lend` is off (`--no-lend`)."""
+    default = WorldShape()
+    return WorldShape(jobs=(*default.jobs, LENDING_JOB)) if lend else default
 
 
 def build_cluster(shape: WorldShape, *, now: float, initial_demand_rps: float) -> LendingCluster:

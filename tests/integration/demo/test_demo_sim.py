@@ -35,6 +35,9 @@ def test_a_short_day_trades_training_for_serving(tmp_path: Path) -> None:
             "24",
             "--speed",
             "1440",
+            # the three jobs on requests alone: the batch job's 20-odd real trainer processes
+            # by day would double this test's time (lending: tests/unit/demo/test_demo_lending)
+            "--no-lend",
             "--quiet",
         ],
         capture_output=True,
@@ -52,7 +55,7 @@ def test_a_short_day_trades_training_for_serving(tmp_path: Path) -> None:
     assert summary["shortfall_minutes"] == 0, summary
     assert summary["jobs_started"] == summary["jobs_total"] == 3
     assert summary["utilization"]["cpu"] > 0.5
-    assert summary["cpu_lent"] == 0  # no batch job without --lend
+    assert summary["cpu_lent"] == 0  # no batch job with --no-lend
     # The pipeline really ran over NATS: forecasts, plans, commands and results are in the log.
     kinds = summary["events"]
     for kind in (

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tideshift.services.demo.cli import main
+from tideshift.services.demo.cli import build_parser, main
+from tideshift.services.demo.world import demo_world
 
 
 @pytest.fixture
@@ -97,3 +98,11 @@ def test_real_cluster_mode_without_prometheus_says_how_to_install_it(
     assert main(["--out", str(tmp_path / "out"), "--cluster", "kubeconfig"]) == 1
     line = _one_line(capsys.readouterr().err)
     assert "apt-get install prometheus" in line
+
+
+@pytest.mark.parametrize(("argv", "batch_jobs"), [([], ["ctr-lend"]), (["--no-lend"], [])])
+def test_lending_is_on_unless_turned_off(argv: list[str], batch_jobs: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    world = demo_world(lend=args.lend)
+    assert [job.name for job in world.jobs if job.batch] == batch_jobs
+    assert [job.name for job in world.jobs if not job.batch] == ["ctr-a", "ctr-b", "ctr-c"]

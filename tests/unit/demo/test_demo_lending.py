@@ -7,6 +7,7 @@ from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimWorkload
 from tideshift.services.demo.lending import LendingCluster
+from tideshift.services.demo.report import summarize
 from tideshift.services.demo.world import GIB, JobShape, Meter, ServingShape, WorldShape
 
 WEB = WorkloadRef("demo", "Deployment", "web")
@@ -149,3 +150,14 @@ def test_meter_counts_lent_cores_as_used_and_starved_minutes() -> None:
     last = {key: meter.series[key][-1] for key in meter.series if key.startswith("cores_")}
     assert sum(last.values()) == 16.0
     assert last["cores_lent"] == 4.0
+
+
+def test_training_grew_at_night_counts_the_jobs_on_requests_not_the_batch_one() -> None:
+    lend = JobShape("lend", trainer_cpu=1.0, trainer_memory_gib=2.0, batch=True)
+    meter = Meter(WorldShape(jobs=(JobShape("big"), lend)), start=0.0)
+    meter.series["t"] = [3600.0 * 2, 3600.0 * 12]  # 02:00 and 12:00
+    meter.series["trainers"] = {"big": [4, 1], "lend": [0, 20]}
+    summary = summarize(meter, end=86_400.0, trainer_churn=0, wall_s=1.0)
+    assert summary.batch_jobs == ("lend",)
+    # 4 + 0 at night against 1 + 20 by day, but the batch job rides serving by design
+    assert summary.training_grew_at_night is True

@@ -38,6 +38,20 @@ def test_planner_timing_runs_the_loop_every_interval_of_wall_time() -> None:
     assert settings.forecast_max_age_seconds >= 720.0 * 5  # several predictor refreshes
 
 
+def test_observed_demand_reaches_every_plan_fresh() -> None:
+    """The planner's safety net and its batch room use observed demand only while fresh: the
+    predictor observes once per plan (clock seconds), and a few misses are tolerated."""
+    speed, plan_wall_s = 288.0, 0.5
+    planner = planner_service.PlannerSettings(
+        health_port=-1, **pipeline.planner_timing(speed=speed, interval_wall_s=plan_wall_s)
+    )
+    predictor = pipeline.predictor_settings_for(
+        WorldShape(), interval_s=speed * 1.0, observe_s=speed * plan_wall_s
+    )
+    assert predictor.observe_seconds == pytest.approx(planner.tick_seconds)
+    assert 2 * predictor.observe_seconds <= planner.observed_max_age_seconds
+
+
 @pytest.mark.parametrize("name", ["predictor", "planner"])
 def test_real_cluster_flags_parse(name: str) -> None:
     serving = ServingShape(namespace="demo-x", capacity_rps=10.0, max_replicas=30)
