@@ -2,8 +2,8 @@
 
 No single model wins on every shape: a seasonal profile wins on a regular daily cycle,
 persistence with drift in the first minutes of a flash crowd, a smooth statistical model or
-Holt-Winters' exponential smoothing on bursty noise without a cycle. The portfolio runs several members side by side and lets the workload's own
-history decide, per step ahead:
+Holt-Winters' exponential smoothing on bursty noise without a cycle. The portfolio runs
+several members side by side and lets the workload's own history decide, per step ahead:
 
 1. Rolling-origin scoring, out of sample. Every `score_every_s` the members' forecasts are
    recorded; as the actual values arrive each (member, step ahead) gets its squared log
@@ -83,7 +83,9 @@ class PortfolioConfig(BaseModel):
     # proportional to exp(-selection_sharpness * x): 10 gives a candidate 10 % behind
     # about a third of the leader's weight.
     selection_sharpness: float = Field(default=10.0, ge=0)
-    warmup_s: float = Field(default=SECONDS_PER_DAY, ge=0)
+    # Three days, so the first scores span more than one kind of day: scored on a weekend
+    # alone, yesterday's value looks best and fails on the Monday after.
+    warmup_s: float = Field(default=3 * SECONDS_PER_DAY, ge=0)
     warmup_every_s: float = Field(default=7200.0, gt=0)
     # Updates further than this beyond the last observation are rejected (a broken clock).
     max_gap_s: float = Field(default=35 * SECONDS_PER_DAY, gt=0)
