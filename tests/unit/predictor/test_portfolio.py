@@ -80,3 +80,38 @@ def test_backtest_json_reports_the_portfolios_choices(
     weights = document["choices"]["portfolio"]["weights_by_step"]
     assert all(sum(step.values()) == pytest.approx(1.0, abs=0.01) for step in weights.values())
     assert 0 <= document["models"]["portfolio"]["under_rate_q95"] <= 1
+
+
+def _daily_cycle(days: float) -> tuple[np.ndarray, np.ndarray]:
+    times = np.arange(0.0, days * DAY, 300.0)
+    return times, 1000 + 600 * np.sin(2 * np.pi * times / DAY)
+
+
+def test_selection_gives_the_member_with_the_lowest_pinball_loss_the_forecast() -> None:
+    """On an exact daily cycle yesterday's value is exact at every step and persistence is
+    not: the forecast is the seasonal naive member's, at every level."""
+    times, values = _daily_cycle(5)
+    members = {"members": ("drift", "seasonal_naive_daily"), "default_interval_s": 300.0}
+    model = build_model("portfolio", {**members, "warmup_s": DAY})
+    assert isinstance(model, Portfolio)
+    model.fit(times[: 4 * 288], values[: 4 * 288])
+    for start in range(4 * 288, times.shape[0], 6):
+        model.update(times[start : start + 6], values[start : start + 6])
+    shares = model.member_weights(12)
+    assert np.allclose(shares.sum(axis=0), 1.0)
+    assert np.all(shares[1] > 0.99)
+    forecast = model.predict(12)
+    truth = 1000 + 600 * np.sin(2 * np.pi * forecast.timestamps / DAY)
+    for level in (0.5, 0.95):
+        assert np.allclose(forecast.quantile(level), truth, rtol=0.01)
+
+
+def test_the_combination_forecasts_alone_until_candidates_are_scored() -> None:
+    times, values = _daily_cycle(2)
+    model = build_model("portfolio", {**CHEAP, "default_interval_s": 300.0, "warmup_s": 0.0})
+    assert isinstance(model, Portfolio)
+    model.fit(times, values)
+    weights = model.selection_weights(12)
+    assert weights.shape == (len(CHEAP["members"]) + 1, 4, 12)
+    assert np.all(weights[-1] == 1.0)
+    assert np.all(weights[:-1] == 0.0)
