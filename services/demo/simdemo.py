@@ -227,7 +227,8 @@ class _SimDemoRun:
         await stages.wait_ready(timeout=60.0)
 
     async def _start_training(self, cluster: SimCluster) -> None:
-        """Start a trainer process per ready trainer pod; wait (bounded) until every job trains."""
+        """Start a trainer process per ready trainer pod; wait (bounded) until every job that
+        has one trains."""
         config = self.config
         fleet = self.fleet = TrainingFleet(
             nats_url=self.nats.url,
@@ -237,11 +238,13 @@ class _SimDemoRun:
         )
         for job in config.world.jobs:
             await fleet.start_job(job.name, pservers=job.pservers)
-        for job_name, pods in ready_trainer_pods(cluster, config.world).items():
+        ready = ready_trainer_pods(cluster, config.world)
+        for job_name, pods in ready.items():
             await fleet.reconcile(job_name, pods)
-        # Time starts once every job trains (Python processes take seconds to start on a
-        # busy machine; a frozen clock keeps that out of the simulated day).
-        jobs = config.world.jobs
+        # Time starts once every job with ready trainers trains (Python processes take seconds
+        # to start on a busy machine; a frozen clock keeps that out of the simulated day). A
+        # batch job may start with none: it has nothing to wait for.
+        jobs = [job for job in config.world.jobs if ready[job.name]]
         deadline = time.monotonic() + config.trainer_start_timeout_wall_s
         while time.monotonic() < deadline:
             running = sum(
