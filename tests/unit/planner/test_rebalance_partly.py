@@ -7,11 +7,13 @@ import math
 
 from tideshift.services.planner.policy import (
     ClusterView,
+    Forecast,
     NodeSpec,
     PlanInputs,
     PlanState,
     PodSpec,
     PolicyConfig,
+    ServingWorkload,
     Target,
     TrainingJob,
     plan,
@@ -21,6 +23,7 @@ GIB = 2**30
 JOB_A = Target("ml", "PyTorchJob", "a")
 JOB_B = Target("ml", "PyTorchJob", "b")
 JOB_C = Target("ml", "PyTorchJob", "c")
+WEB = Target("prod", "Deployment", "web")
 NODES = [NodeSpec(f"n{i}", (16.0, 64 * GIB, 0.0)) for i in range(2)]
 
 
@@ -32,17 +35,22 @@ def trainers(target: Target, per_node: tuple[int, int]) -> list[PodSpec]:
     ]
 
 
-def desired(pods: list[PodSpec], current: dict[Target, int], floor: float) -> dict[Target, int]:
+def desired(
+    pods: list[PodSpec], current: dict[Target, int], floor: float, *, serving_rps: float = 0.0
+) -> dict[Target, int]:
     jobs = tuple(
         TrainingJob(target, (1.0, GIB, 0.0), 1, 100, submitted_at=float(k))
         for k, target in enumerate(current)
     )
+    web = ServingWorkload(WEB, (1.0, GIB, 0.0), capacity_rps=10.0, min_replicas=0)
+    times = tuple(1000.0 + 60.0 * i for i in range(60))
+    forecast = Forecast(1000.0, times, {0.95: tuple(serving_rps for _ in times)})
     inputs = PlanInputs(
         cluster=ClusterView.build(NODES, pods),
-        serving=(),
+        serving=(web,) if serving_rps else (),
         jobs=jobs,
-        forecasts={},
-        current=current,
+        forecasts={WEB: forecast} if serving_rps else {},
+        current=current | ({WEB: 0} if serving_rps else {}),
         config=PolicyConfig(rebalance_floor=floor),
     )
     decision, _ = plan(inputs, PlanState(), 1000.0)
@@ -65,3 +73,10 @@ def test_no_moves_once_every_job_has_its_floor_of_the_share() -> None:
     current = {JOB_A: 24, JOB_B: 8}
     assert desired(pods, current, floor=0.5) == current
     assert desired(pods, current, floor=1.0) == {JOB_A: 16, JOB_B: 16}
+
+
+def test_serving_takes_room_from_a_job_held_above_its_share() -> None:
+    pods = trainers(JOB_A, (12, 12)) + trainers(JOB_B, (4, 4))
+    counts = desired(pods, {JOB_A: 24, JOB_B: 8}, floor=0.5, serving_rps=100.0)
+    assert counts[WEB] == 10
+    assert counts[JOB_A] + counts[JOB_B] <= 32 - 10
