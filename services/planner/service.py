@@ -220,6 +220,13 @@ class PlannerSettings(ServiceSettings):
         lt=1,
         description="skip growing a running job for a smaller gain",
     )
+    rebalance_floor: float = Field(
+        default=_POLICY_DEFAULTS.rebalance_floor,
+        gt=0,
+        le=1,
+        description="move trainers between running jobs only until every job has this "
+        "fraction of its fair share (1: rebalance to the fair share at once)",
+    )
     batch_margin: float = Field(
         default=_POLICY_DEFAULTS.overcommit.margin,
         ge=0,
@@ -436,6 +443,7 @@ class PlannerState:
                 min_trainer_lifetime_s=settings.min_trainer_lifetime_seconds,
                 shrink_tolerance=settings.shrink_tolerance,
                 grow_tolerance=settings.grow_tolerance,
+                rebalance_floor=settings.rebalance_floor,
                 overcommit=OvercommitConfig(margin=settings.batch_margin),
                 batch_grow_after_s=settings.batch_grow_after_seconds,
             ),
