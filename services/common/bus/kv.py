@@ -24,6 +24,8 @@ M = TypeVar("M", bound=BaseModel)
 # JetStream's error code for a compare-and-set that lost (some servers send it as a plain
 # bad request rather than as KeyWrongLastSequenceError).
 WRONG_LAST_SEQUENCE = 10071
+# How long the server keeps a key listing's consumer once nobody reads it.
+LISTING_IDLE_SECONDS = 2.0
 
 
 class KVConflict(RuntimeError):
@@ -138,10 +140,23 @@ class TypedKV:
             await self.raw.delete(key)
 
     async def keys(self) -> list[str]:
+        """Every key that holds a value (deleted and purged keys left out)."""
+        # Not `KeyValue.keys()`: its ephemeral consumer stays on the server for five minutes
+        # after the listing, and a stream holds at most 1,000 consumers, so four coordinators
+        # listing their members twice a second ran the bucket out in two minutes. The same
+        # listing with a consumer the server drops moments after the watcher stops.
+        watcher = await self.raw.watchall(
+            ignore_deletes=True, meta_only=True, inactive_threshold=LISTING_IDLE_SECONDS
+        )
         try:
-            return list(await self.raw.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+            keys: list[str] = []
+            async for entry in watcher:
+                if entry is None:  # the watcher's marker: every current key has been sent
+                    return keys
+                keys.append(entry.key)
+            return keys
+        finally:
+            await watcher.stop()
 
     async def items(self, model: type[M]) -> AsyncIterator[tuple[str, M]]:
         """Every current value that still validates; bad values are logged and skipped."""

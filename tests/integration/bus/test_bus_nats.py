@@ -311,3 +311,24 @@ async def test_kv_compare_and_set(bus: Bus, unique: str) -> None:
     with pytest.raises(KVConflict):
         await kv.update("k", pod(unique, "d"), revision=first_revision)
     assert await kv.get("k", events.PodChanged) == pod(unique, "c")
+
+
+async def test_kv_key_listings_leave_no_consumers_behind(bus: Bus, unique: str) -> None:
+    # A coordinator lists its trainers twice a second; each listing's consumer must go soon,
+    # or the bucket's stream reaches JetStream's 1,000-consumer limit within minutes.
+    kv = await bus.kv(f"keys_{unique}")
+    assert await kv.keys() == []
+    await kv.put("kept", pod(unique, "a"))
+    await kv.put("gone", pod(unique, "b"))
+    await kv.delete("gone")
+    for _ in range(50):
+        assert await kv.keys() == ["kept"]
+    stream = f"KV_keys_{unique}"
+    assert (await bus.js.stream_info(stream)).state.consumer_count > 0
+
+    for _ in range(120):  # up to 60 s; the server drops them about two seconds after use
+        if (await bus.js.stream_info(stream)).state.consumer_count == 0:
+            break
+        await asyncio.sleep(0.5)
+    else:
+        pytest.fail("key listings' consumers were still on the server after 60 s")
