@@ -156,7 +156,7 @@ class TypedKV:
                 keys.append(entry.key)
             return keys
         finally:
-            await watcher.stop()
+            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
 
     async def items(self, model: type[M]) -> AsyncIterator[tuple[str, M]]:
         """Every current value that still validates; bad values are logged and skipped."""
