@@ -427,8 +427,9 @@ class Portfolio:
     # ---- reporting -----------------------------------------------------------------------
 
     def choices(self) -> dict[str, object]:
-        """What the portfolio has chosen: the current weights at a few steps ahead, and the
-        share of forecast steps each member led since it was created."""
+        """What the portfolio has chosen: each member's current share of the q0.95 forecast
+        (its own quantiles' weight plus its part of the combination's) at a few steps ahead,
+        and the share of forecast steps each member led since it was created."""
         probes = sorted({1, max(1, self._steps // 4), self._steps})
         weights = self.member_weights(self._steps)
         total = float(self._top_counts.sum())
