@@ -15,9 +15,11 @@ LEND = WorkloadRef("demo", "ElasticJob", "lend")
 TRAINER = Resources(2.0, 4 * GIB, 0)
 
 
-def one_node_cluster(*, batch_trainers: int) -> LendingCluster:
+def lending_cluster(
+    *, batch_trainers: int, nodes: int = 1, serving_replicas: int = 10
+) -> LendingCluster:
     cluster = LendingCluster(
-        [Node("n1", Resources(16.0, 64 * GIB, 0))],
+        [Node(f"n{i + 1}", Resources(16.0, 64 * GIB, 0)) for i in range(nodes)],
         now=0.0,
         batch_use={LEND: TRAINER},
         overcommit=OvercommitConfig(margin=0.05),
@@ -28,7 +30,7 @@ def one_node_cluster(*, batch_trainers: int) -> LendingCluster:
             kind="Deployment",
             role="serving",
             pod_requests=Resources(1.0, 2 * GIB, 0),
-            replicas=10,
+            replicas=serving_replicas,
             priority=1000,
         )
     )
@@ -45,7 +47,7 @@ def one_node_cluster(*, batch_trainers: int) -> LendingCluster:
 
 
 def test_batch_trainers_bind_on_what_serving_reserves_and_does_not_use() -> None:
-    cluster = one_node_cluster(batch_trainers=6)
+    cluster = lending_cluster(batch_trainers=6)
     cluster.serving_busy[WEB] = 0.5  # 10 cores requested, 5 used once ready
     cluster.step(1.0)
     # serving replicas still starting use their requests: nothing idle to lend yet
@@ -60,7 +62,7 @@ def test_batch_trainers_bind_on_what_serving_reserves_and_does_not_use() -> None
 
 
 def test_rising_serving_usage_evicts_batch_trainers_first_then_they_return() -> None:
-    cluster = one_node_cluster(batch_trainers=4)
+    cluster = lending_cluster(batch_trainers=4)
     cluster.serving_busy[WEB] = 0.2  # 8 idle cores
     cluster.step(1.0)
     cluster.step(2.0)
@@ -81,7 +83,7 @@ def test_rising_serving_usage_evicts_batch_trainers_first_then_they_return() -> 
 
 
 def test_a_pod_with_requests_takes_its_cores_from_batch_trainers_on_binding() -> None:
-    cluster = one_node_cluster(batch_trainers=5)
+    cluster = lending_cluster(batch_trainers=5)
     cluster.serving_busy[WEB] = 0.2
     cluster.step(1.0)
     cluster.step(2.0)
@@ -95,29 +97,11 @@ def test_a_pod_with_requests_takes_its_cores_from_batch_trainers_on_binding() ->
 
 
 def test_a_batch_job_scaled_down_loses_trainers_where_lent_room_is_shortest() -> None:
-    cluster = LendingCluster(
-        [Node("n1", Resources(16.0, 64 * GIB, 0)), Node("n2", Resources(16.0, 64 * GIB, 0))],
-        now=0.0,
-        batch_use={LEND: TRAINER},
-        overcommit=OvercommitConfig(margin=0.05),
-    )
-    cluster.add_workload(
-        SimWorkload(
-            ref=WEB,
-            kind="Deployment",
-            role="serving",
-            pod_requests=Resources(1.0, 2 * GIB, 0),
-            replicas=20,  # packed: 16 on one node, 4 on the other
-            priority=1000,
-        )
-    )
+    # 20 serving replicas packed: 16 on one node, 4 on the other
+    cluster = lending_cluster(batch_trainers=0, nodes=2, serving_replicas=20)
     cluster.serving_busy[WEB] = 0.5
     cluster.step(1.0)
-    cluster.add_workload(
-        SimWorkload(
-            ref=LEND, kind="ElasticJob", role="training", pod_requests=Resources(), replicas=4
-        )
-    )
+    cluster.scale(LEND, 4)
     cluster.step(2.0)
     by_node = lambda: sorted(pod.node or "" for pod in cluster.pods() if pod.owner == LEND)  # noqa: E731
     full = next(pod.node for pod in cluster.pods() if pod.owner == WEB and pod.node)
@@ -136,7 +120,7 @@ def test_meter_counts_lent_cores_as_used_and_starved_minutes() -> None:
         serving=ServingShape(capacity_rps=10.0, min_replicas=1, startup_delay_s=0.0),
         jobs=(JobShape("lend", trainer_cpu=2.0, trainer_memory_gib=4.0, batch=True),),
     )
-    cluster = one_node_cluster(batch_trainers=0)
+    cluster = lending_cluster(batch_trainers=0)
     cluster.step(0.0)  # ten ready 1-core serving replicas
     meter = Meter(world, start=0.0, sample_every_s=60.0)
     meter.record(0.0, cluster, 50.0)
