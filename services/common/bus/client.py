@@ -304,7 +304,8 @@ class Bus:
     async def kv(
         self, bucket: str, *, ttl_seconds: float | None = None, history: int = 1
     ) -> TypedKV:
-        return TypedKV(await self._raw_kv(bucket, ttl_seconds=ttl_seconds, history=history))
+        raw = await self._raw_kv(bucket, ttl_seconds=ttl_seconds, history=history)
+        return TypedKV(raw, js=self.js, bucket=bucket)
 
     async def _raw_kv(
         self, bucket: str, *, ttl_seconds: float | None = None, history: int = 1

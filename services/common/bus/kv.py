@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TypeVar
 
+import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
@@ -24,8 +28,17 @@ M = TypeVar("M", bound=BaseModel)
 # JetStream's error code for a compare-and-set that lost (some servers send it as a plain
 # bad request rather than as KeyWrongLastSequenceError).
 WRONG_LAST_SEQUENCE = 10071
-# How long the server keeps a key listing's consumer once nobody reads it.
+# How long the server keeps a key listing's consumer if its deletion is lost; keys per fetch.
 LISTING_IDLE_SECONDS = 2.0
+LISTING_BATCH = 256
+# A key's last message marks it deleted or purged: by the client's header, or (nats-server
+# 2.11+, a TTL or age expiry) by the server's marker.
+_REMOVED_OPERATIONS = frozenset({"DEL", "PURGE"})
+
+
+def _removed(msg: Msg) -> bool:
+    headers = msg.headers or {}
+    return headers.get("KV-Operation") in _REMOVED_OPERATIONS or "Nats-Marker-Reason" in headers
 
 
 class KVConflict(RuntimeError):
@@ -95,8 +108,10 @@ class Lease:
 class TypedKV:
     """A KV bucket holding pydantic models as JSON, under escaped keys."""
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, *, js: JetStreamContext, bucket: str) -> None:
         self.raw = kv
+        self.js = js
+        self.bucket = bucket
 
     async def put(self, key: str, value: BaseModel) -> int:
         return await self.raw.put(key, value.model_dump_json().encode())
@@ -141,22 +156,40 @@ class TypedKV:
 
     async def keys(self) -> list[str]:
         """Every key that holds a value (deleted and purged keys left out)."""
-        # Not `KeyValue.keys()`: its ephemeral consumer stays on the server for five minutes
-        # after the listing, and a stream holds at most 1,000 consumers, so four coordinators
-        # listing their members twice a second ran the bucket out in two minutes. The same
-        # listing with a consumer the server drops moments after the watcher stops.
-        watcher = await self.raw.watchall(
-            ignore_deletes=True, meta_only=True, inactive_threshold=LISTING_IDLE_SECONDS
+        # Not `KeyValue.keys()`: its consumer stays on the server for five minutes after the
+        # listing, and a stream holds at most 1,000 consumers (four coordinators listing
+        # their members twice a second ran a bucket out in two minutes); and under load its
+        # end-of-listing marker can overtake the keys, listing none. A pull consumer knows
+        # how many keys it will deliver before delivering any, and is deleted afterwards.
+        prefix = f"$KV.{self.bucket}."
+        stream = f"KV_{self.bucket}"
+        listing = await self.js.pull_subscribe(
+            prefix + ">",
+            stream=stream,
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=AckPolicy.NONE,
+                headers_only=True,
+                mem_storage=True,
+                inactive_threshold=LISTING_IDLE_SECONDS,
+            ),
         )
+        info = await listing.consumer_info()
         try:
+            remaining = info.num_pending or 0
             keys: list[str] = []
-            async for entry in watcher:
-                if entry is None:  # the watcher's marker: every current key has been sent
-                    return keys
-                keys.append(entry.key)
+            while remaining > 0:
+                try:
+                    batch = await listing.fetch(min(remaining, LISTING_BATCH), timeout=2)
+                except nats.errors.TimeoutError:  # what was counted expired before delivery
+                    break
+                keys += [msg.subject[len(prefix) :] for msg in batch if not _removed(msg)]
+                remaining = batch[-1].metadata.num_pending
             return keys
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
+            await listing.unsubscribe()
+            with contextlib.suppress(nats.errors.Error):
+                await self.js.delete_consumer(stream, info.name)
 
     async def items(self, model: type[M]) -> AsyncIterator[tuple[str, M]]:
         """Every current value that still validates; bad values are logged and skipped."""
