@@ -1,5 +1,7 @@
 """Partial rebalancing: a job above its fair share gives back only what lifts the others to
-`rebalance_floor` of their shares; nobody below its share loses trainers to it."""
+`rebalance_floor` of their shares; nobody below its share loses trainers to it. A new job's
+parameter servers waiting for a node get room before trainers do: otherwise the trainers take
+the room they need and the job does not start."""
 
 from __future__ import annotations
 
@@ -80,3 +82,28 @@ def test_serving_takes_room_from_a_job_held_above_its_share() -> None:
     counts = desired(pods, {JOB_A: 24, JOB_B: 8}, floor=0.5, serving_rps=100.0)
     assert counts[WEB] == 10
     assert counts[JOB_A] + counts[JOB_B] <= 32 - 10
+
+
+def desired_with_waiting_servers(waiting_companions: int) -> dict[Target, int]:
+    pods = [PodSpec((1.0, GIB, 0.0), node.name, JOB_A) for node in NODES for _ in range(16)]
+    pods += [PodSpec((1.0, GIB, 0.0), None, JOB_B, replica=False)] * waiting_companions
+    inputs = PlanInputs(
+        cluster=ClusterView.build(NODES, pods),
+        serving=(),
+        jobs=(
+            TrainingJob(JOB_A, (1.0, GIB, 0.0), 1, 100, submitted_at=0.0),
+            TrainingJob(JOB_B, (1.0, GIB, 0.0), 2, 100, submitted_at=1.0),
+        ),
+        forecasts={},
+        current={JOB_A: 32, JOB_B: 0},
+        config=PolicyConfig(rebalance_floor=1.0),
+    )
+    decision, _ = plan(inputs, PlanState(), 1000.0)
+    return decision.desired()
+
+
+def test_trainers_leave_room_for_the_waiting_parameter_servers() -> None:
+    assert sum(desired_with_waiting_servers(0).values()) == 32
+    with_servers = desired_with_waiting_servers(4)
+    assert sum(with_servers.values()) == 32 - 4
+    assert with_servers[JOB_B] >= 2
