@@ -28,7 +28,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal
 
-import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -43,13 +42,15 @@ from tideshift.events.subjects import DEMAND_OBSERVED, FORECAST, WORKLOAD_CHANGE
 from tideshift.services.common.clock import Clock, WallClock, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
-from tideshift.services.predictor.models import (
-    DEFAULT_MODEL,
-    MODELS,
-    Forecast,
-    Forecaster,
-    build_model,
+from tideshift.services.predictor.forecasting import (
+    REFIT_S,
+    STALE_AFTER_S,
+    STALE_WIDENING,
+    STALE_WIDENING_PER_HOUR,
+    Cadence,
+    WorkloadModel,
 )
+from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS, Forecast
 from tideshift.services.predictor.sources import (
     MetricSource,
     MetricSourceError,
@@ -127,7 +128,7 @@ class PredictorSettings(ServiceSettings):
         default=14 * 86400.0, gt=0, description="history fitted on (clock seconds)"
     )
     refit_seconds: float = Field(
-        default=3600.0, gt=0, description="refit cadence; updates in between (clock seconds)"
+        default=REFIT_S, gt=0, description="refit cadence; updates in between (clock seconds)"
     )
     refresh_seconds: float | None = Field(
         default=None, gt=0, description="clock seconds between forecasts; unset = step_seconds"
@@ -141,15 +142,17 @@ class PredictorSettings(ServiceSettings):
         default=10.0, gt=0, description="a slower query counts as an outage"
     )
     stale_after_seconds: float = Field(
-        default=180.0,
+        default=STALE_AFTER_S,
         gt=0,
         description="no new sample for this long (clock seconds) counts as an outage",
     )
     stale_widening: float = Field(
-        default=0.25, ge=0, description="stale upper quantiles x (1 + this) at once"
+        default=STALE_WIDENING, ge=0, description="stale upper quantiles x (1 + this) at once"
     )
     stale_widening_per_hour: float = Field(
-        default=0.5, ge=0, description="... plus this per hour of outage (capped at 2)"
+        default=STALE_WIDENING_PER_HOUR,
+        ge=0,
+        description="... plus this per hour of outage (capped at 2)",
     )
     snapshot_bucket: str = Field(
         default="tideshift_cluster",
@@ -166,25 +169,35 @@ class PredictorSettings(ServiceSettings):
             raise ValueError(f"unknown model {value!r}; expected one of {', '.join(MODELS)}")
         return value
 
-
-MAX_STALE_WIDENING = 2.0
+    def cadence(self) -> Cadence:
+        return Cadence(
+            step_s=self.step_seconds,
+            horizon_s=self.horizon_seconds,
+            history_s=self.history_seconds,
+            refit_s=self.refit_seconds,
+            stale_after_s=self.stale_after_seconds,
+            stale_widening=self.stale_widening,
+            stale_widening_per_hour=self.stale_widening_per_hour,
+        )
 
 
 @dataclass
 class WorkloadForecaster:
-    """One workload's history, model and outage state; `tick` makes one step's forecast."""
+    """One workload's forecasting I/O: queries its demand and publishes what `WorkloadModel`
+    (`forecasting.py`) decides; `tick` makes one step's forecast."""
 
     spec: WorkloadQuery
     settings: PredictorSettings
     source: MetricSource
     clock: Clock
-    model: Forecaster | None = None
-    model_name: str = ""
-    timestamps: np.ndarray[Any, np.dtype[np.float64]] = field(default_factory=lambda: np.zeros(0))
-    values: np.ndarray[Any, np.dtype[np.float64]] = field(default_factory=lambda: np.zeros(0))
-    last_fit_at: float | None = None
-    outage_since: float | None = None
-    outage_reason: str = ""
+    state: WorkloadModel = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = WorkloadModel(
+            cadence=self.settings.cadence(),
+            model_name=self.spec.model or self.settings.model,
+            model_settings=self.spec.model_settings,
+        )
 
     @property
     def label(self) -> str:
@@ -203,35 +216,27 @@ class WorkloadForecaster:
 
     async def tick(self) -> ForecastIssued | None:
         """Query, fit or update, forecast. None when there is nothing to forecast from yet."""
-        settings = self.settings
+        state = self.state
         now = self.clock.now()
-        step = settings.step_seconds
-        end = math.floor(now / step) * step
-        last = float(self.timestamps[-1]) if self.timestamps.shape[0] else None
-        start = end - settings.history_seconds if last is None else last + step
+        start, end = state.window(now)
         try:
-            samples = await self._fetch(start=min(start, end), end=end)
-            fresh = self._absorb(samples, last=last)
-            newest = float(self.timestamps[-1]) if self.timestamps.shape[0] else None
-            if newest is None or (not fresh and end - newest > settings.stale_after_seconds):
-                raise MetricSourceError(
-                    "no usable samples (empty, NaN or negative)"
-                    + ("" if newest is None else f" since {_iso(newest)}")
-                )
+            samples = await self._fetch(start=start, end=end)
+            fresh = state.absorb(samples.timestamps, samples.values)
+            reason = state.unusable(fresh=fresh, end=end)
+            if reason is not None:
+                raise MetricSourceError(reason)
             if fresh:
                 await self._learn(fresh, now=now)
         except MetricSourceError as error:
             SOURCE_FAILURES.labels(self.label).inc()
             return self._stale(now=now, reason=str(error))
-        if self.outage_since is not None:
+        lasted = state.end_outage(now=now)
+        if lasted is not None:
             log.info(
-                "%s: metrics are back after %.0f s; forecasts are fresh again",
-                self.label,
-                now - self.outage_since,
+                "%s: metrics are back after %.0f s; forecasts are fresh again", self.label, lasted
             )
-            self.outage_since = None
             STALE.labels(self.label).set(0)
-        return self._issue(now=now, stale=False, reason="")
+        return self._issue(now=now)
 
     async def observe(self) -> DemandObserved | None:
         """The demand measured now; None (counted) when the source has no usable value."""
@@ -265,47 +270,19 @@ class WorkloadForecaster:
                 f"no answer within {self.settings.query_timeout_seconds:g} s"
             ) from None
 
-    def _absorb(self, samples: Samples, *, last: float | None) -> int:
-        """Append valid samples newer than the history; returns how many."""
-        times, values = samples.timestamps, samples.values
-        keep = np.isfinite(times) & np.isfinite(values) & (values >= 0)
-        if last is not None:
-            keep &= times > last
-        times, values = times[keep], values[keep]
-        if not times.shape[0]:
-            return 0
-        horizon_start = float(times[-1]) - self.settings.history_seconds
-        self.timestamps = np.concatenate([self.timestamps, times])
-        self.values = np.concatenate([self.values, values])
-        recent = self.timestamps > horizon_start
-        self.timestamps, self.values = self.timestamps[recent], self.values[recent]
-        return int(times.shape[0])
-
     async def _learn(self, fresh: int, *, now: float) -> None:
-        due = self.last_fit_at is None or now - self.last_fit_at >= self.settings.refit_seconds
-        if self.model is None or due:
-            model = self._build()
-            started = time.perf_counter()
-            # Fitting takes up to seconds of CPU: off the event loop, so NATS stays served.
-            await asyncio.to_thread(model.fit, self.timestamps.copy(), self.values.copy())
-            FIT_SECONDS.labels(self.label).observe(time.perf_counter() - started)
-            self.model = model
-            self.last_fit_at = now
-        else:
-            self.model.update(self.timestamps[-fresh:], self.values[-fresh:])
-
-    def _build(self) -> Forecaster:
-        self.model_name = self.spec.model or self.settings.model
-        overrides: dict[str, Any] = {"default_interval_s": self.settings.step_seconds}
-        if "max_horizon_s" in MODELS[self.model_name].config_type.model_fields:
-            overrides["max_horizon_s"] = self.settings.horizon_seconds
-        overrides.update(self.spec.model_settings)
-        return build_model(self.model_name, overrides)
+        state = self.state
+        model = state.next_model(fresh=fresh, now=now)
+        if model is None:
+            return
+        started = time.perf_counter()
+        # Fitting takes up to seconds of CPU: off the event loop, so NATS stays served.
+        await asyncio.to_thread(model.fit, state.timestamps.copy(), state.values.copy())
+        FIT_SECONDS.labels(self.label).observe(time.perf_counter() - started)
+        state.adopt(model, now=now)
 
     def _stale(self, *, now: float, reason: str) -> ForecastIssued | None:
-        if self.outage_since is None:
-            self.outage_since = now
-            self.outage_reason = reason
+        if self.state.begin_outage(now=now, reason=reason):
             STALE.labels(self.label).set(1)
             log.warning(
                 "%s: metric source failing (%s); publishing the last forecast marked stale "
@@ -313,59 +290,38 @@ class WorkloadForecaster:
                 self.label,
                 reason,
             )
-        if self.model is None:
-            return None
-        return self._issue(now=now, stale=True, reason=self.outage_reason)
+        return self._issue(now=now)
 
-    def _issue(self, *, now: float, stale: bool, reason: str) -> ForecastIssued | None:
-        if self.model is None:
+    def _issue(self, *, now: float) -> ForecastIssued | None:
+        state = self.state
+        forecast = state.forecast(now)
+        if forecast is None:
             return None
-        step = self.settings.step_seconds
-        horizon_steps = max(1, math.ceil(self.settings.horizon_seconds / step))
-        last = float(self.timestamps[-1])
-        # The model stands at its last observation; skip the steps already in the past.
-        behind = max(0, math.floor((now - last) / step))
-        forecast = self.model.predict(horizon_steps + behind)
-        widening = 0.0
-        if stale:
-            hours = (now - (self.outage_since or now)) / 3600.0
-            widening = min(
-                MAX_STALE_WIDENING,
-                self.settings.stale_widening + self.settings.stale_widening_per_hour * hours,
-            )
-        points = _points(forecast, first=behind, widening=widening)
+        stale = state.outage_since is not None
         FORECASTS.labels(self.label, str(stale).lower()).inc()
         return ForecastIssued(
             workload=self.ref,
             issued_at=datetime.fromtimestamp(now, tz=UTC),
-            step_seconds=step,
-            model=self.model_name,
-            points=points,
+            step_seconds=self.settings.step_seconds,
+            model=state.model_name,
+            points=_points(forecast),
             stale=stale,
-            stale_reason=reason if stale else "",
+            stale_reason=state.outage_reason,
         )
 
 
-def _points(forecast: Forecast, *, first: int, widening: float) -> tuple[ForecastPoint, ...]:
-    factor = 1.0 + widening
-    points = []
-    for index in range(first, forecast.horizon_steps):
-        q50 = float(forecast.quantiles[0.5][index])
-        points.append(
-            ForecastPoint(
-                at=datetime.fromtimestamp(float(forecast.timestamps[index]), tz=UTC),
-                point=float(forecast.point[index]),
-                q50=q50,
-                q90=max(q50, float(forecast.quantiles[0.9][index]) * factor),
-                q95=max(q50, float(forecast.quantiles[0.95][index]) * factor),
-                q99=max(q50, float(forecast.quantiles[0.99][index]) * factor),
-            )
+def _points(forecast: Forecast) -> tuple[ForecastPoint, ...]:
+    return tuple(
+        ForecastPoint(
+            at=datetime.fromtimestamp(float(at), tz=UTC),
+            point=float(forecast.point[index]),
+            q50=float(forecast.quantiles[0.5][index]),
+            q90=float(forecast.quantiles[0.9][index]),
+            q95=float(forecast.quantiles[0.95][index]),
+            q99=float(forecast.quantiles[0.99][index]),
         )
-    return tuple(points)
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, tz=UTC).isoformat(timespec="seconds")
+        for index, at in enumerate(forecast.timestamps)
+    )
 
 
 def build_source(settings: PredictorSettings) -> MetricSource:

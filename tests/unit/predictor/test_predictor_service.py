@@ -99,7 +99,7 @@ async def test_healthy_source_gives_fresh_forecasts_over_the_horizon() -> None:
     clock.value += 60
     second = await loop.tick()
     assert second is not None and second.points[0].at.timestamp() == START + 120
-    assert loop.model is not None and loop.last_fit_at == START  # updated, not refitted
+    assert loop.state.model is not None and loop.state.last_fit_at == START  # updated, not refitted
 
 
 @pytest.mark.parametrize("mode", ["down", "slow", "nan", "empty"])
@@ -151,13 +151,13 @@ async def test_refit_happens_on_the_cadence() -> None:
     source, clock = ScriptedSource(), SteppedClock(START)
     loop = forecaster(source, clock, refit_seconds=300.0)
     await loop.tick()
-    first_model = loop.model
+    first_model = loop.state.model
     clock.value += 240
     await loop.tick()
-    assert loop.model is first_model
+    assert loop.state.model is first_model
     clock.value += 60
     await loop.tick()
-    assert loop.model is not first_model and loop.last_fit_at == clock.value
+    assert loop.state.model is not first_model and loop.state.last_fit_at == clock.value
 
 
 async def test_history_is_bounded() -> None:
@@ -166,7 +166,7 @@ async def test_history_is_bounded() -> None:
     for _ in range(5):
         await loop.tick()
         clock.value += 600
-    assert loop.timestamps[-1] - loop.timestamps[0] < 3600.0
+    assert loop.state.timestamps[-1] - loop.state.timestamps[0] < 3600.0
 
 
 async def test_sim_source_answers_on_the_step_grid() -> None:
