@@ -32,7 +32,7 @@ from tideshift.events import (
     WorkloadRef,
     encode_token,
 )
-from tideshift.services.cluster.adapters.kinds import ALIASES, normalise_kind
+from tideshift.services.cluster.kinds import ALIASES, normalise_kind
 from tideshift.services.common.bus import Bus
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"

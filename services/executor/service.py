@@ -13,13 +13,13 @@ import contextlib
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import Counter, Histogram
 from pydantic import Field, model_validator
 
 from tideshift.events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
-from tideshift.services.cluster.connect import open_kubernetes, packing_writer
+from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import ClusterError, ClusterPort
 from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery
@@ -27,8 +27,12 @@ from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
 from tideshift.services.common.retry import exponential
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
-from tideshift.services.executor.batch_capacity import BatchAdvertiser, PrometheusNodeUsage
-from tideshift.services.executor.compaction import mark_scale_down_victims
+from tideshift.services.executor.batch_capacity import (
+    BatchAdvertiser,
+    NodeResourceWriter,
+    PrometheusNodeUsage,
+)
+from tideshift.services.executor.compaction import DeletionCostWriter, mark_scale_down_victims
 from tideshift.services.executor.executor import RECORD_BUCKET, Executor, RecordStore
 
 log = logging.getLogger("tideshift.executor")
@@ -54,6 +58,10 @@ LATENCY = Histogram(
     "From receiving a command to publishing its result",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+
+
+class PackingWriter(DeletionCostWriter, NodeResourceWriter, Protocol):
+    """The scheduler hints a real cluster takes: deletion costs, Node extended resources."""
 
 
 class ExecutorSettings(ServiceSettings):
@@ -238,12 +246,9 @@ async def build_executor(
 
 
 def _packing(
-    executor: Executor, port: ClusterPort, settings: ExecutorSettings
+    executor: Executor, port: ClusterPort, writer: PackingWriter, settings: ExecutorSettings
 ) -> BatchAdvertiser | None:
     """Wires compaction into the executor; the batch-resource advertiser when it is on."""
-    writer = packing_writer(port)
-    if writer is None:
-        return None
     if settings.compaction:
         executor.before_scale_down = functools.partial(mark_scale_down_victims, port, writer)
     if settings.dry_run or not settings.batch_resources or settings.prometheus_url is None:
@@ -257,6 +262,16 @@ def _packing(
     return BatchAdvertiser(port, writer, usage, OvercommitConfig(margin=settings.batch_margin))
 
 
+async def _connect(
+    settings: ExecutorSettings, cluster: ClusterPort | None
+) -> tuple[ClusterPort, PackingWriter | None]:
+    """The port, and its packing writes on Kubernetes (a simulated cluster packs by itself)."""
+    if cluster is not None:
+        return cluster, None
+    port = await open_kubernetes(settings.kubeconfig, context=settings.kube_context)
+    return port, port.packing_writer()
+
+
 async def serve(
     context: ServiceContext, *, cluster: ClusterPort | None = None, clock: Clock = WALL_CLOCK
 ) -> None:
@@ -264,7 +279,7 @@ async def serve(
     passes its simulated cluster and clock; nothing else differs)."""
     settings = context.settings
     assert isinstance(settings, ExecutorSettings)
-    port = cluster or await open_kubernetes(settings.kubeconfig, context=settings.kube_context)
+    port, writer = await _connect(settings, cluster)
     advertising: asyncio.Task[None] | None = None
     try:
         executor = await build_executor(
@@ -276,7 +291,7 @@ async def serve(
             max_step=settings.max_step,
         )
         executor.clock = functools.partial(utc_now, clock)
-        advertiser = _packing(executor, port, settings)
+        advertiser = _packing(executor, port, writer, settings) if writer is not None else None
         if advertiser is not None:
             advertising = asyncio.create_task(
                 advertiser.run(settings.batch_interval_seconds, context.stopping)

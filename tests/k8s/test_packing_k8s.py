@@ -20,7 +20,6 @@ from tests.fixtures.k8s import K8sCluster
 from tests.k8s.cluster_objects import collection, create, wait_until
 from tideshift.events import WorkloadRef
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
-from tideshift.services.cluster.connect import packing_writer
 from tideshift.services.cluster.kubernetes import KubernetesClusterPort
 from tideshift.services.cluster.overcommit import BATCH_CPU, BATCH_MEMORY, OvercommitConfig
 from tideshift.services.devcluster.cluster import NodeSpec
@@ -163,8 +162,7 @@ async def test_scale_down_frees_a_whole_node_and_a_large_trainer_takes_it(
         KubernetesClusterPort.from_kubeconfig, Path(k8s_cluster.kubeconfig)
     )
     try:
-        writer = packing_writer(port)
-        assert writer is not None
+        writer = port.packing_writer()
         target = WorkloadRef(k8s_namespace, "Deployment", "web")
         marked = await mark_scale_down_victims(port, writer, target, 4)
         assert marked == 2
@@ -227,8 +225,7 @@ async def test_batch_resources_on_node_status_follow_serving_usage(
     all_nodes = [node.name for node in await port.list_nodes()]
     usage = Usage()
     try:
-        writer = packing_writer(port)
-        assert writer is not None
+        writer = port.packing_writer()
         advertiser = BatchAdvertiser(port, writer, usage, OvercommitConfig(margin=0.25))
         usage.used = {name: (0.5, 2 * GIB) for name in node_names}
         await advertiser.advertise_once()

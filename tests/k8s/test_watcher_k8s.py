@@ -32,12 +32,8 @@ from tests.k8s.cluster_objects import (
 )
 from tideshift.events import NODE_CHANGED, POD_CHANGED, NodeChanged, PodChanged
 from tideshift.services.cluster.adapters.http import KubeHttp
-from tideshift.services.cluster.kubernetes import (
-    RELISTS,
-    WATCH_ERRORS,
-    KubernetesClusterPort,
-    WatchTuning,
-)
+from tideshift.services.cluster.informer import RELISTS, WATCH_ERRORS, WatchTuning
+from tideshift.services.cluster.kubernetes import KubernetesClusterPort
 from tideshift.services.cluster.port import ClusterChange, Pod
 from tideshift.services.common.bus import Bus
 from tideshift.services.devcluster.cluster import NodeSpec

@@ -10,13 +10,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from tideshift.services.cluster.kubernetes import (
-    ClusterChange,
-    Informer,
-    WatchTuning,
-    node_from_object,
-)
-from tideshift.services.cluster.port import Node
+from tideshift.services.cluster.conversions import node_from_object
+from tideshift.services.cluster.informer import Informer, WatchTuning
+from tideshift.services.cluster.port import ClusterChange, Node
 
 WAIT = 10.0
 

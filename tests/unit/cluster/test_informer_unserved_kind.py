@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
-from tideshift.services.cluster.kubernetes import Informer, WatchTuning
+from tideshift.services.cluster.informer import Informer, WatchTuning
 
 
 class UnservedHttp:

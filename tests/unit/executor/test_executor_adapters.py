@@ -7,12 +7,6 @@ from typing import Any
 import pytest
 
 from tideshift.events import WorkloadRef
-from tideshift.services.cluster.adapters.kinds import (
-    API_VERSION,
-    VOLCANO_JOB,
-    normalise_kind,
-    qualified_kind,
-)
 from tideshift.services.cluster.adapters.targets import (
     BatchJobAdapter,
     DeploymentAdapter,
@@ -20,6 +14,12 @@ from tideshift.services.cluster.adapters.targets import (
     VolcanoJobAdapter,
     annotation_bounds,
     default_adapters,
+)
+from tideshift.services.cluster.kinds import (
+    API_VERSION,
+    VOLCANO_JOB,
+    normalise_kind,
+    qualified_kind,
 )
 from tideshift.services.cluster.port import UnsupportedTarget
 

@@ -8,9 +8,7 @@ from typing import Any
 
 import pytest
 
-from tideshift.services.cluster.kubernetes import (
-    Informer,
-    WatchTuning,
+from tideshift.services.cluster.conversions import (
     diff,
     direct_owner,
     node_from_object,
@@ -19,6 +17,7 @@ from tideshift.services.cluster.kubernetes import (
     pod_requests,
     role_of,
 )
+from tideshift.services.cluster.informer import Informer, WatchTuning
 from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
 from tideshift.services.watcher.snapshot import node_key, pod_event, pod_key, same_state
 

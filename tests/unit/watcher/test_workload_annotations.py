@@ -9,7 +9,7 @@ import pytest
 
 from tideshift.events import WorkloadRef
 from tideshift.services.cluster.adapters.targets import VolcanoJobAdapter
-from tideshift.services.cluster.kubernetes import workload_from_object
+from tideshift.services.cluster.conversions import workload_from_object
 from tideshift.services.cluster.port import Resources, Role, Workload
 from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
 
