@@ -42,10 +42,12 @@ from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port
 from tideshift.services.demo.clock import DEFAULT_START
 from tideshift.services.demo.errors import DemoError
+from tideshift.services.demo.figures import ListedFigures
 from tideshift.services.demo.fleet import TrainingFleet
+from tideshift.services.demo.meter import Meter
 from tideshift.services.demo.report import DemoSummary, format_table, plot, summarize, write_json
 from tideshift.services.demo.simdemo import EventLog
-from tideshift.services.demo.world import JobShape, ListedFigures, Meter, ServingShape, WorldShape
+from tideshift.services.demo.world import JobShape, ServingShape, WorldShape
 
 log = logging.getLogger("tideshift.demo.kube")
 

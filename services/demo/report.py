@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tideshift.services.demo.world import Meter
+from tideshift.services.demo.meter import Meter
 from tideshift.services.simulator.accounting import NIGHT_HOURS
 
 DAY_HOURS = (10.0, 18.0)  # with the most

@@ -28,10 +28,11 @@ from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.demo import pipeline
 from tideshift.services.demo.clock import DEFAULT_START, SimClock
 from tideshift.services.demo.fleet import DEMO_DATASET, TrainingFleet
-from tideshift.services.demo.lending import LendingCluster
+from tideshift.services.demo.meter import Meter
 from tideshift.services.demo.progress import ProgressRecorder
 from tideshift.services.demo.report import DemoSummary, summarize
-from tideshift.services.demo.world import Meter, WorldShape, build_cluster
+from tideshift.services.demo.world import WorldShape, build_cluster
+from tideshift.services.simulator.lending import LendingCluster
 
 log = logging.getLogger("tideshift.demo")
 

@@ -1,26 +1,18 @@
-"""The demo's simulated world: the cluster, its serving workload and elastic jobs, and the
-figures measured over the run (the same ones `tideshift simulate` reports).
-
-No I/O and no clock: `Meter.record(now, cluster, demand)` is called by the demo with the
-simulated time, so the accounting can be tested step by step.
+"""The demo's world: the shape of its cluster, serving workload and elastic jobs, and that
+world built on the simulated cluster `simulate` uses too (`simulator/lending.py`). Decides
+sizes only; no clock, no I/O.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
 
 from tideshift.services.cluster.overcommit import OvercommitConfig
-from tideshift.services.cluster.placement import FloatArray
-from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
-from tideshift.services.cluster.sim import SimCluster, SimWorkload
-from tideshift.services.demo.lending import LendingCluster, resource_array
-from tideshift.services.planner.policy import stranded_capacity
-from tideshift.services.simulator.accounting import Accountant, Sample
+from tideshift.services.cluster.port import Node, Resources, WorkloadRef
+from tideshift.services.cluster.sim import SimWorkload
+from tideshift.services.simulator.lending import LendingCluster
+from tideshift.services.simulator.training import WorkModel
 
 GIB = float(2**30)
 SERVING_KIND = "Deployment"
@@ -70,7 +62,7 @@ class JobShape:
     weight: float = 1.0
     kind: str = JOB_KIND  # the sim's elastic job; batch/v1 `Job` (parallelism) on a real cluster
     # Trainers request tideshift.io/batch-cpu / batch-memory: they run on what serving
-    # reserves but does not use (`lending.py`), not on requests.
+    # reserves but does not use (`simulator/lending.py`), not on requests.
     batch: bool = False
 
     @property
@@ -102,8 +94,7 @@ class WorldShape:
     serving: ServingShape = ServingShape()
     jobs: tuple[JobShape, ...] = (JobShape("ctr-a"), JobShape("ctr-b"), JobShape("ctr-c"))
     lend_margin: float = 0.05
-    restart_cost_s: float = 10.0  # as in `simulate`: no progress while a job re-forms
-    speedup_exponent: float = 0.8
+    work: WorkModel = field(default_factory=WorkModel)  # as in `simulate`
 
 
 def demo_world(*, lend: bool) -> WorldShape:
@@ -169,306 +160,3 @@ def build_cluster(shape: WorldShape, *, now: float, initial_demand_rps: float) -
             )
         )
     return cluster
-
-
-class ClusterFigures(Protocol):
-    """What the meter reads from a cluster (the sim, or a listing of a real one)."""
-
-    def allocatable_total(self) -> Resources: ...
-
-    def bound_requests_total(self) -> Resources: ...
-
-    def ready_count(self, ref: WorkloadRef) -> int: ...
-
-    def bound_count(self, ref: WorkloadRef) -> int: ...
-
-    def bound_companions(self, ref: WorkloadRef) -> int: ...
-
-    def job_running(self, ref: WorkloadRef) -> bool: ...
-
-    def free_room(self) -> FloatArray: ...
-
-
-class SimFigures:
-    def __init__(self, cluster: SimCluster) -> None:
-        self.cluster = cluster
-
-    def allocatable_total(self) -> Resources:
-        return self.cluster.allocatable_total()
-
-    def bound_requests_total(self) -> Resources:
-        return self.cluster.bound_requests_total()
-
-    def ready_count(self, ref: WorkloadRef) -> int:
-        return self.cluster.ready_count(ref)
-
-    def bound_count(self, ref: WorkloadRef) -> int:
-        return self.cluster.bound_count(ref)
-
-    def bound_companions(self, ref: WorkloadRef) -> int:
-        return self.cluster.workload(ref).bound_companions
-
-    def job_running(self, ref: WorkloadRef) -> bool:
-        return self.cluster.job_running(ref)
-
-    def free_room(self) -> FloatArray:
-        return self.cluster.free_room()
-
-
-class ListedFigures:
-    """Figures from a listing of nodes and pods (a real cluster through its ClusterPort)."""
-
-    def __init__(
-        self,
-        nodes: Iterable[Node],
-        pods: Iterable[Pod],
-        *,
-        gang_min: int = 1,
-        running_is_ready: bool = False,
-    ) -> None:
-        self.nodes = [node for node in nodes if node.schedulable]
-        # kwok's fake kubelets do not restore a pod's Ready condition after a node heartbeat
-        # lapses (a busy machine): there, Running is the honest reading of "serving".
-        self.running_is_ready = running_is_ready
-        self.pods = [
-            pod for pod in pods if pod.phase in ("Pending", "Running") and not pod.deleting
-        ]
-        self.gang_min = gang_min
-
-    def allocatable_total(self) -> Resources:
-        total = Resources()
-        for node in self.nodes:
-            total = total + node.allocatable
-        return total
-
-    def bound_requests_total(self) -> Resources:
-        total = Resources()
-        for pod in self.pods:
-            if pod.node is not None:
-                total = total + pod.requests
-        return total
-
-    def _owned(self, ref: WorkloadRef) -> list[Pod]:
-        return [pod for pod in self.pods if pod.owner == ref]
-
-    def is_ready(self, pod: Pod) -> bool:
-        if self.running_is_ready:
-            return pod.phase == "Running" and pod.node is not None
-        return pod.ready
-
-    def ready_count(self, ref: WorkloadRef) -> int:
-        return sum(1 for pod in self._owned(ref) if self.is_ready(pod) and not pod.companion)
-
-    def bound_count(self, ref: WorkloadRef) -> int:
-        return sum(1 for pod in self._owned(ref) if pod.node is not None and not pod.companion)
-
-    def bound_companions(self, ref: WorkloadRef) -> int:
-        return sum(1 for pod in self._owned(ref) if pod.node is not None and pod.companion)
-
-    def job_running(self, ref: WorkloadRef) -> bool:
-        return self.ready_count(ref) >= self.gang_min
-
-    def free_room(self) -> FloatArray:
-        row = {node.name: i for i, node in enumerate(self.nodes)}
-        free = np.array(
-            [
-                (n.allocatable.cpu, n.allocatable.memory, float(n.allocatable.gpu))
-                for n in self.nodes
-            ]
-        ).reshape(-1, 3)
-        for pod in self.pods:
-            if pod.node in row:
-                free[row[pod.node]] -= (pod.requests.cpu, pod.requests.memory, pod.requests.gpu)
-        return free
-
-
-@dataclass
-class _JobMeter:
-    started_at: float | None = None
-    work: float = 0.0
-    paused_until: float = -math.inf
-    last_ready: int = 0
-
-
-@dataclass
-class Meter:
-    """Integrates the run's figures over simulated time; samples series for the plot.
-
-    The cluster figures (utilisation, cpu used and lent, stranded, shortfall, starved minutes,
-    training's share of spare) go through `tideshift simulate`'s accountant
-    (`simulator/accounting.py`), so the two tables mean the same. Training work is modelled as
-    in `simulate`: ready_trainers ** speedup_exponent per second while the job runs, none for
-    `restart_cost_s` after its trainer set changes.
-    """
-
-    shape: WorldShape
-    start: float  # simulated time the run starts (Unix seconds)
-    sample_every_s: float = 300.0
-    last: float | None = None
-    accounts: Accountant = field(init=False)
-    jobs: dict[str, _JobMeter] = field(default_factory=dict)
-    series: dict[str, Any] = field(
-        default_factory=lambda: {
-            "t": [],
-            "demand": [],
-            "capacity": [],
-            "replicas": [],
-            "util_cpu": [],
-            "trainers": {},
-            # cores, stacked: serving in use, serving's idle reservation (not lent), training on
-            # requests, training on reclaimed capacity (lent), free
-            "cores_serving_used": [],
-            "cores_serving_idle": [],
-            "cores_training": [],
-            "cores_lent": [],
-            "cores_free": [],
-            "stranded_cpu": [],  # free cores on nodes where no trainer that is wanted fits
-        }
-    )
-    _next_sample: float = -math.inf
-
-    def __post_init__(self) -> None:
-        self.accounts = Accountant(start=self.start)
-
-    def record(
-        self,
-        now: float,
-        cluster: ClusterFigures | SimCluster,
-        demand_rps: float,
-        *,
-        lent_cpu: float = 0.0,
-        starved: bool = False,
-    ) -> None:
-        """Account for [last, now) with the state seen now (the demo ticks often): `lent_cpu`
-        is what batch trainers use, `starved` whether serving's usage exceeded what it could
-        get on some node."""
-        if isinstance(cluster, SimCluster):
-            cluster = SimFigures(cluster)
-        if self.last is None:
-            self.last = min(self.start, now)
-        allocatable = cluster.allocatable_total()
-        bound = cluster.bound_requests_total()
-        serving = self.shape.serving
-        ready = cluster.ready_count(serving.ref)
-        capacity = ready * serving.capacity_rps
-        cores = self._cores(cluster, demand_rps=demand_rps, ready=ready, bound=bound, lent=lent_cpu)
-        stranded = self._stranded_cpu(cluster)
-        if now > self.last:
-            training_cpu = self._account_jobs((self.last, now), cluster)
-            serving_cpu = cluster.bound_count(serving.ref) * serving.cpu
-            other_cpu = bound.cpu - training_cpu - serving_cpu
-            self.accounts.add(
-                self.last,
-                now,
-                Sample(
-                    allocatable=resource_array(allocatable),
-                    requested=resource_array(bound),
-                    used_cpu=cores["serving_used"] + cores["training"] + lent_cpu,
-                    lent_cpu=lent_cpu,
-                    stranded=np.array([stranded, 0.0, 0.0]),
-                    demand_rps=(demand_rps,),
-                    capacity_rps=(capacity,),
-                    spare_cpu=max(
-                        0.0, allocatable.cpu - serving.need(demand_rps) * serving.cpu - other_cpu
-                    ),
-                    training_cpu=training_cpu + lent_cpu,
-                    starved=starved,
-                ),
-            )
-        self.last = now
-        if now >= self._next_sample:
-            self._next_sample = now + self.sample_every_s
-            self.series["t"].append(now - self.start)
-            self.series["demand"].append(demand_rps)
-            self.series["capacity"].append(capacity)
-            self.series["replicas"].append(ready)
-            self.series["util_cpu"].append(bound.cpu / allocatable.cpu if allocatable.cpu else 0.0)
-            for job in self.shape.jobs:
-                self.series["trainers"].setdefault(job.name, []).append(
-                    cluster.ready_count(job.ref)
-                )
-            for name in ("serving_used", "serving_idle", "training", "lent"):
-                self.series[f"cores_{name}"].append(cores[name])
-            self.series["cores_free"].append(
-                max(allocatable.cpu - bound.cpu - max(lent_cpu - cores["serving_idle_all"], 0), 0)
-            )
-            self.series["stranded_cpu"].append(stranded)
-
-    def _cores(
-        self,
-        cluster: ClusterFigures,
-        *,
-        demand_rps: float,
-        ready: int,
-        bound: Resources,
-        lent: float,
-    ) -> dict[str, float]:
-        """Cores by use. Serving's usage model (as in `simulate`): its ready replicas are busy
-        in proportion to demand / capacity, never beyond their requests. Lent cores are
-        counted out of serving's idle reservation first, then out of unrequested cores."""
-        serving = self.shape.serving
-        serving_cpu = cluster.bound_count(serving.ref) * serving.cpu
-        used = min(demand_rps / serving.capacity_rps, float(ready)) * serving.cpu
-        used = min(used, serving_cpu)
-        idle = serving_cpu - used
-        return {
-            "serving_used": used,
-            "serving_idle_all": idle,
-            "serving_idle": max(idle - lent, 0.0),
-            "training": max(bound.cpu - serving_cpu, 0.0),  # trainers, pservers, other pods
-            "lent": lent,
-        }
-
-    def _stranded_cpu(self, cluster: ClusterFigures) -> float:
-        """Free cores on nodes where not one trainer of a job that wants more fits."""
-        shapes = [
-            (job.trainer_cpu, job.trainer_memory_gib * GIB, 0.0)
-            for job in self.shape.jobs
-            if not job.batch and cluster.bound_count(job.ref) < job.max_trainers
-        ]
-        free = cluster.free_room()
-        return float(stranded_capacity(free, np.array(shapes).reshape(-1, 3))[0])
-
-    def _account_jobs(self, interval: tuple[float, float], cluster: ClusterFigures) -> float:
-        """Each job's training work over the interval; returns the CPU its pods request (a
-        batch job's trainers request none)."""
-        begin, now = interval
-        training_cpu = 0.0
-        for job in self.shape.jobs:
-            trainers_cpu = 0.0 if job.batch else cluster.bound_count(job.ref) * job.trainer_cpu
-            training_cpu += trainers_cpu + cluster.bound_companions(job.ref) * job.pserver_cpu
-            trainers = cluster.ready_count(job.ref)
-            meter = self.jobs.get(job.name)
-            if meter is None:  # first sight: the job's current trainer set is no restart
-                meter = self.jobs[job.name] = _JobMeter(last_ready=trainers)
-            if trainers != meter.last_ready:
-                # The change happened somewhere in [begin, now): count it from the start.
-                meter.paused_until = begin + self.shape.restart_cost_s
-                meter.last_ready = trainers
-            if cluster.job_running(job.ref):
-                if meter.started_at is None:
-                    meter.started_at = begin
-                productive = now - max(begin, meter.paused_until)
-                if productive > 0:
-                    meter.work += trainers**self.shape.speedup_exponent * productive
-        return training_cpu
-
-    def pending(self, end: float) -> list[float]:
-        """Seconds from the start until each job first ran (until `end` if it never did)."""
-        waits = []
-        for job in self.shape.jobs:
-            meter = self.jobs.get(job.name)
-            started = meter.started_at if meter and meter.started_at is not None else end
-            waits.append(started - self.start)
-        return sorted(waits)
-
-    def trainers_between(self, job: str, start_h: float, end_h: float) -> float | None:
-        """Mean ready trainers of a job over sampled hours-of-day in [start_h, end_h)."""
-        values = [
-            count
-            for t, count in zip(
-                self.series["t"], self.series["trainers"].get(job, []), strict=False
-            )
-            if start_h <= (t / 3600.0) % 24 < end_h
-        ]
-        return sum(values) / len(values) if values else None

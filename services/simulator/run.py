@@ -1,4 +1,4 @@
-"""One policy replayed on the simulated cluster on the simulated cluster, in simulated time.
+"""One policy replayed on the simulated cluster, in simulated time.
 
 Each policy gets a fresh `SimCluster` and the same scenario (see `scenario.py` for the
 format). Every `step_s` the loop: admits arriving jobs, lets the policy plan when its cadence is
@@ -9,9 +9,9 @@ metrics over the step (`accounting.py`, the accountant the demo shares):
 * utilisation: requests of bound pods / allocatable, per resource, time-averaged;
 * cpu used: what pods use / allocatable, from a usage model: a serving pod uses
   demand / ready capacity x its request (never above it), every other pod its request; batch
-  trainers (jobs with `batch: true`, Tideshift only; `batch.py`) request nothing, bind on
-  serving's idle reservation within the reclaimable capacity and use their whole trainer
-  vector (`cpu_batch` is their share);
+  trainers (jobs with `batch: true`, Tideshift only; `lending.py`, the demo's world too)
+  request nothing, bind on serving's idle reservation within the reclaimable capacity and use
+  their whole trainer vector (`cpu_batch` is their share);
 * stranded capacity: free cpu and GPUs on nodes where not one trainer of a job that wants more
   fits (`policy.stranded_capacity`), as a fraction of allocatable, time-averaged;
 * serving starved minutes: minutes in which some node's pods held more requests than its
@@ -21,7 +21,7 @@ metrics over the step (`accounting.py`, the accountant the demo shares):
 * serving shortfall: request-seconds above ready replicas x `capacity_rps`; minutes with any;
 * training work: progress units, ready_trainers ** speedup_exponent per second while the job
   runs (gang and parameter servers ready), none for `restart_cost_s` after its trainer set
-  changes; jobs with `work` finish and leave;
+  changes (`training.py`, the demo's model too); jobs with `work` finish and leave;
 * job pending time: arrival until the job first runs (jobs that never run count until the end);
 * trainer churn: trainer pods started plus trainer pods stopped while their job went on;
 * training share of spare: training requests / (allocatable - what serving needs at target
@@ -43,15 +43,24 @@ from typing import Any
 import numpy as np
 
 from tideshift.loadgen.profiles import RateProfile
-from tideshift.services.cluster.port import Node, Resources, WorkloadRef
-from tideshift.services.cluster.sim import SimCluster, SimWorkload
+from tideshift.services.cluster.overcommit import OvercommitConfig
+from tideshift.services.cluster.port import WorkloadRef
+from tideshift.services.cluster.sim import SimWorkload
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import Policy, make_policy
-from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec
 from tideshift.services.simulator.accounting import Accountant, Sample, trainer_churn
-from tideshift.services.simulator.batch import BatchTrainers
-from tideshift.services.simulator.forecasters import SimForecaster, make_forecaster
-from tideshift.services.simulator.scenario import GIB, JobGroup, Scenario, ServingSpec
+from tideshift.services.simulator.forecasters import make_forecaster
+from tideshift.services.simulator.lending import LendingCluster, serving_busy
+from tideshift.services.simulator.scenario import JobGroup, Scenario
+from tideshift.services.simulator.scenario_world import (
+    cluster_plan_inputs,
+    job_arrivals,
+    resources,
+    scenario_nodes,
+    serving_need,
+    serving_workload,
+)
+from tideshift.services.simulator.training import JobProgress, WorkModel
 
 
 @dataclass
@@ -60,11 +69,8 @@ class _JobRun:
     ref: WorkloadRef
     policy_job: pol.TrainingJob
     arrival: float
-    started_at: float | None = None
+    progress: JobProgress = field(default_factory=JobProgress)
     finished_at: float | None = None
-    work_done: float = 0.0
-    paused_until: float = -math.inf
-    last_ready: int = 0
 
 
 @dataclass
@@ -106,54 +112,6 @@ class PolicyResult:
         }
 
 
-def _nodes(scenario: Scenario) -> list[Node]:
-    nodes = []
-    for group_index, group in enumerate(scenario.nodes):
-        for i in range(group.count):
-            nodes.append(
-                Node(
-                    f"{group.name_prefix}-{group_index}-{i}",
-                    Resources(group.cpu, group.memory_gib * GIB, group.gpu),
-                )
-            )
-    return nodes
-
-
-def _resources(vector: tuple[float, float, float]) -> Resources:
-    return Resources(vector[0], vector[1], int(vector[2]))
-
-
-def _serving_workload(spec: ServingSpec) -> pol.ServingWorkload:
-    return pol.ServingWorkload(
-        target=pol.Target(spec.namespace, "Deployment", spec.name),
-        replica_requests=spec.replica.vector(),
-        capacity_rps=spec.capacity_rps * spec.target_utilization,
-        min_replicas=spec.min_replicas,
-        max_replicas=spec.max_replicas,
-        lead_time_s=spec.lead_time_s if spec.lead_time_s is not None else spec.startup_delay_s,
-        margin_s=spec.margin_s,
-        stabilization_s=spec.stabilization_s,
-        quantile=spec.quantile,
-        target_utilization=spec.target_utilization,
-    )
-
-
-def _job_arrivals(scenario: Scenario) -> list[tuple[float, JobGroup, str]]:
-    arrivals = []
-    for group in scenario.training.jobs:
-        for i in range(group.count):
-            arrivals.append(
-                (group.arrival_s + i * group.interval_s, group, f"{group.name_prefix}-{i}")
-            )
-    arrivals.sort(key=lambda item: (item[0], item[2]))
-    return arrivals
-
-
-def serving_need(spec: ServingSpec, rps: float) -> int:
-    need = math.ceil(rps / (spec.capacity_rps * spec.target_utilization) - 1e-9)
-    return min(max(need, spec.min_replicas), spec.max_replicas)
-
-
 class _Run:
     """One policy on a fresh cluster: admits jobs, plans on its cadence, integrates metrics."""
 
@@ -172,32 +130,23 @@ class _Run:
         self.policy: Policy[Any] = make_policy(name, serving_peak=self.peak)
         self.state = self.policy.initial_state()
         self.forecasters = [make_forecaster(scenario, profile) for profile in profiles]
-        self.serving = tuple(_serving_workload(spec) for spec in scenario.serving)
+        self.serving = tuple(serving_workload(spec) for spec in scenario.serving)
         self.serving_refs = [w.target for w in self.serving]
         self.cluster = self._start_cluster()
-        self.arrivals = _job_arrivals(scenario)
+        self.arrivals = job_arrivals(scenario)
         self.next_arrival = 0
         self.jobs: list[_JobRun] = []
         self.live: dict[WorkloadRef, _JobRun] = {}
         alloc = self.cluster.allocatable_total()
         self.alloc = alloc
         self.alloc_vector = np.array([alloc.cpu, alloc.memory, float(alloc.gpu)])
-        nodes = self.cluster.nodes()
-        self.node_row = {node.name: row for row, node in enumerate(nodes)}
         # Only Tideshift lends serving's idle reservation; the baselines run every job on
         # requests, so the same run shows what overcommit adds.
-        self.batch = BatchTrainers(
-            [node.name for node in nodes],
-            np.array(
-                [
-                    (n.allocatable.cpu, n.allocatable.memory, float(n.allocatable.gpu))
-                    for n in nodes
-                ],
-                dtype=np.float64,
-            ).reshape(-1, 3),
-        )
         self.lends_batch = name == "tideshift"
-        self.starved_now = False
+        self.work_model = WorkModel(
+            speedup_exponent=scenario.training.speedup_exponent,
+            restart_cost_s=scenario.training.restart_cost_s,
+        )
         self.accounts = Accountant()
         self.next_plan = 0.0
         self.plan_every = self.policy.cadence_s or scenario.plan_interval_s
@@ -211,10 +160,12 @@ class _Run:
             "trainers": {},
         }
 
-    def _start_cluster(self) -> SimCluster:
+    def _start_cluster(self) -> LendingCluster:
         scenario = self.scenario
         warmup = max([spec.startup_delay_s for spec in scenario.serving] + [0.0]) + 1.0
-        cluster = SimCluster(_nodes(scenario), now=-warmup)
+        cluster = LendingCluster(
+            scenario_nodes(scenario), now=-warmup, batch_use={}, overcommit=OvercommitConfig()
+        )
         for spec, profile, workload in zip(
             scenario.serving, self.profiles, self.serving, strict=True
         ):
@@ -228,7 +179,7 @@ class _Run:
                     ref=workload.target,
                     kind="Deployment",
                     role="serving",
-                    pod_requests=_resources(spec.replica.vector()),
+                    pod_requests=resources(spec.replica.vector()),
                     replicas=initial,
                     priority=spec.priority,
                     startup_delay_s=spec.startup_delay_s,
@@ -246,50 +197,19 @@ class _Run:
         if now >= self.next_plan - 1e-9:
             self.next_plan += self.plan_every
             self._plan(now, demands)
-        self.cluster.step(now)
-        self._bind_batch(now, demands)
-        used, capacity_total = self._measure(now, demands)
+        starved = self.cluster.step_serving(
+            now,
+            {
+                ref: (demand, spec.capacity_rps)
+                for spec, ref, demand in zip(
+                    self.scenario.serving, self.serving_refs, demands, strict=True
+                )
+            },
+        )
+        used, capacity_total = self._measure(now, demands, starved=starved)
         if now >= self.next_series - 1e-9:
             self.next_series += self.series_every
             self._record_series(now, demands, used, capacity_total)
-
-    def _non_batch_used(self, demands: Sequence[float]) -> tuple[Any, Any]:
-        """(what every non-batch pod uses per node (nodes, 3): serving pods their requests x
-        demand / ready capacity (never above 1), every other pod its requests; serving's idle
-        reservation per node: its requests minus that use)."""
-        cluster = self.cluster
-        busy: dict[WorkloadRef, float] = {}
-        for spec, ref, demand in zip(
-            self.scenario.serving, self.serving_refs, demands, strict=True
-        ):
-            ready_capacity = cluster.ready_count(ref) * spec.capacity_rps
-            busy[ref] = min(1.0, demand / ready_capacity) if ready_capacity > 0 else 0.0
-        used = np.zeros_like(self.batch.allocatable)
-        idle = np.zeros_like(used)
-        for pod in cluster.pods_raw():
-            if pod.node is None:
-                continue
-            fraction = busy.get(pod.owner, 1.0) if pod.role == "serving" else 1.0
-            requests = pod.requests
-            vector = np.array([requests.cpu, requests.memory, float(requests.gpu)])
-            row = self.node_row[pod.node]
-            used[row] += fraction * vector
-            idle[row] += (1.0 - fraction) * vector
-        return used, idle
-
-    def _bind_batch(self, now: float, demands: Sequence[float]) -> None:
-        """The planner's shrinks take effect with the step's other changes; starvation is
-        measured before eviction: a rise in usage that batch trainers still stood in the way
-        of counts, even if they leave within the step."""
-        if not self.batch.jobs:
-            self.starved_now = False
-            return
-        used, serving_idle = self._non_batch_used(demands)
-        self.batch.shrink(used, serving_idle)
-        total = used[:, 0] + self.batch.use()[:, 0]
-        self.starved_now = bool(np.any(total > self.batch.allocatable[:, 0] + 1e-6))
-        self.batch.evict(used)
-        self.batch.grow(used, serving_idle, now)
 
     def _admit(self, now: float) -> None:
         arrivals = self.arrivals
@@ -300,6 +220,7 @@ class _Run:
 
     def _add_job(self, now: float, group: JobGroup, name: str) -> None:
         ref = WorkloadRef(group.namespace, "ElasticJob", name)
+        batch = group.batch and self.lends_batch
         policy_job = pol.TrainingJob(
             target=ref,
             trainer_requests=group.trainer.vector(),
@@ -310,58 +231,54 @@ class _Run:
             weight=group.weight,
             submitted_at=now,
             nominal_trainers=group.nominal_trainers,
-            batch=group.batch and self.lends_batch,
+            batch=batch,
         )
         run = _JobRun(group, ref, policy_job, now)
         self.jobs.append(run)
         self.live[ref] = run
         self.series["trainers"][name] = []
-        if policy_job.batch:
-            self.batch.add(ref, group.trainer.vector(), group.startup_delay_s)
-            self.batch.scale(ref, policy_job.floor)
-            return
-        elastic = self.policy.elastic_training
+        elastic = self.policy.elastic_training or batch
         replicas = policy_job.floor if elastic else policy_job.nominal
-        self.cluster.add_workload(
-            SimWorkload(
-                ref=ref,
-                kind="ElasticJob",
-                role="training",
-                pod_requests=_resources(group.trainer.vector()),
-                replicas=replicas,
-                priority=group.priority,
-                startup_delay_s=group.startup_delay_s,
-                min_replicas=0,
-                max_replicas=group.max_trainers,
-                gang_min=policy_job.floor if elastic else policy_job.nominal,
-                companion_count=group.pservers,
-                companion_requests=_resources(group.pserver.vector()),
-            )
+        workload = SimWorkload(
+            ref=ref,
+            kind="ElasticJob",
+            role="training",
+            # a batch trainer requests only the extended batch resources
+            pod_requests=resources((0.0, 0.0, 0.0) if batch else group.trainer.vector()),
+            replicas=replicas,
+            priority=group.priority,
+            startup_delay_s=group.startup_delay_s,
+            min_replicas=0,
+            max_replicas=group.max_trainers,
+            # batch trainers bind one by one on lent room, never as a gang
+            gang_min=0 if batch else replicas,
+            companion_count=group.pservers,
+            companion_requests=resources(group.pserver.vector()),
         )
+        if batch:
+            self.cluster.add_batch_workload(workload, resources(group.trainer.vector()))
+        else:
+            self.cluster.add_workload(workload)
 
     def _plan(self, now: float, demands: Sequence[float]) -> None:
-        inputs = _plan_inputs(
+        inputs = cluster_plan_inputs(
             self.cluster,
             self.serving,
-            live=self.live,
+            [run.policy_job for run in self.live.values()],
             forecasters=self.forecasters,
             demands=demands,
             now=now,
-            batch=self.batch,
         )
         decision, self.state = self.policy.plan(inputs, self.state, now)
         for item in decision.targets:
-            ref = item.target
-            if ref in self.batch.jobs:
-                self.batch.scale(ref, item.desired)
-            elif self.cluster.workload(ref).replicas != item.desired:
-                self.cluster.scale(ref, item.desired)
+            if self.cluster.workload(item.target).replicas != item.desired:
+                self.cluster.scale(item.target, item.desired)
 
-    def _measure(self, now: float, demands: Sequence[float]) -> tuple[Any, float]:
+    def _measure(self, now: float, demands: Sequence[float], *, starved: bool) -> tuple[Any, float]:
         """Integrate the metrics over [now, now + step); returns (bound requests, capacity)."""
         cluster, step = self.cluster, self.scenario.step_s
         bound = cluster.bound_requests_total()
-        used = np.array([bound.cpu, bound.memory, float(bound.gpu)])
+        requested = np.array([bound.cpu, bound.memory, float(bound.gpu)])
         capacities = tuple(
             cluster.ready_count(ref) * spec.capacity_rps
             for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
@@ -371,37 +288,31 @@ class _Run:
             for spec, demand in zip(self.scenario.serving, demands, strict=True)
         )
         training_cpu = self._progress_jobs(now)
-        other_cpu = (
-            bound.cpu
-            - training_cpu
-            - sum(
-                cluster.bound_count(ref) * spec.replica.cpu
-                for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
-            )
-        )
-        serving_used_cpu = self._serving_used_cpu(demands)
-        used_cpu = bound.cpu - sum(
+        serving_cpu = sum(
             cluster.bound_count(ref) * spec.replica.cpu
             for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
         )
-        batch_cpu = float(self.batch.use()[:, 0].sum())
+        lent_cpu = cluster.lent_cpu() if cluster.batch_use else 0.0
         self.accounts.add(
             now,
             now + step,
             Sample(
                 allocatable=self.alloc_vector,
-                requested=used,
-                used_cpu=used_cpu + serving_used_cpu + batch_cpu,
-                lent_cpu=batch_cpu,
+                requested=requested,
+                used_cpu=bound.cpu - serving_cpu + self._serving_used_cpu(demands) + lent_cpu,
+                lent_cpu=lent_cpu,
                 stranded=self._stranded(),
                 demand_rps=tuple(demands),
                 capacity_rps=capacities,
-                spare_cpu=max(0.0, self.alloc.cpu - serving_need_cpu - other_cpu),
+                spare_cpu=max(
+                    0.0,
+                    self.alloc.cpu - serving_need_cpu - (bound.cpu - training_cpu - serving_cpu),
+                ),
                 training_cpu=training_cpu,
-                starved=self.starved_now or bool(np.any(cluster.free_room()[:, 0] < -1e-6)),
+                starved=starved or bool(np.any(cluster.free_room()[:, 0] < -1e-6)),
             ),
         )
-        return used, sum(capacities)
+        return requested, sum(capacities)
 
     def _serving_used_cpu(self, demands: Sequence[float]) -> float:
         """Serving's cpu in use: demand / ready capacity x the requests of its bound pods."""
@@ -409,10 +320,8 @@ class _Run:
         for spec, ref, demand in zip(
             self.scenario.serving, self.serving_refs, demands, strict=True
         ):
-            ready_capacity = cluster.ready_count(ref) * spec.capacity_rps
-            requested = cluster.bound_count(ref) * spec.replica.cpu
-            busy = min(1.0, demand / ready_capacity) if ready_capacity > 0 else 0.0
-            used += busy * requested
+            busy = serving_busy(demand, cluster.ready_count(ref) * spec.capacity_rps)
+            used += busy * cluster.bound_count(ref) * spec.replica.cpu
         return used
 
     def _stranded(self) -> Any:
@@ -428,39 +337,26 @@ class _Run:
         )
 
     def _progress_jobs(self, now: float) -> float:
-        """Advance each live job's work over the step; returns the cpu training holds."""
-        cluster = self.cluster
-        step = self.scenario.step_s
-        speedup = self.scenario.training.speedup_exponent
-        restart_cost = self.scenario.training.restart_cost_s
+        """Advance each live job's work over the step; returns the cpu training holds (a batch
+        job's trainers count what they use: they request nothing)."""
+        cluster, step = self.cluster, self.scenario.step_s
         training_cpu = 0.0
         for ref, run in list(self.live.items()):
-            if run.policy_job.batch:
-                training_cpu += self.batch.bound(ref) * run.group.trainer.cpu
-                ready = self.batch.ready(ref, now)
-                running = ready >= run.policy_job.floor
-            else:
-                job_workload = cluster.workload(ref)
-                training_cpu += (
-                    job_workload.bound_workers * job_workload.pod_requests.cpu
-                    + job_workload.bound_companions * job_workload.companion_requests.cpu
-                )
-                ready = cluster.ready_count(ref)
-                running = cluster.job_running(ref)
-            if ready != run.last_ready:
-                run.paused_until = now + restart_cost
-                run.last_ready = ready
-            if running:
-                if run.started_at is None:
-                    run.started_at = now
-                if now >= run.paused_until:
-                    run.work_done += (ready**speedup) * step
-            if run.group.work is not None and run.work_done >= run.group.work:
+            workload = cluster.workload(ref)
+            training_cpu += (
+                workload.bound_workers * run.group.trainer.cpu
+                + workload.bound_companions * workload.companion_requests.cpu
+            )
+            run.progress.advance(
+                now,
+                now + step,
+                ready=cluster.ready_count(ref),
+                running=cluster.job_running(ref),
+                model=self.work_model,
+            )
+            if run.group.work is not None and run.progress.work >= run.group.work:
                 run.finished_at = now
-                if run.policy_job.batch:
-                    self.batch.remove(ref)
-                else:
-                    cluster.delete_workload(ref)
+                cluster.delete_workload(ref)
                 del self.live[ref]
         return training_cpu
 
@@ -473,25 +369,18 @@ class _Run:
         series["capacity"].append(capacity_total)
         series["util_cpu"].append(used[0] / alloc_vector[0] if alloc_vector[0] else 0.0)
         for run in self.jobs:
-            series["trainers"][run.ref.name].append(self._ready_trainers(run, now))
-
-    def _ready_trainers(self, run: _JobRun, now: float) -> int:
-        if run.ref not in self.live:
-            return 0
-        if run.policy_job.batch:
-            return self.batch.ready(run.ref, now)
-        return self.cluster.ready_count(run.ref)
+            ready = self.cluster.ready_count(run.ref) if run.ref in self.live else 0
+            series["trainers"][run.ref.name].append(ready)
 
     def result(self, wall_s: float) -> PolicyResult:
         duration = self.scenario.duration_s
         accounts, jobs = self.accounts, self.jobs
         pending = sorted(
-            (run.started_at if run.started_at is not None else duration) - run.arrival
+            (run.progress.started_at if run.progress.started_at is not None else duration)
+            - run.arrival
             for run in jobs
         )
         counters = self.cluster.counters
-        churn = trainer_churn(counters.pods_bound, counters.pods_stopped)
-        churn += self.batch.started + self.batch.stopped
         return PolicyResult(
             name=self.name,
             utilization=accounts.utilization(),
@@ -501,13 +390,13 @@ class _Run:
             stranded=accounts.stranded(),
             serving_starved_minutes=len(accounts.starved_minutes),
             cpu_batch=accounts.cpu_lent,
-            batch_evictions=self.batch.evicted,
-            training_work=sum(run.work_done for run in jobs),
+            batch_evictions=self.cluster.batch_evictions,
+            training_work=sum(run.progress.work for run in jobs),
             pending_mean_s=float(np.mean(pending)) if pending else 0.0,
             pending_p95_s=_p95(pending),
-            trainer_churn=churn,
+            trainer_churn=trainer_churn(counters.pods_bound, counters.pods_stopped),
             training_share_of_spare=accounts.training_share_of_spare,
-            jobs_started=sum(1 for run in jobs if run.started_at is not None),
+            jobs_started=sum(1 for run in jobs if run.progress.started_at is not None),
             jobs_finished=sum(1 for run in jobs if run.finished_at is not None),
             jobs_total=len(jobs),
             wall_s=wall_s,
@@ -538,37 +427,3 @@ def run_policy(
             last_progress = time.perf_counter()
             progress(f"{policy_name}: {now / scenario.duration_s:5.1%} of simulated time")
     return run.result(time.perf_counter() - started_wall)
-
-
-def _plan_inputs(
-    cluster: SimCluster,
-    serving: tuple[pol.ServingWorkload, ...],
-    *,
-    live: dict[WorkloadRef, _JobRun],
-    forecasters: Sequence[SimForecaster],
-    demands: Sequence[float],
-    now: float,
-    batch: BatchTrainers,
-) -> pol.PlanInputs:
-    view = pol.ClusterView.build(
-        (node_spec(node) for node in cluster.nodes()),
-        [
-            pod_spec(pod.node, pod.requests, pod.owner, companion=pod.companion)
-            for pod in cluster.pods_raw()
-        ]
-        + batch.pod_specs(),
-    )
-    return plan_inputs(
-        view,
-        serving,
-        tuple(run.policy_job for run in live.values()),
-        {
-            workload.target: forecaster.forecast(now)
-            for workload, forecaster in zip(serving, forecasters, strict=True)
-        },
-        wanted={w.ref: w.replicas for w in cluster.workloads()}
-        | {ref: job.desired for ref, job in batch.jobs.items()},
-        observed_rps={
-            workload.target: demand for workload, demand in zip(serving, demands, strict=True)
-        },
-    )

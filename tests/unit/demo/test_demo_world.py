@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tideshift.services.demo.clock import SimClock
-from tideshift.services.demo.world import JobShape, Meter, ServingShape, WorldShape, build_cluster
+from tideshift.services.demo.meter import Meter
+from tideshift.services.demo.world import JobShape, ServingShape, WorldShape, build_cluster
 
 START = 1_000_000.0
 SHAPE = WorldShape(

@@ -1,23 +1,16 @@
-"""Batch capacity in the simulator: opted-in trainers bind on what serving reserves but does
-not use, are evicted first when its usage rises, and the figures say so."""
+"""Batch capacity in `simulate`: opted-in trainers bind on what serving reserves but does not
+use, and the figures say so (where they bind and when they are evicted:
+test_simulator_lending.py, the world `simulate` and the demo share)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tideshift.loadgen.profiles import RateProfile
-from tideshift.services.cluster.port import WorkloadRef
-from tideshift.services.simulator.batch import BatchTrainers
 from tideshift.services.simulator.run import run_policy
 from tideshift.services.simulator.scenario import ScenarioError, parse_scenario
-
-GIB = 2**30
-JOB = WorkloadRef("ml", "ElasticJob", "batch-0")
-# serving's idle reservation per node, large enough not to limit the trainers
-IDLE = np.array([[8.0, 32.0 * GIB, 0.0], [8.0, 32.0 * GIB, 0.0]])
 
 # Serving requests 15 to 30 of the 32 cores and uses half of that at most; one job runs on
 # requests, one on batch capacity. Each level lasts 20 minutes: batch trainers grow only into
@@ -67,46 +60,6 @@ def test_batch_job_raises_cpu_in_use_without_starving_serving() -> None:
     assert lent.utilization["cpu"] <= plain.utilization["cpu"] + 0.01
     # The baselines run the same job on requests.
     assert run_policy(scenario, profiles(SCENARIO), "hpa").cpu_batch == 0
-
-
-def test_rising_usage_evicts_the_latest_batch_trainers_off_that_node_only() -> None:
-    allocatable = np.array([[8.0, 32.0 * GIB, 0.0], [8.0, 32.0 * GIB, 0.0]])
-    trainers = BatchTrainers(["a", "b"], allocatable)
-    trainers.add(JOB, (1.0, GIB, 0.0), startup_delay_s=0.0)
-    trainers.scale(JOB, 8)
-    quiet = np.array([[3.0, GIB, 0.0], [3.0, GIB, 0.0]])
-    trainers.grow(quiet, IDLE, now=0.0)
-    # 8 x 0.9 - 3 = 4.2 reclaimable per node: 4 trainers each
-    assert trainers.use()[:, 0].tolist() == [4.0, 4.0]
-    busy = np.array([[6.5, GIB, 0.0], [3.0, GIB, 0.0]])
-    trainers.evict(busy)
-    assert trainers.use()[:, 0].tolist() == [1.0, 4.0]
-    assert trainers.evicted == 3
-
-
-def test_a_shrink_takes_trainers_off_the_node_shortest_of_reclaimable_capacity() -> None:
-    allocatable = np.array([[8.0, 32.0 * GIB, 0.0], [8.0, 32.0 * GIB, 0.0]])
-    trainers = BatchTrainers(["a", "b"], allocatable)
-    trainers.add(JOB, (1.0, GIB, 0.0), startup_delay_s=0.0)
-    trainers.scale(JOB, 8)
-    trainers.grow(np.array([[3.0, GIB, 0.0], [3.0, GIB, 0.0]]), IDLE, now=0.0)
-    trainers.scale(JOB, 6)
-    # node b's usage rose to 5: 7.2 - 5 = 2.2 reclaimable under its 4 trainers
-    trainers.shrink(np.array([[3.0, GIB, 0.0], [5.0, GIB, 0.0]]), IDLE)
-    assert trainers.use()[:, 0].tolist() == [4.0, 2.0]
-    assert trainers.evicted == 0
-
-
-def test_trainers_bind_only_on_serving_idle_reservation() -> None:
-    allocatable = np.array([[8.0, 32.0 * GIB, 0.0], [8.0, 32.0 * GIB, 0.0]])
-    trainers = BatchTrainers(["a", "b"], allocatable)
-    trainers.add(JOB, (1.0, GIB, 0.0), startup_delay_s=0.0)
-    trainers.scale(JOB, 8)
-    # Both nodes use 3 cpu, but only a's serving leaves 2 cpu of its requests idle; b's free
-    # room is held by no request and is not lent.
-    serving_idle = np.array([[2.0, 2 * GIB, 0.0], [0.0, 0.0, 0.0]])
-    trainers.grow(np.array([[3.0, GIB, 0.0], [3.0, GIB, 0.0]]), serving_idle, now=0.0)
-    assert trainers.use()[:, 0].tolist() == [2.0, 0.0]
 
 
 def test_batch_job_with_parameter_servers_is_refused_by_field() -> None:

@@ -1,14 +1,15 @@
-"""Batch trainers in the demo's sim cluster borrow serving's idle reservation, make way first
-when serving's usage rises, and come back when it falls."""
+"""Batch trainers in the simulated world (`simulate`'s and the demo's) borrow serving's idle
+reservation, make way first when serving's usage rises, and come back when it falls."""
 
 from __future__ import annotations
 
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimWorkload
-from tideshift.services.demo.lending import LendingCluster
+from tideshift.services.demo.meter import Meter
 from tideshift.services.demo.report import summarize
-from tideshift.services.demo.world import GIB, JobShape, Meter, ServingShape, WorldShape
+from tideshift.services.demo.world import GIB, JobShape, ServingShape, WorldShape
+from tideshift.services.simulator.lending import LendingCluster
 
 WEB = WorkloadRef("demo", "Deployment", "web")
 LEND = WorkloadRef("demo", "ElasticJob", "lend")

@@ -1,17 +1,19 @@
-"""Serving's idle reservation lent to the demo's batch trainers.
+"""The simulated cluster with serving's idle reservation lent to batch trainers: one model for
+`tideshift simulate` and `tideshift demo`. It decides where batch trainers bind and when they
+are evicted, and whether serving was starved; it imports no clock, bus or Kubernetes.
 
 A job marked batch has trainers that request `tideshift.io/batch-cpu` / `batch-memory`, not
 cpu / memory, so the simulated scheduler sees them as empty pods. `LendingCluster` places them
 per node on what the executor advertises and the planner lends (`cluster.overcommit.lendable`:
 the idle part of what non-batch pods request, within allocatable x (1 - margin) - what they
 use). A ready serving pod uses its request x how busy demand keeps serving; a serving pod
-still starting, and every other pod, uses its requests. Room no request holds is not lent, as
-in `simulate`. A pod with requests that binds where batch trainers borrow takes its cores at
-once (they run BestEffort, with the smallest cpu share): the trainers that no longer fit there
-are evicted on binding. When serving's usage rises, batch trainers are evicted first from the
-nodes short of reclaimable room; a node where what everything uses would exceed allocatable is
-a minute serving was starved (measured before that eviction, as `simulate` does). A batch job
-scaled down loses its trainers where room is shortest (the executor's deletion cost).
+still starting, and every other pod, uses its requests. Room no request holds is not lent. A
+pod with requests that binds where batch trainers borrow takes its cores at once (they run
+BestEffort, with the smallest cpu share): the trainers that no longer fit there are evicted on
+binding. When serving's usage rises, batch trainers are evicted first from the nodes short of
+reclaimable room; a node where what everything uses would exceed allocatable is a minute
+serving was starved (measured before that eviction). A batch job scaled down loses its
+trainers where room is shortest (the executor's deletion cost).
 """
 
 from __future__ import annotations
@@ -40,9 +42,28 @@ class LendingCluster(SimCluster):
         super().__init__(nodes, now=now)
         self.batch_use = dict(batch_use)  # what one trainer of each batch job uses
         self.overcommit = overcommit
-        # Fraction of its requests each serving workload uses; set by the demo every tick.
+        # Fraction of its requests each serving workload uses; set every step by `step_serving`.
         self.serving_busy: dict[WorkloadRef, float] = {}
         self.batch_evictions = 0
+
+    def add_batch_workload(self, workload: SimWorkload, trainer_use: Resources) -> None:
+        """A batch job whose trainers (requesting nothing) each use `trainer_use`."""
+        self.batch_use[workload.ref] = trainer_use
+        self.add_workload(workload)
+
+    def step_serving(self, now: float, demand: Mapping[WorkloadRef, tuple[float, float]]) -> bool:
+        """Step to `now` with each serving workload (ref -> (req/s, one replica's capacity
+        req/s)) as busy as its demand keeps its ready replicas; then batch trainers make way
+        where reclaimable room fell short. Returns whether serving was starved, measured
+        before they made way: a rise in usage they still stood in the way of counts."""
+        for ref, (rps, capacity_rps) in demand.items():
+            self.serving_busy[ref] = serving_busy(rps, self.ready_count(ref) * capacity_rps)
+        self.step(now)
+        if not self.batch_use:  # nothing lent: every pod holds what it uses, nothing to evict
+            return False
+        starved = self.starved()
+        self.evict_over_reclaimable()
+        return starved
 
     def _batch_trainer(self, pod: _SimPod) -> bool:
         return pod.owner in self.batch_use and not pod.companion
@@ -159,6 +180,12 @@ class LendingCluster(SimCluster):
     def _preempt_for(self, pod: _SimPod) -> bool:
         # Batch trainers are below everything: they never preempt.
         return False if self._batch_trainer(pod) else super()._preempt_for(pod)
+
+
+def serving_busy(demand_rps: float, ready_capacity_rps: float) -> float:
+    """Fraction of its requests a ready serving replica uses: demand over ready capacity,
+    never above 1 (none when nothing is ready)."""
+    return min(1.0, demand_rps / ready_capacity_rps) if ready_capacity_rps > 0 else 0.0
 
 
 def resource_array(resources: Resources) -> FloatArray:

@@ -1,0 +1,98 @@
+"""A scenario's world as the planner and the simulated cluster see it: its nodes, serving
+workloads, training-job arrivals and the planner's inputs from the cluster. Decides nothing
+over time; imports no clock, bus or Kubernetes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tideshift.services.cluster.port import Node, Resources
+from tideshift.services.cluster.sim import SimCluster
+from tideshift.services.planner import policy as pol
+from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec
+from tideshift.services.simulator.forecasters import SimForecaster
+from tideshift.services.simulator.scenario import GIB, JobGroup, Scenario, ServingSpec
+
+
+def scenario_nodes(scenario: Scenario) -> list[Node]:
+    nodes = []
+    for group_index, group in enumerate(scenario.nodes):
+        for i in range(group.count):
+            nodes.append(
+                Node(
+                    f"{group.name_prefix}-{group_index}-{i}",
+                    Resources(group.cpu, group.memory_gib * GIB, group.gpu),
+                )
+            )
+    return nodes
+
+
+def resources(vector: tuple[float, float, float]) -> Resources:
+    return Resources(vector[0], vector[1], int(vector[2]))
+
+
+def serving_workload(spec: ServingSpec) -> pol.ServingWorkload:
+    return pol.ServingWorkload(
+        target=pol.Target(spec.namespace, "Deployment", spec.name),
+        replica_requests=spec.replica.vector(),
+        capacity_rps=spec.capacity_rps * spec.target_utilization,
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        lead_time_s=spec.lead_time_s if spec.lead_time_s is not None else spec.startup_delay_s,
+        margin_s=spec.margin_s,
+        stabilization_s=spec.stabilization_s,
+        quantile=spec.quantile,
+        target_utilization=spec.target_utilization,
+    )
+
+
+def job_arrivals(scenario: Scenario) -> list[tuple[float, JobGroup, str]]:
+    """(arrival time, group, job name) of every training job, in arrival order."""
+    arrivals = []
+    for group in scenario.training.jobs:
+        for i in range(group.count):
+            arrivals.append(
+                (group.arrival_s + i * group.interval_s, group, f"{group.name_prefix}-{i}")
+            )
+    arrivals.sort(key=lambda item: (item[0], item[2]))
+    return arrivals
+
+
+def serving_need(spec: ServingSpec, rps: float) -> int:
+    """Replicas the demand needs at the target utilisation."""
+    need = math.ceil(rps / (spec.capacity_rps * spec.target_utilization) - 1e-9)
+    return min(max(need, spec.min_replicas), spec.max_replicas)
+
+
+def cluster_plan_inputs(
+    cluster: SimCluster,
+    serving: tuple[pol.ServingWorkload, ...],
+    jobs: Sequence[pol.TrainingJob],
+    *,
+    forecasters: Sequence[SimForecaster],
+    demands: Sequence[float],
+    now: float,
+) -> pol.PlanInputs:
+    """The planner's inputs from the simulated cluster, as the planner service builds them
+    (batch trainers are pods that request nothing)."""
+    view = pol.ClusterView.build(
+        (node_spec(node) for node in cluster.nodes()),
+        [
+            pod_spec(pod.node, pod.requests, pod.owner, companion=pod.companion)
+            for pod in cluster.pods_raw()
+        ],
+    )
+    return plan_inputs(
+        view,
+        serving,
+        tuple(jobs),
+        {
+            workload.target: forecaster.forecast(now)
+            for workload, forecaster in zip(serving, forecasters, strict=True)
+        },
+        wanted={w.ref: w.replicas for w in cluster.workloads()},
+        observed_rps={
+            workload.target: demand for workload, demand in zip(serving, demands, strict=True)
+        },
+    )
