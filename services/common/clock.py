@@ -38,7 +38,15 @@ WALL_CLOCK = WallClock()
 
 
 async def wait_for_event(clock: Clock, event: asyncio.Event, seconds: float) -> bool:
-    """Wait until `event` is set or `seconds` of `clock` time pass; whether it was set."""
+    """Wait until `event` is set or `seconds` of `clock` time pass; whether it was set.
+
+    The one "wait unless stopping" of the services (a tick, a poll, a retry's backoff):
+
+        while not stopping.is_set():
+            do_one_round()
+            if await wait_for_event(clock, stopping, interval_s):
+                break
+    """
     if event.is_set():
         return True
     setting = asyncio.ensure_future(event.wait())

@@ -1,8 +1,10 @@
 """The NATS bus, the only service code that imports `nats`: one face (`Bus`) over the client,
-the streams derived from the events' subjects, typed KV and leases, objects and raw RPC.
-Imports the events contract and nothing of the services."""
+the streams derived from the events' subjects, typed KV and leases, objects and raw RPC, and
+`follow` (a subscription kept up with backoff until the stop signal).
+Imports the events contract and, of the services, only the clock and retry policies."""
 
 from tideshift.services.common.bus.client import Bus, Delivery
+from tideshift.services.common.bus.follow import RESUBSCRIBE, StreamEnded, follow
 from tideshift.services.common.bus.kv import KVConflict, Lease, TypedKV
 from tideshift.services.common.bus.rpc import RequestFailed
 from tideshift.services.common.bus.streams import (
@@ -15,6 +17,7 @@ from tideshift.services.common.bus.streams import (
 
 __all__ = [
     "DEAD_LETTER_STREAM",
+    "RESUBSCRIBE",
     "SCALE_STREAM",
     "STREAMS",
     "TRAINING_TASK_STREAM",
@@ -23,6 +26,8 @@ __all__ = [
     "KVConflict",
     "Lease",
     "RequestFailed",
+    "StreamEnded",
     "StreamSpec",
     "TypedKV",
+    "follow",
 ]

@@ -1,0 +1,138 @@
+"""Following a stream for as long as a service runs: decides when to subscribe again and how
+long to wait first. Imports no nats and no service (the stream is whatever `open_stream`
+returns: `Bus.subscribe`, `Bus.consume`, a test's generator)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+from tenacity import RetryCallState
+
+from tideshift.services.common.clock import Clock
+from tideshift.services.common.retry import Backoff, Stopped, exponential, retrying_async
+
+log = logging.getLogger("tideshift.bus")
+T = TypeVar("T")
+
+# Half a second after the first failure, doubling to half a minute: a NATS restart is over
+# in seconds, a long outage costs one attempt per half minute; 20 % jitter spreads the
+# followers of a process that all lost the same connection.
+RESUBSCRIBE = exponential(initial=0.5, maximum=30.0, jitter=0.2)
+
+OpenStream = Callable[[], AsyncIterator[T]]
+Handle = Callable[[T], Awaitable[None] | None]
+
+
+class StreamEnded(Exception):
+    """The stream ended although the service still runs (its subscription was closed)."""
+
+
+async def follow(
+    open_stream: OpenStream[T],
+    handle: Handle[T],
+    *,
+    clock: Clock,
+    stopping: asyncio.Event,
+    name: str,
+    backoff: Backoff = RESUBSCRIBE,
+) -> None:
+    """Hand every item of `open_stream()` to `handle` until `stopping` is set; then return.
+
+    A stream that fails or ends is opened again after `backoff`'s wait for the n-th failure
+    in a row (in `clock` time, cut short by `stopping`); one that delivered items before it
+    failed is opened again at once and starts a new streak. An error in `handle` is logged
+    and the item skipped: one bad item never ends the following. The item in hand is
+    finished before `stopping` is looked at (a JetStream delivery is acked or handed back,
+    never dropped). Cancelling the caller's task ends it at once. For example:
+
+        await follow(
+            lambda: bus.subscribe(NODE_CHANGED.filter(), consumer="planner-a"),
+            lambda envelope: state.apply_node(envelope.data),
+            clock=clock,
+            stopping=context.stopping,
+            name="node events",
+        )
+    """
+    retrying = retrying_async(
+        backoff,
+        clock=clock,
+        stopping=stopping,
+        retry_on=Exception,
+        before_sleep=partial(_log_retry, name),
+    )
+    with contextlib.suppress(Stopped):
+        while not stopping.is_set():
+            await retrying(_follow_once, open_stream, handle, stopping, name)
+
+
+async def _follow_once(
+    open_stream: OpenStream[T], handle: Handle[T], stopping: asyncio.Event, name: str
+) -> None:
+    """One subscription, until `stopping` (returns) or a failure: re-raised when nothing came
+    (it counts towards the backoff), logged when items came (the next streak starts)."""
+    stream = open_stream()
+    delivered = 0
+    try:
+        while not stopping.is_set():
+            pending = asyncio.ensure_future(anext(stream))
+            if not await _first_of(pending, stopping):
+                return
+            item = pending.result()
+            delivered += 1
+            await _handle_one(handle, item, name)
+        return
+    except StopAsyncIteration:
+        if stopping.is_set():  # closed for the shutdown: no failure
+            return
+        failure: Exception = StreamEnded(f"{name} ended")
+    except Exception as error:
+        failure = error
+    finally:
+        await _close(stream)
+    if not delivered:
+        raise failure
+    log.warning("%s failed after %d items (%s); following again", name, delivered, failure)
+
+
+async def _first_of(pending: asyncio.Future[T], stopping: asyncio.Event) -> bool:
+    """Wait for `pending` or `stopping`; whether `pending` finished (it is cancelled if not)."""
+    stop_wait = asyncio.ensure_future(stopping.wait())
+    either: set[asyncio.Future[Any]] = {pending, stop_wait}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop_wait.cancel()
+        if not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pending
+    return pending.done() and not pending.cancelled()
+
+
+async def _close(stream: AsyncIterator[T]) -> None:
+    """Close an async generator's subscription now rather than when it is collected."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await close()
+
+
+async def _handle_one(handle: Handle[T], item: T, name: str) -> None:
+    try:
+        result = handle(item)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        log.exception("%s: skipped an item its handler failed on", name)
+
+
+def _log_retry(name: str, state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    wait = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning("%s failed (%s); following again in %.1fs", name, error, wait)
