@@ -290,14 +290,9 @@ class _SimDemoRun:
         while True:
             now = min(clock.now(), end)
             demand = config.profile.rate(now - clock.start)
-            ready_capacity = cluster.ready_count(serving.ref) * serving.capacity_rps
-            cluster.serving_busy[serving.ref] = (
-                min(1.0, demand / ready_capacity) if ready_capacity > 0 else 0.0
-            )
-            cluster.step(now)
-            # Starvation is measured before batch trainers make way, as in `simulate`.
-            starved = cluster.starved()
-            cluster.evict_over_reclaimable()
+            # the world `simulate` steps: serving as busy as demand keeps it, batch trainers
+            # making way (starvation is measured before they do)
+            starved = cluster.step_serving(now, {serving.ref: (demand, serving.capacity_rps)})
             if now >= clock.start:
                 meter.record(now, cluster, demand, lent_cpu=cluster.lent_cpu(), starved=starved)
             if self.fleet is not None:
