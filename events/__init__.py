@@ -1,13 +1,23 @@
-"""Tideshift's event contract: models, subjects and the CloudEvents codec.
+"""Tideshift's event contract: models, subjects, bucket names and the CloudEvents codec.
 
-Decides what travels on the bus and how it is spelled. Imports nothing of ours (no
-`services`, no `loadgen`); `tideshift.events.client` is the one module here that talks to NATS, so
+Decides what travels on the bus, how it is spelled and where it is kept (streams in
+`subjects`, KV and object buckets in `buckets`). Imports nothing of ours (no `services`, no
+`loadgen`); `tideshift.events.client` is the one module here that talks to NATS, so
 users can react to events with this package alone.
 """
 
+from tideshift.events.buckets import (
+    ALL_BUCKETS,
+    EXECUTOR_RECORDS_BUCKET,
+    LEASES_BUCKET,
+    PINS_BUCKET,
+    SNAPSHOT_BUCKET,
+    TRAINER_CHECKPOINTS_BUCKET,
+    TRAINER_JOBS_BUCKET,
+    TRAINER_MEMBERS_BUCKET,
+)
 from tideshift.events.codec import Envelope, EventRejected, decode, encode
 from tideshift.events.models import (
-    PINS_BUCKET,
     DeadLetter,
     DemandObserved,
     EventData,
@@ -52,11 +62,14 @@ from tideshift.events.subjects import (
 from tideshift.events.tokens import decode_token, encode_token
 
 __all__ = [
+    "ALL_BUCKETS",
     "ALL_SUBJECTS",
     "DEAD_LETTER",
     "DEMAND_OBSERVED",
+    "EXECUTOR_RECORDS_BUCKET",
     "FORECAST",
     "JOB_PROGRESS",
+    "LEASES_BUCKET",
     "NODE_CHANGED",
     "PINS_BUCKET",
     "PLANNER_STATUS",
@@ -65,7 +78,11 @@ __all__ = [
     "SCALE_COMMAND",
     "SCALE_RESULT",
     "SHARD_TASK",
+    "SNAPSHOT_BUCKET",
+    "TRAINER_CHECKPOINTS_BUCKET",
+    "TRAINER_JOBS_BUCKET",
     "TRAINER_MEMBERSHIP",
+    "TRAINER_MEMBERS_BUCKET",
     "WORKLOAD_CHANGED",
     "BoundSubject",
     "DeadLetter",

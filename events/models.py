@@ -224,17 +224,15 @@ class WorkloadChanged(EventData):
 
 class ScalePin(_Frozen):
     """An operator's override (`tideshift scale --for`), kept in the KV bucket `PINS_BUCKET`
-    under the target's encoded identity: the planner leaves the target at `replicas` (capacity
-    no other target may use) until `until` (None: until `tideshift scale --release`)."""
+    (`events/buckets.py`) under the target's encoded identity: the planner leaves the target at
+    `replicas` (capacity no other target may use) until `until` (None: until
+    `tideshift scale --release`)."""
 
     target: WorkloadRef
     replicas: int = Field(ge=0)
     until: AwareDatetime | None = None
     reason: str = Field(default="manual override", max_length=500)
     pinned_at: AwareDatetime
-
-
-PINS_BUCKET = "tideshift_pins"
 
 
 class ForecastPoint(_Frozen):

@@ -32,6 +32,8 @@ from tideshift.events.tokens import decode_token, encode_token
 T = TypeVar("T", bound=EventData)
 
 ROOT = "tideshift.v1"
+# The one JetStream stream that keeps both scale commands and scale results.
+SCALE_STREAM_NAME = "TIDESHIFT_SCALE"
 _PARAM = re.compile(r"^\{([a-z_]+)\}$")
 
 
@@ -197,13 +199,13 @@ SCALE_COMMAND = Subject(
     f"{ROOT}.scale.command.{{namespace}}.{{kind}}.{{name}}",
     description="desired scale of one target (JetStream, acked by an executor)",
     model=ScaleCommand,
-    stream="TIDESHIFT_SCALE",
+    stream=SCALE_STREAM_NAME,
 )
 SCALE_RESULT = Subject(
     f"{ROOT}.scale.result.{{namespace}}.{{kind}}.{{name}}",
     description="what an executor did with a scale command",
     model=ScaleResult,
-    stream="TIDESHIFT_SCALE",
+    stream=SCALE_STREAM_NAME,
 )
 SHARD_TASK = Subject(
     f"{ROOT}.training.task.{{job}}",
