@@ -29,7 +29,8 @@ from tideshift.services.cluster.overcommit import (
     idle_reservation,
     lendable,
 )
-from tideshift.services.cluster.port import ClusterError, ClusterPort
+from tideshift.services.cluster.port import ClusterError
+from tideshift.services.executor.compaction import ClusterListing
 
 log = logging.getLogger("tideshift.executor")
 
@@ -111,7 +112,7 @@ class BatchAdvertiser:
 
     def __init__(
         self,
-        port: ClusterPort,
+        port: ClusterListing,
         writer: NodeResourceWriter,
         usage: NodeUsage,
         config: OvercommitConfig,

@@ -13,13 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from tideshift.services.cluster.placement import compact_down, entry_rest
-from tideshift.services.cluster.port import (
-    ClusterError,
-    ClusterPort,
-    Node,
-    Pod,
-    WorkloadRef,
-)
+from tideshift.services.cluster.port import ClusterError, Node, Pod, WorkloadRef
 
 log = logging.getLogger("tideshift.executor")
 
@@ -28,6 +22,14 @@ log = logging.getLogger("tideshift.executor")
 VICTIM_COST = -1000
 # Kinds whose controller (a ReplicaSet) honours the annotation.
 COMPACTED_KINDS = frozenset({"Deployment.apps"})
+
+
+class ClusterListing(Protocol):
+    """Nodes and pods as the cluster has them now: what packing decisions start from."""
+
+    async def list_nodes(self) -> list[Node]: ...
+
+    async def list_pods(self) -> list[Pod]: ...
 
 
 class DeletionCostWriter(Protocol):
@@ -78,7 +80,7 @@ def scale_down_victims(
 
 
 async def mark_scale_down_victims(
-    port: ClusterPort, writer: DeletionCostWriter, target: WorkloadRef, keep: int
+    port: ClusterListing, writer: DeletionCostWriter, target: WorkloadRef, keep: int
 ) -> int:
     """Mark the victims of lowering `target` to `keep` replicas; how many were marked. A pod
     that is gone meanwhile is skipped; a failed mark only costs packing, so it is logged and

@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 from tideshift.events import ScaleCommand, ScaleResult, encode_token
-from tideshift.services.cluster.port import ClusterPort, UnsupportedTarget, WorkloadRef
+from tideshift.services.cluster.port import ScaleState, UnsupportedTarget, WorkloadRef
 from tideshift.services.common.bus import KVConflict, TypedKV
-from tideshift.services.executor.decision import AppliedRecord, decide, screen
+from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
+from tideshift.services.executor.decision import AppliedRecord, Decision, decide, screen
 
 log = logging.getLogger("tideshift.executor")
 
@@ -35,8 +35,18 @@ Outcome = Literal["applied", "noop", "rejected", "failed"]
 CLAIM_ATTEMPTS = 5
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
+class ScaleWriter(Protocol):
+    """A target's scale, read and written: all the executor asks of a cluster for a command."""
+
+    async def get_scale(self, target: WorkloadRef) -> ScaleState:
+        """Raises KeyError when the target does not exist, UnsupportedTarget for its kind,
+        ClusterError when the cluster cannot answer."""
+        ...
+
+    async def set_scale(self, target: WorkloadRef, replicas: int) -> ScaleState:
+        """Sets the target's desired replicas (clamped to its own bounds); returns the result.
+        Raises as `get_scale` does."""
+        ...
 
 
 def record_key(target: WorkloadRef) -> str:
@@ -69,12 +79,12 @@ class Transient(Exception):
 
 @dataclass
 class Executor:
-    port: ClusterPort
+    port: ScaleWriter
     records: RecordStore
     name: str = "executor"
     max_step: int = 0
     dry_run: bool = False
-    clock: Callable[[], datetime] = _now
+    clock: Clock = WALL_CLOCK
     # Runs before replicas are lowered (target, new count): marks the pods to delete first.
     before_scale_down: Callable[[WorkloadRef, int], Awaitable[object]] | None = None
 
@@ -97,79 +107,91 @@ class Executor:
             desired=command.desired,
             message=message[:2000],
             dry_run=dry_run,
-            executed_at=self.clock(),
+            executed_at=utc_now(self.clock),
             executor=self.name,
         )
 
     async def handle(self, command: ScaleCommand) -> ScaleResult:
         """The result of one command. Raises Transient (retry later) or the port's errors."""
-        target = command.target
         for _ in range(CLAIM_ATTEMPTS):
-            record, revision = await self.records.get(target)
-            try:
-                state = await self.port.get_scale(target)
-            except UnsupportedTarget as error:
-                return self.result_for(command, "rejected", message=str(error))
-            except KeyError:
-                return self.result_for(command, "rejected", message=f"{target} not found")
-            why_not = screen(
-                idempotency_key=command.idempotency_key,
-                issued_at=command.issued_at,
-                record=record,
-            )
-            if why_not is not None:
-                return self.result_for(
-                    command,
-                    "noop",
-                    previous=state.replicas,
-                    current=state.replicas,
-                    message=why_not,
-                )
-            decision = decide(command.desired, state, max_step=self.max_step)
-            if self.dry_run:
-                outcome: Outcome = "applied" if decision.action == "apply" else "noop"
-                return self.result_for(
-                    command,
-                    outcome,
-                    previous=state.replicas,
-                    current=decision.replicas,
-                    message=(
-                        "dry run: would set " + str(decision.replicas) + "; " + decision.message
-                    ).rstrip("; "),
-                    dry_run=True,
-                )
-            claim = AppliedRecord(
-                idempotency_key=command.idempotency_key,
-                issued_at=command.issued_at,
-                desired=command.desired,
-                applied=decision.action == "noop",
-            )
-            claimed = await self.records.put(target, claim, revision)
-            if claimed is None:
-                continue  # another executor recorded a command meanwhile: screen again
-            if decision.action == "noop":
-                return self.result_for(
-                    command,
-                    "noop",
-                    previous=state.replicas,
-                    current=state.replicas,
-                    message=decision.message,
-                )
-            if self.before_scale_down is not None and decision.replicas < state.replicas:
-                await self.before_scale_down(target, decision.replicas)
-            try:
-                after = await self.port.set_scale(target, decision.replicas)
-            except KeyError:
-                return self.result_for(command, "rejected", message=f"{target} not found")
-            done = claim.model_copy(update={"applied": True})
-            if await self.records.put(target, done, claimed) is None:
-                log.info("record of %s changed while applying %s", target, command.idempotency_key)
-            final: Outcome = "applied" if after.replicas != state.replicas else "noop"
-            return self.result_for(
-                command,
-                final,
-                previous=state.replicas,
-                current=after.replicas,
-                message=decision.message,
-            )
-        raise Transient(f"lost the claim on {target} {CLAIM_ATTEMPTS} times")
+            result = await self._attempt(command)
+            if result is not None:
+                return result
+            # another executor recorded a command meanwhile: screen again
+        raise Transient(f"lost the claim on {command.target} {CLAIM_ATTEMPTS} times")
+
+    async def _attempt(self, command: ScaleCommand) -> ScaleResult | None:
+        """Screen, decide, claim and apply once; None when the claim was lost to a rival."""
+        target = command.target
+        record, revision = await self.records.get(target)
+        try:
+            state = await self.port.get_scale(target)
+        except UnsupportedTarget as error:
+            return self.result_for(command, "rejected", message=str(error))
+        except KeyError:
+            return self.result_for(command, "rejected", message=f"{target} not found")
+        why_not = screen(
+            idempotency_key=command.idempotency_key, issued_at=command.issued_at, record=record
+        )
+        if why_not is not None:
+            return self._unchanged(command, state, why_not)
+        decision = decide(command.desired, state, max_step=self.max_step)
+        if self.dry_run:
+            return self._dry_run(command, state, decision)
+        claim = AppliedRecord(
+            idempotency_key=command.idempotency_key,
+            issued_at=command.issued_at,
+            desired=command.desired,
+            applied=decision.action == "noop",
+        )
+        claimed = await self.records.put(target, claim, revision)
+        if claimed is None:
+            return None
+        if decision.action == "noop":
+            return self._unchanged(command, state, decision.message)
+        return await self._apply(command, state, decision, claim=claim, claimed=claimed)
+
+    def _unchanged(self, command: ScaleCommand, state: ScaleState, message: str) -> ScaleResult:
+        return self.result_for(
+            command, "noop", previous=state.replicas, current=state.replicas, message=message
+        )
+
+    def _dry_run(self, command: ScaleCommand, state: ScaleState, decision: Decision) -> ScaleResult:
+        outcome: Outcome = "applied" if decision.action == "apply" else "noop"
+        return self.result_for(
+            command,
+            outcome,
+            previous=state.replicas,
+            current=decision.replicas,
+            message=f"dry run: would set {decision.replicas}; {decision.message}".rstrip("; "),
+            dry_run=True,
+        )
+
+    async def _apply(
+        self,
+        command: ScaleCommand,
+        state: ScaleState,
+        decision: Decision,
+        *,
+        claim: AppliedRecord,
+        claimed: int,
+    ) -> ScaleResult:
+        """Write the claimed scale, then mark the claim applied."""
+        target = command.target
+        if self.before_scale_down is not None and decision.replicas < state.replicas:
+            await self.before_scale_down(target, decision.replicas)
+        try:
+            after = await self.port.set_scale(target, decision.replicas)
+        except KeyError:
+            return self.result_for(command, "rejected", message=f"{target} not found")
+        done = claim.model_copy(update={"applied": True})
+        if await self.records.put(target, done, claimed) is None:
+            log.info("record of %s changed while applying %s", target, command.idempotency_key)
+        final: Outcome = "applied" if after.replicas != state.replicas else "noop"
+        return self.result_for(
+            command,
+            final,
+            previous=state.replicas,
+            current=after.replicas,
+            message=decision.message,
+        )

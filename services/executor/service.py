@@ -21,9 +21,9 @@ from pydantic import Field, model_validator
 from tideshift.events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.overcommit import OvercommitConfig
-from tideshift.services.cluster.port import ClusterError, ClusterPort
+from tideshift.services.cluster.port import ClusterError
 from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery
-from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
+from tideshift.services.common.clock import WALL_CLOCK, Clock
 from tideshift.services.common.retry import exponential
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
@@ -32,8 +32,12 @@ from tideshift.services.executor.batch_capacity import (
     NodeResourceWriter,
     PrometheusNodeUsage,
 )
-from tideshift.services.executor.compaction import DeletionCostWriter, mark_scale_down_victims
-from tideshift.services.executor.executor import RECORD_BUCKET, Executor, RecordStore
+from tideshift.services.executor.compaction import (
+    ClusterListing,
+    DeletionCostWriter,
+    mark_scale_down_victims,
+)
+from tideshift.services.executor.executor import RECORD_BUCKET, Executor, RecordStore, ScaleWriter
 
 log = logging.getLogger("tideshift.executor")
 
@@ -62,6 +66,13 @@ LATENCY = Histogram(
 
 class PackingWriter(DeletionCostWriter, NodeResourceWriter, Protocol):
     """The scheduler hints a real cluster takes: deletion costs, Node extended resources."""
+
+
+class ExecutorCluster(ScaleWriter, ClusterListing, Protocol):
+    """What the executor needs of a cluster: scales to write, nodes and pods to pack, and
+    its connections to release when it stops."""
+
+    async def close(self) -> None: ...
 
 
 class ExecutorSettings(ServiceSettings):
@@ -239,14 +250,14 @@ async def consume(
 
 
 async def build_executor(
-    bus: Bus, port: ClusterPort, *, name: str, bucket: str, dry_run: bool, max_step: int
+    bus: Bus, port: ScaleWriter, *, name: str, bucket: str, dry_run: bool, max_step: int
 ) -> Executor:
     records = RecordStore(await bus.kv(bucket))
     return Executor(port, records, name=name, dry_run=dry_run, max_step=max_step)
 
 
 def _packing(
-    executor: Executor, port: ClusterPort, writer: PackingWriter, settings: ExecutorSettings
+    executor: Executor, port: ExecutorCluster, writer: PackingWriter, settings: ExecutorSettings
 ) -> BatchAdvertiser | None:
     """Wires compaction into the executor; the batch-resource advertiser when it is on."""
     if settings.compaction:
@@ -263,8 +274,8 @@ def _packing(
 
 
 async def _connect(
-    settings: ExecutorSettings, cluster: ClusterPort | None
-) -> tuple[ClusterPort, PackingWriter | None]:
+    settings: ExecutorSettings, cluster: ExecutorCluster | None
+) -> tuple[ExecutorCluster, PackingWriter | None]:
     """The port, and its packing writes on Kubernetes (a simulated cluster packs by itself)."""
     if cluster is not None:
         return cluster, None
@@ -273,7 +284,7 @@ async def _connect(
 
 
 async def serve(
-    context: ServiceContext, *, cluster: ClusterPort | None = None, clock: Clock = WALL_CLOCK
+    context: ServiceContext, *, cluster: ExecutorCluster | None = None, clock: Clock = WALL_CLOCK
 ) -> None:
     """The service body; `cluster` replaces the Kubernetes port the settings name (the demo
     passes its simulated cluster and clock; nothing else differs)."""
@@ -290,7 +301,7 @@ async def serve(
             dry_run=settings.dry_run,
             max_step=settings.max_step,
         )
-        executor.clock = functools.partial(utc_now, clock)
+        executor.clock = clock
         advertiser = _packing(executor, port, writer, settings) if writer is not None else None
         if advertiser is not None:
             advertising = asyncio.create_task(

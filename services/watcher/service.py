@@ -5,25 +5,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 from pydantic import Field
 
 from tideshift.services.cluster.connect import open_kubernetes
-from tideshift.services.cluster.port import ClusterPort
-from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
+from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.common.retry import fixed
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.watcher.snapshot import SNAPSHOT_BUCKET
-from tideshift.services.watcher.watcher import Watcher
+from tideshift.services.watcher.watcher import WatchedCluster, Watcher
 
 log = logging.getLogger("tideshift.watcher")
 
 # The first list may fail while the apiserver is still coming up: wait this long, try again.
 START_RETRY = fixed(2.0)
+
+
+class WatcherCluster(WatchedCluster, Protocol):
+    """The cluster the service watches, and releases when it stops."""
+
+    async def close(self) -> None: ...
 
 
 class WatcherSettings(ServiceSettings):
@@ -51,7 +56,7 @@ class WatcherSettings(ServiceSettings):
 
 
 async def serve(
-    context: ServiceContext, *, cluster: ClusterPort | None = None, clock: Clock = WALL_CLOCK
+    context: ServiceContext, *, cluster: WatcherCluster | None = None, clock: Clock = WALL_CLOCK
 ) -> None:
     """The service body; `cluster` replaces the Kubernetes port the settings name (the demo
     passes its simulated cluster and clock; nothing else differs)."""
@@ -65,9 +70,7 @@ async def serve(
         resync_seconds=settings.resync_seconds,
     )
     context.readiness_checks.append(lambda: [f"not watching {name}" for name in port.unwatched()])
-    watcher = Watcher(
-        port, context.bus, bucket=settings.snapshot_bucket, clock=functools.partial(utc_now, clock)
-    )
+    watcher = Watcher(port, context.bus, bucket=settings.snapshot_bucket, clock=clock)
     while not context.stopping.is_set():
         task = asyncio.create_task(watcher.run(context.ready))
         stop = asyncio.create_task(context.stopping.wait())
@@ -82,8 +85,7 @@ async def serve(
         error = task.exception()
         delay = START_RETRY.delay(1)
         log.warning("watcher start failed (%s); retrying in %.0fs", error, delay)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(context.stopping.wait(), delay)
+        await wait_for_event(clock, context.stopping, delay)
     await port.close()
 
 

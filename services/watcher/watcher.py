@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
@@ -31,12 +31,12 @@ from tideshift.events import (
 from tideshift.services.cluster.port import (
     ChangeType,
     ClusterChange,
-    ClusterPort,
     Node,
     Pod,
     Workload,
 )
 from tideshift.services.common.bus import Bus, TypedKV
+from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
 from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
 from tideshift.services.watcher.snapshot import (
     SNAPSHOT_BUCKET,
@@ -63,8 +63,32 @@ INVALID_POLICY_REASON = "TideshiftInvalidPolicy"
 ClusterEvent = NodeChanged | PodChanged | WorkloadChanged
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
+class ClusterReader(Protocol):
+    """List+watch of nodes, pods and labelled workloads: all the watcher reads of a cluster."""
+
+    async def list_nodes(self) -> list[Node]: ...
+
+    async def list_pods(self) -> list[Pod]: ...
+
+    async def list_workloads(self) -> list[Workload]: ...
+
+    def watch(self) -> AsyncIterator[ClusterChange]:
+        """Changes after the last list, in order, until the iterator is closed."""
+        ...
+
+    def unwatched(self) -> list[str]:
+        """Resources a running `watch` is not following right now (late changes)."""
+        ...
+
+
+class EventRecorder(Protocol):
+    async def record_event(self, target: Workload, *, reason: str, message: str) -> None:
+        """Leave a warning on the object for its owner to see (`kubectl describe`)."""
+        ...
+
+
+class WatchedCluster(ClusterReader, EventRecorder, Protocol):
+    """What the watcher needs of a cluster: to read it and to tell a workload's owner."""
 
 
 class Watcher:
@@ -72,11 +96,11 @@ class Watcher:
 
     def __init__(
         self,
-        port: ClusterPort,
+        port: WatchedCluster,
         bus: Bus,
         *,
         bucket: str = SNAPSHOT_BUCKET,
-        clock: Callable[[], datetime] = _now,
+        clock: Clock = WALL_CLOCK,
         kv_concurrency: int = 32,
     ) -> None:
         self.port = port
@@ -95,7 +119,7 @@ class Watcher:
     # -- conversion and publishing -------------------------------------------------------
 
     def _event(self, change: ChangeType, obj: Node | Pod | Workload) -> tuple[str, ClusterEvent]:
-        now = self.clock()
+        now = utc_now(self.clock)
         if isinstance(obj, Node):
             return node_key(obj.name), node_event(change, obj, observed_at=now)
         if isinstance(obj, Workload):
@@ -148,7 +172,7 @@ class Watcher:
             reason=message,
             payload=payload[:1024],
             payload_bytes=len(payload.encode()),
-            received_at=self.clock(),
+            received_at=utc_now(self.clock),
         )
         try:
             await self.bus.publish_durable(DEAD_LETTER.at(consumer="watcher"), letter)
@@ -280,7 +304,7 @@ class Watcher:
                 continue
             differences += 1
             await self._publish_quietly(
-                old.model_copy(update={"change": "deleted", "observed_at": self.clock()})
+                old.model_copy(update={"change": "deleted", "observed_at": utc_now(self.clock)})
             )
             self._store_later(key, None)
         SNAPSHOT_OBJECTS.set(len(listed))
