@@ -25,7 +25,8 @@ import numpy as np
 from tideshift.services.cluster.overcommit import OvercommitConfig, lendable, reclaimable
 from tideshift.services.cluster.placement import FloatArray
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
-from tideshift.services.cluster.sim import SimCluster, SimWorkload, _SimNode, _SimPod
+from tideshift.services.cluster.sim import SimCluster, SimWorkload
+from tideshift.services.cluster.sim.objects import SimNode, SimPod
 
 
 class LendingCluster(SimCluster):
@@ -65,7 +66,7 @@ class LendingCluster(SimCluster):
         self.evict_over_reclaimable()
         return starved
 
-    def _batch_trainer(self, pod: _SimPod) -> bool:
+    def _batch_trainer(self, pod: SimPod) -> bool:
         return pod.owner in self.batch_use and not pod.companion
 
     def usage(self) -> tuple[list[str], FloatArray, FloatArray, FloatArray, FloatArray]:
@@ -127,7 +128,7 @@ class LendingCluster(SimCluster):
         self.batch_evictions += evicted
         return evicted
 
-    def _bind(self, pod: _SimPod, sim_node: _SimNode) -> None:
+    def _bind(self, pod: SimPod, sim_node: SimNode) -> None:
         super()._bind(pod, sim_node)
         if self.batch_use and not self._batch_trainer(pod) and pod.requests.cpu > 0:
             self.evict_over_reclaimable(only=sim_node.node.name)
@@ -145,7 +146,7 @@ class LendingCluster(SimCluster):
         names, allocatable, non_batch, idle, batch = self.usage()
         return names, lendable(allocatable, non_batch, idle, self.overcommit) - batch[:, :2]
 
-    def _place(self, pod: _SimPod) -> bool:
+    def _place(self, pod: SimPod) -> bool:
         if not self._batch_trainer(pod):
             return super()._place(pod)
         names, room = self._room()
@@ -177,7 +178,7 @@ class LendingCluster(SimCluster):
         for pod in victims[:extra]:
             self._delete_pod(pod, evicted=False)
 
-    def _preempt_for(self, pod: _SimPod) -> bool:
+    def _preempt_for(self, pod: SimPod) -> bool:
         # Batch trainers are below everything: they never preempt.
         return False if self._batch_trainer(pod) else super()._preempt_for(pod)
 

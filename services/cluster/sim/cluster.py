@@ -19,135 +19,31 @@ Modelled after Kubernetes where it matters to a capacity planner:
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import numpy as np
 
 from tideshift.services.cluster.placement import best_node, fullness
 from tideshift.services.cluster.port import (
-    COMPANION_LABEL,
     ClusterChange,
     Node,
     Pod,
-    PodPhase,
     Resources,
-    Role,
     ScaleState,
-    Workload,
     WorkloadRef,
 )
-
-WorkloadKind = Literal["Deployment", "ElasticJob"]
-
-_EPS = 1e-9
-
-
-@dataclass(slots=True)
-class _SimPod:
-    namespace: str
-    name: str
-    requests: Resources
-    priority: int
-    owner: WorkloadRef
-    role: Role
-    companion: bool  # parameter server of an elastic job (not a trainer)
-    created_at: float
-    seq: int  # creation order, a tie-breaker
-    node: str | None = None
-    bound_at: float | None = None
-    ready: bool = False
-
-    @property
-    def counter_key(self) -> str:
-        return "companion" if self.companion else self.role
-
-    def snapshot(self) -> Pod:
-        phase: PodPhase = "Running" if self.node is not None else "Pending"
-        return Pod(
-            namespace=self.namespace,
-            name=self.name,
-            requests=self.requests,
-            priority=self.priority,
-            owner=self.owner,
-            role=self.role,
-            phase=phase,
-            node=self.node,
-            created_at=self.created_at,
-            ready=self.ready,
-            labels=((COMPANION_LABEL, "true"),) if self.companion else (),
-        )
-
-
-@dataclass(slots=True)
-class SimWorkload:
-    """A Deployment or an elastic training job inside the simulator."""
-
-    ref: WorkloadRef
-    kind: WorkloadKind
-    role: Role
-    pod_requests: Resources
-    replicas: int
-    priority: int = 0
-    startup_delay_s: float = 0.0
-    min_replicas: int = 0
-    max_replicas: int | None = None
-    gang_min: int = 0  # elastic jobs: trainers that must bind together before any runs
-    companion_count: int = 0  # elastic jobs: parameter servers
-    companion_requests: Resources = field(default_factory=Resources)
-    pods: list[_SimPod] = field(default_factory=list)
-    # Maintained by the cluster so per-step metrics need no scan of the pods.
-    bound_workers: int = 0
-    ready_workers: int = 0
-    bound_companions: int = 0
-    ready_companions: int = 0
-
-    def _count(self, pod: _SimPod, *, bound: int = 0, ready: int = 0) -> None:
-        if pod.companion:
-            self.bound_companions += bound
-            self.ready_companions += ready
-        else:
-            self.bound_workers += bound
-            self.ready_workers += ready
-
-    def clamp(self, replicas: int) -> int:
-        replicas = max(replicas, self.min_replicas, 0)
-        if self.max_replicas is not None:
-            replicas = min(replicas, self.max_replicas)
-        return replicas
-
-
-@dataclass(slots=True)
-class _SimNode:
-    node: Node
-    free: list[float]  # cpu, memory, gpu left after bound pods
-    pods: dict[str, _SimPod] = field(default_factory=dict)
-
-
-@dataclass
-class SimCounters:
-    """Totals since the cluster was created, for the simulator's reports."""
-
-    # per role ("serving", "training" for trainers, "other"), "companion" for parameter servers
-    pods_bound: dict[str, int] = field(default_factory=dict)
-    pods_stopped: dict[str, int] = field(default_factory=dict)  # bound pods deleted
-    preemptions: int = 0
-
-
-def _as_list(resources: Resources) -> list[float]:
-    return [resources.cpu, resources.memory, float(resources.gpu)]
-
-
-def _fits(request: Resources, free: list[float]) -> bool:
-    return (
-        request.cpu <= free[0] + _EPS
-        and request.memory <= free[1] + 1e-6
-        and request.gpu <= free[2] + _EPS
-    )
+from tideshift.services.cluster.sim.objects import (
+    EPS,
+    SimCounters,
+    SimNode,
+    SimPod,
+    SimWorkload,
+    as_list,
+    fits_in,
+)
 
 
 class SimCluster:
@@ -156,9 +52,9 @@ class SimCluster:
     def __init__(self, nodes: Iterable[Node] = (), *, now: float = 0.0) -> None:
         self.now = now
         self.counters = SimCounters()
-        self._nodes: dict[str, _SimNode] = {}
+        self._nodes: dict[str, SimNode] = {}
         self._workloads: dict[WorkloadRef, SimWorkload] = {}
-        self._pods: dict[str, _SimPod] = {}  # key namespace/name
+        self._pods: dict[str, SimPod] = {}  # key namespace/name
         self._pending: set[str] = set()
         self._starting: list[tuple[float, int, str]] = []  # (ready_at, seq, pod key) heap
         self._seq = itertools.count()
@@ -176,7 +72,7 @@ class SimCluster:
     def add_node(self, node: Node) -> None:
         if node.name in self._nodes:
             raise ValueError(f"node {node.name!r} already exists")
-        self._nodes[node.name] = _SimNode(node, _as_list(node.allocatable))
+        self._nodes[node.name] = SimNode(node, as_list(node.allocatable))
         self._schedule_needed = True
         self._emit("added", node)
 
@@ -266,14 +162,14 @@ class SimCluster:
     def pods(self) -> list[Pod]:
         return [pod.snapshot() for pod in self._pods.values()]
 
-    def pods_raw(self) -> Iterable[_SimPod]:
+    def pods_raw(self) -> Iterable[SimPod]:
         """The live pod records (read-only use: the simulator converts them in bulk)."""
         return self._pods.values()
 
     def _create_pod(self, workload: SimWorkload, *, companion: bool) -> None:
         seq = next(self._seq)
         prefix = "ps" if companion else ("t" if workload.kind == "ElasticJob" else "r")
-        pod = _SimPod(
+        pod = SimPod(
             namespace=workload.ref.namespace,
             name=f"{workload.ref.name}-{prefix}{seq}",
             requests=workload.companion_requests if companion else workload.pod_requests,
@@ -291,7 +187,7 @@ class SimCluster:
         self._schedule_needed = True
         self._emit("added", pod)
 
-    def _delete_pod(self, pod: _SimPod, *, evicted: bool, count_stop: bool = True) -> None:
+    def _delete_pod(self, pod: SimPod, *, evicted: bool, count_stop: bool = True) -> None:
         key = pod.namespace + "/" + pod.name
         self._pods.pop(key, None)
         self._pending.discard(key)
@@ -314,7 +210,7 @@ class SimCluster:
         self._schedule_needed = True
         self._emit("deleted", pod)
 
-    def _bind(self, pod: _SimPod, sim_node: _SimNode) -> None:
+    def _bind(self, pod: SimPod, sim_node: SimNode) -> None:
         key = pod.namespace + "/" + pod.name
         pod.node = sim_node.node.name
         pod.bound_at = self.now
@@ -334,7 +230,7 @@ class SimCluster:
         bound[pod.counter_key] = bound.get(pod.counter_key, 0) + 1
         self._emit("modified", pod)
 
-    def _release(self, sim_node: _SimNode, request: Resources) -> None:
+    def _release(self, sim_node: SimNode, request: Resources) -> None:
         sim_node.free[0] += request.cpu
         sim_node.free[1] += request.memory
         sim_node.free[2] += request.gpu
@@ -352,7 +248,7 @@ class SimCluster:
         self._reconcile()
         if self._schedule_needed:
             self._schedule()
-        while self._starting and self._starting[0][0] <= now + _EPS:
+        while self._starting and self._starting[0][0] <= now + EPS:
             _, _, key = heapq.heappop(self._starting)
             pod = self._pods.get(key)
             if pod is not None and pod.node is not None and not pod.ready:
@@ -386,7 +282,7 @@ class SimCluster:
                 per_node[pod.node] = per_node.get(pod.node, 0) + 1
             rest = self._rest_fullness(workload, per_node)
 
-            def deletion_rank(pod: _SimPod) -> tuple[int, int, float, int, int]:
+            def deletion_rank(pod: SimPod) -> tuple[int, int, float, int, int]:
                 # the executor's pod-deletion-cost order: pods whose node then stays emptiest
                 return (
                     0 if pod.node is None else 1,
@@ -406,8 +302,8 @@ class SimCluster:
         names = [name for name in per_node if name is not None]
         if not names:
             return {}
-        request = np.array(_as_list(workload.pod_requests))
-        allocatable = np.array([_as_list(self._nodes[name].node.allocatable) for name in names])
+        request = np.array(as_list(workload.pod_requests))
+        allocatable = np.array([as_list(self._nodes[name].node.allocatable) for name in names])
         used = allocatable - np.array([self._nodes[name].free for name in names])
         counts = np.array([per_node[name] for name in names], dtype=np.float64)
         rest = np.maximum(used - counts[:, None] * request, 0.0)
@@ -454,7 +350,7 @@ class SimCluster:
             return  # the controller has not created enough trainers (replicas < gang_min)
         group = unbound_companions + sorted(unbound_trainers, key=lambda pod: pod.seq)[:needed]
         free = {name: list(sim_node.free) for name, sim_node in self._nodes.items()}
-        plan: list[tuple[_SimPod, str]] = []
+        plan: list[tuple[SimPod, str]] = []
         for pod in group:
             name = self._best_node(pod.requests, free)
             if name is None:
@@ -481,20 +377,20 @@ class SimCluster:
         free_rows = np.array(
             [self._nodes[name].free if free is None else free[name] for name in names]
         )
-        allocatable = np.array([_as_list(self._nodes[name].node.allocatable) for name in names])
-        row = best_node(free_rows, allocatable, np.array(_as_list(request)))
+        allocatable = np.array([as_list(self._nodes[name].node.allocatable) for name in names])
+        row = best_node(free_rows, allocatable, np.array(as_list(request)))
         return None if row is None else names[row]
 
-    def _place(self, pod: _SimPod) -> bool:
+    def _place(self, pod: SimPod) -> bool:
         name = self._best_node(pod.requests)
         if name is None:
             return False
         self._bind(pod, self._nodes[name])
         return True
 
-    def _preempt_for(self, pod: _SimPod) -> bool:
+    def _preempt_for(self, pod: SimPod) -> bool:
         """Evict lower-priority pods on the node where the fewest evictions make room."""
-        best: tuple[int, str, list[_SimPod]] | None = None
+        best: tuple[int, str, list[SimPod]] | None = None
         for name, sim_node in self._nodes.items():
             if not sim_node.node.schedulable:
                 continue
@@ -505,15 +401,15 @@ class SimCluster:
             if not victims_pool:
                 continue
             free = list(sim_node.free)
-            victims: list[_SimPod] = []
+            victims: list[SimPod] = []
             for victim in victims_pool:
-                if _fits(pod.requests, free):
+                if fits_in(pod.requests, free):
                     break
                 victims.append(victim)
                 free[0] += victim.requests.cpu
                 free[1] += victim.requests.memory
                 free[2] += victim.requests.gpu
-            if not _fits(pod.requests, free):
+            if not fits_in(pod.requests, free):
                 continue
             if best is None or len(victims) < best[0]:
                 best = (len(victims), name, victims)
@@ -535,51 +431,8 @@ class SimCluster:
     def _emit(self, change_type: Literal["added", "modified", "deleted"], obj: object) -> None:
         if not self._subscribers:
             return  # building snapshots is the costly part of a big simulation: skip if unheard
-        snapshot = obj.snapshot() if isinstance(obj, _SimPod) else obj
+        snapshot = obj.snapshot() if isinstance(obj, SimPod) else obj
         assert isinstance(snapshot, Node | Pod)
         change = ClusterChange(change_type, snapshot)
         for callback in list(self._subscribers):
             callback(change)
-
-
-class SimClusterPort:
-    """`ClusterPort` over a `SimCluster` (the simulator drives time; this only observes/sets)."""
-
-    def __init__(self, cluster: SimCluster) -> None:
-        self.cluster = cluster
-        self.events: list[tuple[WorkloadRef, str, str]] = []  # record_event's, in order
-
-    async def list_nodes(self) -> list[Node]:
-        return self.cluster.nodes()
-
-    async def list_pods(self) -> list[Pod]:
-        return self.cluster.pods()
-
-    async def list_workloads(self) -> list[Workload]:
-        """None: simulated workloads are named in the settings, not labelled."""
-        return []
-
-    async def record_event(self, target: Workload, *, reason: str, message: str) -> None:
-        self.events.append((target.ref, reason, message))
-
-    async def watch(self) -> AsyncIterator[ClusterChange]:
-        queue: asyncio.Queue[ClusterChange] = asyncio.Queue()
-        unsubscribe = self.cluster.subscribe(queue.put_nowait)
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            unsubscribe()
-
-    def unwatched(self) -> list[str]:
-        """Nothing: the simulated cluster calls its subscribers directly."""
-        return []
-
-    async def get_scale(self, target: WorkloadRef) -> ScaleState:
-        return self.cluster.scale_state(target)
-
-    async def set_scale(self, target: WorkloadRef, replicas: int) -> ScaleState:
-        return self.cluster.scale(target, replicas)
-
-    async def close(self) -> None:
-        """Nothing to release: the simulated cluster lives in this process."""
