@@ -76,6 +76,14 @@ def published(forecast: Forecast, *, first: int, widen_by: float) -> Forecast:
     )
 
 
+def grid(start: float, end: float, step_s: float) -> FloatArray:
+    """The sample times a range query over [start, end] answers: whole steps."""
+    first = math.ceil(start / step_s - 1e-9) * step_s
+    if first > end:
+        return _empty()
+    return np.arange(first, end + step_s * 1e-6, step_s)
+
+
 def _empty() -> FloatArray:
     return np.zeros(0)
 
@@ -123,6 +131,12 @@ class WorkloadModel:
         recent = self.timestamps > horizon_start
         self.timestamps, self.values = self.timestamps[recent], self.values[recent]
         return int(times.shape[0])
+
+    def take(self, times: FloatArray, values: FloatArray, *, end: float) -> tuple[int, str | None]:
+        """`absorb` the answer to the query up to `end`: how many samples were new, and
+        why the history cannot be trusted (`unusable`), None when it can."""
+        fresh = self.absorb(times, values)
+        return fresh, self.unusable(fresh=fresh, end=end)
 
     def unusable(self, *, fresh: int, end: float) -> str | None:
         """Why the history cannot be trusted at `end` (nothing yet, or no new sample for
@@ -177,15 +191,18 @@ class WorkloadModel:
         self.outage_since, self.outage_reason = None, ""
         return lasted
 
+    def behind(self, now: float) -> int:
+        """The forecast steps already past at `now`: the model stands at its last sample."""
+        newest = self.newest
+        return 0 if newest is None else max(0, math.floor((now - newest) / self.cadence.step_s))
+
     def forecast(self, now: float) -> Forecast | None:
         """The forecast to publish at `now`: from the first step not yet past, widened while
         stale; None before the first fit."""
         if self.model is None or self.newest is None:
             return None
-        step = self.cadence.step_s
-        horizon_steps = max(1, math.ceil(self.cadence.horizon_s / step))
-        # The model stands at its last observation; skip the steps already in the past.
-        behind = max(0, math.floor((now - self.newest) / step))
+        horizon_steps = max(1, math.ceil(self.cadence.horizon_s / self.cadence.step_s))
+        behind = self.behind(now)
         forecast = self.model.predict(horizon_steps + behind)
         stale_for = None if self.outage_since is None else now - self.outage_since
         widen_by = 0.0 if stale_for is None else widening(self.cadence, outage_s=stale_for)

@@ -221,8 +221,7 @@ class WorkloadForecaster:
         start, end = state.window(now)
         try:
             samples = await self._fetch(start=start, end=end)
-            fresh = state.absorb(samples.timestamps, samples.values)
-            reason = state.unusable(fresh=fresh, end=end)
+            fresh, reason = state.take(samples.timestamps, samples.values, end=end)
             if reason is not None:
                 raise MetricSourceError(reason)
             if fresh:

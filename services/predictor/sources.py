@@ -20,6 +20,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests import RequestException
 from urllib3.util.retry import Retry
 
+from tideshift.services.predictor.forecasting import grid
 from tideshift.services.predictor.models.base import FloatArray
 
 # Prometheus refuses range queries of more than 11,000 points per series.
@@ -164,10 +165,7 @@ class SimMetricSource:
         self._rate = rate
 
     async def range(self, query: str, *, start: float, end: float, step_s: float) -> Samples:
-        first = math.ceil(start / step_s - 1e-9) * step_s
-        if first > end:
-            return Samples.empty()
-        times = np.arange(first, end + step_s * 1e-6, step_s)
+        times = grid(start, end, step_s)
         return Samples(times, np.array([self._rate(float(t)) for t in times]))
 
     async def latest(self, query: str, *, at: float) -> float | None:

@@ -1,16 +1,19 @@
-"""Forecasts for the simulator: the true future (oracle) or the predictor's model, refitted
-on the profile's own history as the predictor service would; no clock, no I/O."""
+"""Forecasts for the simulator: the true future (oracle) or the predictor's model, fitted,
+refitted, updated and widened by the predictor's own decisions (`predictor/forecasting.py`)
+on the profile's history; no clock, no I/O."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from tideshift.loadgen.profiles import RateProfile
 from tideshift.services.planner import policy as pol
+from tideshift.services.predictor.forecasting import REFIT_S, Cadence, WorkloadModel, grid
+from tideshift.services.predictor.models import DEFAULT_MODEL, Forecast
 from tideshift.services.simulator.scenario import Scenario
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
@@ -46,7 +49,10 @@ class OracleForecaster:
 
 @dataclass
 class ModelForecaster:
-    """The predictor's model, fitted on history before t = 0, updated each interval."""
+    """The predictor's model, deciding as the predictor service does
+    (`predictor/forecasting.py`): fitted on `history_s` before t = 0, refitted every
+    `refit_s`, updated with each new sample, and, while the profile gives no usable sample
+    (NaN or negative), stale and widened."""
 
     profile: RateProfile
     model_name: str
@@ -54,54 +60,67 @@ class ModelForecaster:
     history_s: float
     horizon_s: float
     sample_s: float
-    _model: Any = None
-    _observed_until: float = 0.0  # start of the next interval to observe
-    _cache: tuple[float, pol.Forecast] | None = None
+    refit_s: float = REFIT_S
+    _model: WorkloadModel | None = None
+    # The forecast last published and what it was made from: (newest sample, fit, steps past).
+    _cache: tuple[tuple[float | None, float | None, int], pol.Forecast] | None = None
 
-    def _observe(self, start: float) -> float:
+    def measure(self, end: float) -> float:
+        """What a rate query at `end` reports: the mean rate over the interval before it."""
         samples = max(1, math.ceil(self.interval_s / self.sample_s))
+        start = end - self.interval_s
         return (
             sum(self.profile.rate(start + k * self.interval_s / samples) for k in range(samples))
             / samples
         )
 
-    def _ensure_fitted(self) -> None:
-        if self._model is not None:
-            return
-        from tideshift.services.predictor.models import DEFAULT_MODEL, build_model
+    @property
+    def model(self) -> WorkloadModel:
+        if self._model is None:
+            cadence = Cadence(
+                step_s=self.interval_s,
+                horizon_s=self.horizon_s,
+                history_s=self.history_s,
+                refit_s=self.refit_s,
+            )
+            self._model = WorkloadModel(cadence, self.model_name or DEFAULT_MODEL)
+        return self._model
 
-        self._model = build_model(self.model_name or DEFAULT_MODEL)
-        count = max(2, int(self.history_s // self.interval_s))
-        times = np.array([-(count - i) * self.interval_s for i in range(count)])
-        values = np.array([self._observe(t) for t in times])
-        self._model.fit(times, values)
-        self._observed_until = 0.0
+    def _tick(self, now: float) -> None:
+        """One step of the predictor's loop: query, refit or update, mark stale or fresh."""
+        model = self.model
+        start, end = model.window(now)
+        times = grid(start, end, self.interval_s)
+        values = np.array([self.measure(float(t)) for t in times], dtype=np.float64)
+        fresh, reason = model.take(times, values, end=end)
+        if reason is not None:
+            model.begin_outage(now=now, reason=reason)
+            return
+        if fresh:
+            model.learn(fresh=fresh, now=now)
+        model.end_outage(now=now)
 
     def forecast(self, now: float) -> pol.Forecast:
-        self._ensure_fitted()
-        new_times = []
-        while self._observed_until + self.interval_s <= now + 1e-9:
-            new_times.append(self._observed_until)
-            self._observed_until += self.interval_s
-        if new_times:
-            values = [self._observe(t) for t in new_times]
-            self._model.update(np.array(new_times), np.array(values))
-            self._cache = None
-        if self._cache is None:
-            steps = max(1, math.ceil(self.horizon_s / self.interval_s))
-            predicted = self._model.predict(steps)
-            self._cache = (
-                now,
-                pol.Forecast(
-                    issued_at=now,
-                    times=tuple(float(t) for t in predicted.timestamps),
-                    quantiles={
-                        float(q): tuple(float(v) for v in values)
-                        for q, values in predicted.quantiles.items()
-                    },
-                ),
-            )
+        self._tick(now)
+        model = self.model
+        made_from = (model.newest, model.last_fit_at, model.behind(now))
+        stale = model.outage_since is not None
+        if stale or self._cache is None or self._cache[0] != made_from:
+            predicted = model.forecast(now)
+            self._cache = (made_from, _policy_forecast(predicted, now=now))
         return self._cache[1]
+
+
+def _policy_forecast(predicted: Forecast | None, *, now: float) -> pol.Forecast:
+    if predicted is None:  # nothing usable yet: no forecast in force
+        return pol.Forecast(issued_at=now, times=(), quantiles={})
+    return pol.Forecast(
+        issued_at=now,
+        times=tuple(float(t) for t in predicted.timestamps),
+        quantiles={
+            float(q): tuple(float(v) for v in values) for q, values in predicted.quantiles.items()
+        },
+    )
 
 
 def make_forecaster(scenario: Scenario, profile: RateProfile) -> SimForecaster:
