@@ -18,11 +18,13 @@ from pathlib import Path
 
 from tideshift.services.devcluster.cluster import (
     ADMIN_KUBECONFIG,
-    STATE_FILE,
     ClusterOptions,
     ClusterStartError,
     LocalCluster,
-    default_nodes,
+)
+from tideshift.services.devcluster.nodes import default_nodes
+from tideshift.services.devcluster.processes import (
+    STATE_FILE,
     load_state,
     record_alive,
     state_processes,
@@ -100,6 +102,18 @@ def _parser() -> argparse.ArgumentParser:
 
     up = actions.add_parser("up", help="start the cluster in the background")
     add_common(up)
+    _add_up_arguments(up)
+    for name, text in (
+        ("down", "stop the cluster and remove its state directory"),
+        ("env", "print the KUBECONFIG export for a running cluster"),
+        ("status", "show whether each component is running"),
+    ):
+        add_common(actions.add_parser(name, help=text))
+    return parser
+
+
+def _add_up_arguments(up: argparse.ArgumentParser) -> None:
+    """`up`'s own options: where the binaries are, the nodes, what to install, how to run."""
     up.add_argument(
         "--bin-dir",
         type=Path,
@@ -141,14 +155,6 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stay attached; Ctrl-C stops the cluster",
     )
-
-    for name, text in (
-        ("down", "stop the cluster and remove its state directory"),
-        ("env", "print the KUBECONFIG export for a running cluster"),
-        ("status", "show whether each component is running"),
-    ):
-        add_common(actions.add_parser(name, help=text))
-    return parser
 
 
 def _running(state_dir: Path) -> bool:

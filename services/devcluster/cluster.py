@@ -15,38 +15,62 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tideshift.services.common.lifetime import die_with_parent
-from tideshift.services.devcluster import pki
 from tideshift.services.devcluster.crds import install_crds
+from tideshift.services.devcluster.credentials import service_account_kubeconfig, write_pki
 from tideshift.services.devcluster.kwok_stages import write_kwok_config
-from tideshift.services.devcluster.scheduler_profile import (
-    GPU_NODE_LABEL,
-    write_scheduler_config,
+from tideshift.services.devcluster.nodes import (
+    KWOK_NODE_ANNOTATION,
+    NodeSpec,
+    default_nodes,
+    node_schedulable,
 )
+from tideshift.services.devcluster.processes import (
+    STATE_FILE,
+    ProcessRecord,
+    free_ports,
+    load_state,
+    log_tail,
+    record_alive,
+    state_processes,
+    terminate_processes,
+    wait_for,
+)
+from tideshift.services.devcluster.scheduler_profile import write_scheduler_config
 from tideshift.services.devcluster.storage import STORAGE_CLASS, install_storage
 from tideshift.services.devcluster.versions import K8S_VERSION, require_binaries
 
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-KWOK_NODE_LABEL = "type"
+# The names the demo and tests/fixtures import from here; some moved to nodes, processes and
+# credentials and stay importable here until those callers import them from there.
+__all__ = [
+    "ADMIN_KUBECONFIG",
+    "ClusterOptions",
+    "ClusterStartError",
+    "LocalCluster",
+    "NodeSpec",
+    "default_nodes",
+    "load_state",
+    "record_alive",
+    "service_account_kubeconfig",
+    "state_processes",
+    "wait_for",
+]
+
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Service IPs and kwok's fake pod IPs must not overlap.
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.1/16"
-STATE_FILE = "state.json"
 ADMIN_KUBECONFIG = "admin.kubeconfig"
 
 Progress = Callable[[str], None]
@@ -54,79 +78,6 @@ Progress = Callable[[str], None]
 
 class ClusterStartError(RuntimeError):
     """A component exited or did not become ready; the message carries its last log lines."""
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """A kwok-managed fake node. Quantities use Kubernetes notation ("8", "32Gi")."""
-
-    name: str
-    cpu: str = "8"
-    memory: str = "32Gi"
-    gpus: int = 0
-    max_pods: int = 110
-    labels: Mapping[str, str] = field(default_factory=dict)
-    # Each taint is {"key": ..., "value": ..., "effect": "NoSchedule" | "NoExecute" | ...}.
-    taints: Sequence[Mapping[str, str]] = ()
-
-    def manifest(self) -> dict[str, Any]:
-        capacity = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.max_pods)}
-        if self.gpus:
-            capacity["nvidia.com/gpu"] = str(self.gpus)
-        labels = {
-            "kubernetes.io/hostname": self.name,
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            KWOK_NODE_LABEL: "kwok",
-            **self.labels,
-        }
-        # Node status may be set on create (unlike most kinds); kwok's node-initialize stage
-        # keeps capacity and fills in conditions, addresses and nodeInfo.
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": self.name,
-                "labels": labels,
-                "annotations": {KWOK_NODE_ANNOTATION: "fake"},
-            },
-            "spec": {"taints": [dict(taint) for taint in self.taints]},
-            "status": {
-                "capacity": capacity,
-                "allocatable": dict(capacity),
-            },
-        }
-
-
-def default_nodes(
-    count: int,
-    *,
-    cpu: str = "8",
-    memory: str = "32Gi",
-    gpu_nodes: int = 0,
-    gpus_per_node: int = 4,
-    labels: Mapping[str, str] | None = None,
-) -> list[NodeSpec]:
-    """`count` CPU nodes kwok-node-<i>, then `gpu_nodes` GPU nodes kwok-gpu-node-<i>."""
-    extra = dict(labels or {})
-    nodes = [NodeSpec(f"kwok-node-{i}", cpu=cpu, memory=memory, labels=extra) for i in range(count)]
-    # GPU_NODE_LABEL as GPU feature discovery sets it: the packing profile keys on it
-    gpu_labels = {**extra, "tideshift.io/accelerator": "nvidia", GPU_NODE_LABEL: "true"}
-    nodes += [
-        NodeSpec(
-            f"kwok-gpu-node-{i}", cpu=cpu, memory=memory, gpus=gpus_per_node, labels=gpu_labels
-        )
-        for i in range(gpu_nodes)
-    ]
-    return nodes
-
-
-@dataclass(frozen=True)
-class ProcessRecord:
-    name: str
-    pid: int
-    binary: str
-    log: str
 
 
 @dataclass
@@ -144,91 +95,6 @@ class ClusterOptions:
     workload_crds: bool = True
     # A default StorageClass with volumes that bind (the chart's bundled NATS claims one).
     storage: bool = True
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # Field 3, after the parenthesised command name, is the state; zombies are dead.
-    return stat.rsplit(")", 1)[1].split()[0] not in {"Z", "X"}
-
-
-def record_alive(record: ProcessRecord) -> bool:
-    """The recorded process still runs (and its pid was not recycled by another program)."""
-    return pid_alive(record.pid) and runs_binary(record.pid, record.binary)
-
-
-def runs_binary(pid: int, binary: str) -> bool:
-    """Guards against signalling a recycled pid that now belongs to something else."""
-    try:
-        return os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(binary)
-    except OSError:
-        return False
-
-
-def _log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def write_kubeconfig(
-    path: Path,
-    *,
-    server: str,
-    ca_pem: bytes,
-    user: str,
-    client_cert_pem: bytes | None = None,
-    client_key_pem: bytes | None = None,
-    token: str | None = None,
-    namespace: str | None = None,
-) -> Path:
-    import base64
-
-    def b64(data: bytes) -> str:
-        return base64.b64encode(data).decode()
-
-    credentials: dict[str, str] = {}
-    if client_cert_pem is not None and client_key_pem is not None:
-        credentials["client-certificate-data"] = b64(client_cert_pem)
-        credentials["client-key-data"] = b64(client_key_pem)
-    if token is not None:
-        credentials["token"] = token
-    context: dict[str, str] = {"cluster": "tideshift-dev", "user": user}
-    if namespace:
-        context["namespace"] = namespace
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "tideshift-dev",
-                "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)},
-            }
-        ],
-        "users": [{"name": user, "user": credentials}],
-        "contexts": [{"name": "tideshift-dev", "context": context}],
-        "current-context": "tideshift-dev",
-    }
-    path.touch(mode=0o600)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 class LocalCluster:
@@ -303,9 +169,9 @@ class LocalCluster:
     def _start(self, say: Progress) -> None:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         names = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"]
-        self._ports = dict(zip(names, _free_ports(len(names)), strict=True))
+        self._ports = dict(zip(names, free_ports(len(names)), strict=True))
         say(f"generating certificates in {self.pki_dir}")
-        self._write_pki()
+        write_pki(self.pki_dir, server=self.server_url, admin_kubeconfig=self.kubeconfig_path)
         deadline = time.monotonic() + self.options.start_timeout
 
         say(f"starting etcd on {self.etcd_url}")
@@ -424,7 +290,7 @@ class LocalCluster:
             for spec in specs:
                 core.create_node(body=spec.manifest())
             wait_for(
-                lambda: all(_node_schedulable(core.read_node(spec.name)) for spec in specs),
+                lambda: all(node_schedulable(core.read_node(spec.name)) for spec in specs),
                 timeout=timeout,
                 what=f"nodes {[spec.name for spec in specs]} to become Ready",
             )
@@ -439,52 +305,6 @@ class LocalCluster:
                     core.delete_node(name)
 
     # ---- components --------------------------------------------------------------------------
-
-    def _write_pki(self) -> None:
-        self.pki_dir.mkdir(parents=True, exist_ok=True)
-        ca = pki.CertificateAuthority()
-        ca.pair.write(self.pki_dir, "ca")
-        ca.issue_server(
-            "kube-apiserver",
-            dns_names=[
-                "localhost",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ],
-            ips=["127.0.0.1", "10.96.0.1"],
-        ).write(self.pki_dir, "apiserver")
-        private_pem, public_pem = pki.service_account_signing_key()
-        (self.pki_dir / "sa.key").touch(mode=0o600)
-        (self.pki_dir / "sa.key").write_bytes(private_pem)
-        (self.pki_dir / "sa.pub").write_bytes(public_pem)
-        ca_pem = ca.pair.cert_pem
-        server = f"https://127.0.0.1:{self._ports['apiserver']}"
-        identities = {
-            # system:masters bypasses RBAC: the admin and kwok, which plays every kubelet.
-            "admin": ("tideshift-admin", ("system:masters",)),
-            "kwok": ("kwok-controller", ("system:masters",)),
-            # The bootstrap RBAC policy grants these exact user names their roles.
-            "controller-manager": ("system:kube-controller-manager", ()),
-            "scheduler": ("system:kube-scheduler", ()),
-        }
-        for stem, (user, groups) in identities.items():
-            pair = ca.issue_client(user, groups)
-            pair.write(self.pki_dir, stem)
-            path = (
-                self.state_dir / ADMIN_KUBECONFIG
-                if stem == "admin"
-                else self.pki_dir / f"{stem}.kubeconfig"
-            )
-            write_kubeconfig(
-                path,
-                server=server,
-                ca_pem=ca_pem,
-                user=user,
-                client_cert_pem=pair.cert_pem,
-                client_key_pem=pair.key_pem,
-            )
 
     def _etcd_args(self) -> list[str]:
         client_url = self.etcd_url
@@ -608,7 +428,7 @@ class LocalCluster:
                 raise ClusterStartError(
                     f"{name} exited with code {process.returncode} during start-up; "
                     f"last lines of {self.state_dir / 'logs' / (name + '.log')}:\n"
-                    f"{_log_tail(self.state_dir / 'logs' / f'{name}.log')}"
+                    f"{log_tail(self.state_dir / 'logs' / f'{name}.log')}"
                 )
             try:
                 with urllib.request.urlopen(url, timeout=2, context=context) as response:
@@ -623,108 +443,6 @@ class LocalCluster:
                 raise ClusterStartError(
                     f"{name} not ready at {url} within {self.options.start_timeout:.0f}s "
                     f"(last answer: {last_error}); last log lines:\n"
-                    f"{_log_tail(self.state_dir / 'logs' / f'{name}.log')}"
+                    f"{log_tail(self.state_dir / 'logs' / f'{name}.log')}"
                 )
             time.sleep(0.1)
-
-
-def _node_schedulable(node: Any) -> bool:
-    ready = any(
-        condition.type == "Ready" and condition.status == "True"
-        for condition in (node.status.conditions or [])
-    )
-    not_ready_taint = any(
-        taint.key.startswith("node.kubernetes.io/") for taint in (node.spec.taints or [])
-    )
-    return ready and not not_ready_taint
-
-
-def wait_for(
-    predicate: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.2
-) -> None:
-    """Polls `predicate` until true; TimeoutError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def terminate_processes(
-    records: Sequence[ProcessRecord],
-    popens: Mapping[str, subprocess.Popen[bytes]] | None = None,
-    *,
-    grace: float = 10.0,
-) -> list[str]:
-    """TERM every process group, KILL what is left after `grace`; returns the names stopped."""
-    popens = popens or {}
-
-    def alive(record: ProcessRecord) -> bool:
-        process = popens.get(record.name)
-        if process is not None:
-            return process.poll() is None
-        return pid_alive(record.pid)
-
-    targets = [
-        record
-        for record in reversed(records)
-        if alive(record) and (record.name in popens or runs_binary(record.pid, record.binary))
-    ]
-    for record in targets:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(record.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(alive(record) for record in targets) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for record in targets:
-        # The whole group, in case a component left children behind.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(record.pid, signal.SIGKILL)
-    kill_deadline = time.monotonic() + 5.0
-    while any(alive(record) for record in targets) and time.monotonic() < kill_deadline:
-        time.sleep(0.05)
-    return [record.name for record in targets]
-
-
-def load_state(state_dir: Path) -> dict[str, Any] | None:
-    try:
-        state: dict[str, Any] = json.loads((state_dir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return state
-
-
-def state_processes(state: Mapping[str, Any]) -> list[ProcessRecord]:
-    return [ProcessRecord(**record) for record in state.get("processes", [])]
-
-
-def service_account_kubeconfig(
-    api_client: Any,
-    *,
-    server: str,
-    ca_pem: bytes,
-    namespace: str,
-    service_account: str,
-    path: Path,
-    expiration_seconds: int = 3600,
-) -> Path:
-    """A kubeconfig that acts as namespace/service_account, with a TokenRequest token.
-
-    This is how the services authenticate in a cluster, so RBAC can be tested as they will run.
-    """
-    from kubernetes import client
-
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
-    )
-    answer: Any = client.CoreV1Api(api_client).create_namespaced_service_account_token(
-        service_account, namespace, body=request
-    )
-    return write_kubeconfig(
-        path,
-        server=server,
-        ca_pem=ca_pem,
-        user=f"system:serviceaccount:{namespace}:{service_account}",
-        token=answer.status.token,
-        namespace=namespace,
-    )

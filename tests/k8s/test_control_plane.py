@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from tideshift.services.devcluster.cluster import KWOK_NODE_ANNOTATION, NodeSpec, wait_for
+from tideshift.services.devcluster.nodes import KWOK_NODE_ANNOTATION, NodeSpec
+from tideshift.services.devcluster.processes import wait_for
 from tideshift.services.devcluster.versions import HELM_VERSION, K8S_VERSION
 
 pytestmark = pytest.mark.k8s

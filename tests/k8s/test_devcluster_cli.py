@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tideshift.services.devcluster import cli
-from tideshift.services.devcluster.cluster import NodeSpec, load_state, pid_alive, state_processes
+from tideshift.services.devcluster.nodes import NodeSpec
+from tideshift.services.devcluster.processes import load_state, pid_alive, state_processes
 from tideshift.services.devcluster.versions import (
     BINARY_VERSIONS,
     ETCD_VERSION,

@@ -22,7 +22,7 @@ from tideshift.events import WorkloadRef
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
 from tideshift.services.cluster.kubernetes import KubernetesClusterPort
 from tideshift.services.cluster.overcommit import BATCH_CPU, BATCH_MEMORY, OvercommitConfig
-from tideshift.services.devcluster.cluster import NodeSpec
+from tideshift.services.devcluster.nodes import NodeSpec
 from tideshift.services.devcluster.scheduler_profile import PACKING_SCHEDULER
 from tideshift.services.executor.batch_capacity import BatchAdvertiser
 from tideshift.services.executor.compaction import mark_scale_down_victims

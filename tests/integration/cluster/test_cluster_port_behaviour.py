@@ -89,7 +89,7 @@ class KubernetesHarness:
         self.nodes: set[str] = set()
 
     async def add_node(self, name: str, cpu: float) -> None:
-        from tideshift.services.devcluster.cluster import NodeSpec
+        from tideshift.services.devcluster.nodes import NodeSpec
 
         spec = NodeSpec(name=name, cpu=str(int(cpu)), memory="64Gi")
         self.nodes.add(name)
