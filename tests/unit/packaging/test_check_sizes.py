@@ -29,6 +29,19 @@ def _function(name: str, body_lines: int, *, indent: str = "", is_async: bool = 
     return f"{indent}{keyword} {name}():\n{body}"
 
 
+def _run_checker(root: Path, folder: str) -> tuple[int, list[str]]:
+    """The script's exit status and output lines, run from `root` on `folder`."""
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), folder],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    return result.returncode, result.stdout.splitlines()
+
+
 def test_a_function_counts_from_its_def_line_to_its_last_line() -> None:
     source = "import os\n\n" + _function("f", 4)
     assert list(check_sizes.function_lengths(source)) == [(3, "f", 5)]
@@ -66,30 +79,16 @@ def test_the_command_lists_every_offender_and_fails(tmp_path: Path) -> None:
     services.mkdir()
     (services / "big.py").write_text(_function("long", 70) + "x = 1\n" * 400)
     (services / "small.py").write_text(_function("short", 3))
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "services"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
+    assert _run_checker(tmp_path, "services") == (
+        1,
+        [
+            "services/big.py:1: module is 471 lines (limit 450)",
+            "services/big.py:1: function long is 71 lines (limit 60)",
+        ],
     )
-    assert result.returncode == 1
-    assert result.stdout.splitlines() == [
-        "services/big.py:1: module is 471 lines (limit 450)",
-        "services/big.py:1: function long is 71 lines (limit 60)",
-    ]
 
 
 def test_the_command_passes_on_sources_within_the_limits(tmp_path: Path) -> None:
     (tmp_path / "events").mkdir()
     (tmp_path / "events" / "ok.py").write_text(_function("short", 3))
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "events"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert (result.returncode, result.stdout) == (0, "")
+    assert _run_checker(tmp_path, "events") == (0, [])
