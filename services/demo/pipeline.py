@@ -24,6 +24,7 @@ from tideshift.services.demo.clock import SimClock
 from tideshift.services.demo.world import JobShape, ServingShape, WorldShape
 from tideshift.services.executor import service as executor_service
 from tideshift.services.planner import service as planner_service
+from tideshift.services.planner import settings as planner_settings
 from tideshift.services.predictor import service as predictor_service
 from tideshift.services.predictor import sources
 from tideshift.services.watcher import service as watcher_service
@@ -70,6 +71,8 @@ async def start_services(
     plan_interval_wall_s: float,
     forecast_interval_wall_s: float,
 ) -> Stages:
+    """Every service on the demo's ports: watcher and executor on the sim cluster, the
+    predictor reading the traffic profile at simulated time, the planner planning the world."""
     stages = Stages()
 
     async def start(
@@ -87,23 +90,16 @@ async def start_services(
         stages.contexts.append(context)
         stages.tasks.append(asyncio.create_task(body(context), name=name))
 
-    # watcher: sim cluster -> cluster events and the snapshot
     await start(
         "watcher",
         watcher_service.WatcherSettings(health_port=-1),
         lambda context: watcher_service.serve(context, cluster=port, clock=clock),
     )
-    # executor: scale commands -> the sim cluster -> scale results
     await start(
         "executor",
-        executor_service.ExecutorSettings(
-            health_port=-1,
-            durable="tideshift-executor-demo",
-            record_bucket="tideshift_executor_demo",
-        ),
+        EXECUTOR_SETTINGS,
         lambda context: executor_service.serve(context, cluster=port, clock=clock),
     )
-    # predictor: demand read from the traffic profile at simulated time (its `sim` source)
     predictor_settings = predictor_settings_for(
         world,
         interval_s=clock.speed * forecast_interval_wall_s,
@@ -117,17 +113,22 @@ async def start_services(
             predictor_settings, context, clock=clock, source=demand
         ),
     )
-    # planner: the world's serving workload and elastic jobs as its settings
     await start(
         "planner",
-        planner_service.PlannerSettings(
+        planner_settings.PlannerSettings(
             health_port=-1,
-            **planner_targets(world, planner_service, speed=clock.speed),
+            **planner_targets(world, speed=clock.speed),
             **planner_timing(speed=clock.speed, interval_wall_s=plan_interval_wall_s),
         ),
         lambda context: planner_service.serve(context, clock=clock),
     )
     return stages
+
+
+# The demo's executor keeps its own durable consumer and record bucket beside a real one's.
+EXECUTOR_SETTINGS = executor_service.ExecutorSettings(
+    health_port=-1, durable="tideshift-executor-demo", record_bucket="tideshift_executor_demo"
+)
 
 
 def predictor_settings_for(
@@ -154,13 +155,13 @@ def predictor_settings_for(
 LAG_BUDGET_WALL_S = 5.0
 
 
-def planner_targets(world: WorldShape, planner_service: Any, *, speed: float) -> dict[str, Any]:
+def planner_targets(world: WorldShape, *, speed: float) -> dict[str, Any]:
     """The planner's `serving` and `training` settings for the demo's world."""
     serving = world.serving
     gib = 2.0**30
     return {
         "serving": [
-            planner_service.ServingTarget(
+            planner_settings.ServingTarget(
                 namespace=serving.namespace,
                 name=serving.name,
                 cpu=serving.cpu,
@@ -177,7 +178,7 @@ def planner_targets(world: WorldShape, planner_service: Any, *, speed: float) ->
             )
         ],
         "training": [
-            planner_service.TrainingTarget(
+            planner_settings.TrainingTarget(
                 kind=job.kind,
                 namespace=job.namespace,
                 name=job.name,
@@ -193,7 +194,7 @@ def planner_targets(world: WorldShape, planner_service: Any, *, speed: float) ->
             )
             for job in world.jobs
         ],
-        "batch_margin": world.lend_margin,
+        "overcommit_margin": world.lend_margin,
     }
 
 
@@ -203,12 +204,12 @@ def planner_timing(*, speed: float, interval_wall_s: float) -> dict[str, Any]:
         "tick_seconds": speed * interval_wall_s,
         "debounce_seconds": speed * min(0.2, interval_wall_s),
         "lease_ttl_seconds": 6.0,  # wall seconds: the lease lives in NATS KV
-        "forecast_max_age_seconds": max(600.0, speed * 10.0),
+        "max_forecast_age_s": max(600.0, speed * 10.0),
         # the predictor observes demand once per plan interval; three missed in a row is stale
         "observed_max_age_seconds": 3.0 * speed * interval_wall_s,
         "cluster_silence_seconds": max(900.0, speed * 60.0),
         "resend_seconds": max(120.0, speed * 5.0),
-        "min_trainer_lifetime_seconds": 600.0,
+        "min_trainer_lifetime_s": 600.0,
     }
 
 
@@ -221,65 +222,71 @@ def kube_service_args(
     serving: ServingShape,
     jobs: Sequence[JobShape],
 ) -> list[str]:
-    """Flags of `tideshift run predictor|planner` for the real-cluster demo (real time).
-
-    The day is compressed: one wall minute is `speed` simulated minutes, so the demand query
-    uses a short rate window and the forecast grid is seconds, not minutes.
-    """
+    """Flags of `tideshift run predictor|planner` for the real-cluster demo (real time)."""
     if name == "predictor":
-        workloads = [{"namespace": namespace, "name": app}]
-        return [
-            "--metric-source",
-            "prometheus",
-            "--prometheus-url",
-            prometheus_url,
-            "--workloads",
-            json.dumps(workloads),
-            "--query-template",
-            'sum(rate(http_requests_total{app="$name"}[10s]))',
-            "--step-seconds",
-            "5",
-            "--horizon-seconds",
-            "120",
-            "--history-seconds",
-            "3600",
-            "--refit-seconds",
-            "60",
-            "--refresh-seconds",
-            "2",
-            "--stale-after-seconds",
-            "30",
-        ]
+        return _kube_predictor_args(prometheus_url=prometheus_url, namespace=namespace, app=app)
     if name == "planner":
-        world = WorldShape(serving=serving, jobs=tuple(jobs))
-        targets = planner_targets(world, planner_service, speed=1.0)
-        # Real time: pods on kwok nodes start in a second or two; windows are wall seconds.
-        serving_targets = [
-            target.model_copy(
-                update={"lead_time_s": 5.0, "margin_s": 15.0, "stabilization_s": 30.0}
-            ).model_dump()
-            for target in targets["serving"]
-        ]
-        training_targets = [
-            target.model_copy(update={"companion_markers": ("pserver",)}).model_dump()
-            for target in targets["training"]
-        ]
-        return [
-            "--serving",
-            json.dumps(serving_targets),
-            "--training",
-            json.dumps(training_targets),
-            "--tick-seconds",
-            "2",
-            "--debounce-seconds",
-            "0.5",
-            "--forecast-max-age-seconds",
-            "30",
-            "--resend-seconds",
-            "10",
-            "--min-trainer-lifetime-seconds",
-            "10",
-            "--lease-ttl-seconds",
-            "6",
-        ]
+        return _kube_planner_args(WorldShape(serving=serving, jobs=tuple(jobs)))
     raise ValueError(f"no real-cluster settings for the {name} service")
+
+
+def _kube_predictor_args(*, prometheus_url: str, namespace: str, app: str) -> list[str]:
+    """The day is compressed: one wall minute is `speed` simulated minutes, so the demand
+    query uses a short rate window and the forecast grid is seconds, not minutes."""
+    workloads = [{"namespace": namespace, "name": app}]
+    return [
+        "--metric-source",
+        "prometheus",
+        "--prometheus-url",
+        prometheus_url,
+        "--workloads",
+        json.dumps(workloads),
+        "--query-template",
+        'sum(rate(http_requests_total{app="$name"}[10s]))',
+        "--step-seconds",
+        "5",
+        "--horizon-seconds",
+        "120",
+        "--history-seconds",
+        "3600",
+        "--refit-seconds",
+        "60",
+        "--refresh-seconds",
+        "2",
+        "--stale-after-seconds",
+        "30",
+    ]
+
+
+def _kube_planner_args(world: WorldShape) -> list[str]:
+    """The world's targets in real time: pods on kwok nodes start in a second or two, so the
+    windows are wall seconds."""
+    targets = planner_targets(world, speed=1.0)
+    serving_targets = [
+        target.model_copy(
+            update={"lead_time_s": 5.0, "margin_s": 15.0, "stabilization_s": 30.0}
+        ).model_dump()
+        for target in targets["serving"]
+    ]
+    training_targets = [
+        target.model_copy(update={"companion_markers": ("pserver",)}).model_dump()
+        for target in targets["training"]
+    ]
+    return [
+        "--serving",
+        json.dumps(serving_targets),
+        "--training",
+        json.dumps(training_targets),
+        "--tick-seconds",
+        "2",
+        "--debounce-seconds",
+        "0.5",
+        "--max-forecast-age-s",
+        "30",
+        "--resend-seconds",
+        "10",
+        "--min-trainer-lifetime-s",
+        "10",
+        "--lease-ttl-seconds",
+        "6",
+    ]

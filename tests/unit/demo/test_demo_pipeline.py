@@ -7,13 +7,13 @@ import pytest
 from tideshift.services.common.settings import parse_settings
 from tideshift.services.demo import pipeline
 from tideshift.services.demo.world import LENDING_JOB, JobShape, ServingShape, WorldShape
-from tideshift.services.planner import service as planner_service
+from tideshift.services.planner import settings as planner_settings
 from tideshift.services.predictor.service import PredictorSettings
 
 
 def test_planner_targets_describe_the_world() -> None:
     world = WorldShape(jobs=(*WorldShape().jobs, LENDING_JOB))
-    targets = pipeline.planner_targets(world, planner_service, speed=288.0)
+    targets = pipeline.planner_targets(world, speed=288.0)
     (serving,) = targets["serving"]
     assert serving.capacity_rps == pytest.approx(50.0 * 0.8)  # at the target utilisation
     assert serving.target_utilization == 0.8  # what a replica uses there: the rest is lent
@@ -24,7 +24,7 @@ def test_planner_targets_describe_the_world() -> None:
         assert target.max_trainers == job.max_trainers
         assert target.batch == job.batch
     assert [t.name for t in targets["training"] if t.batch] == ["ctr-lend"]
-    assert targets["batch_margin"] == world.lend_margin
+    assert targets["overcommit_margin"] == world.lend_margin
     # the sim names parameter servers <job>-ps<n>; trainers <job>-t<n> must not match
     markers = targets["training"][0].companion_markers
     assert any(m in "ctr-a-ps7" for m in markers)
@@ -34,15 +34,15 @@ def test_planner_targets_describe_the_world() -> None:
 def test_planner_timing_runs_the_loop_every_interval_of_wall_time() -> None:
     timing = pipeline.planner_timing(speed=720.0, interval_wall_s=0.5)
     assert timing["tick_seconds"] == pytest.approx(360.0)  # clock seconds
-    settings = planner_service.PlannerSettings(health_port=-1, **timing)
-    assert settings.forecast_max_age_seconds >= 720.0 * 5  # several predictor refreshes
+    settings = planner_settings.PlannerSettings(health_port=-1, **timing)
+    assert settings.max_forecast_age_s >= 720.0 * 5  # several predictor refreshes
 
 
 def test_observed_demand_reaches_every_plan_fresh() -> None:
     """The planner's safety net and its batch room use observed demand only while fresh: the
     predictor observes once per plan (clock seconds), and a few misses are tolerated."""
     speed, plan_wall_s = 288.0, 0.5
-    planner = planner_service.PlannerSettings(
+    planner = planner_settings.PlannerSettings(
         health_port=-1, **pipeline.planner_timing(speed=speed, interval_wall_s=plan_wall_s)
     )
     predictor = pipeline.predictor_settings_for(
@@ -64,7 +64,7 @@ def test_real_cluster_flags_parse(name: str) -> None:
         serving=serving,
         jobs=jobs,
     )
-    settings_class = PredictorSettings if name == "predictor" else planner_service.PlannerSettings
+    settings_class = PredictorSettings if name == "predictor" else planner_settings.PlannerSettings
     settings = parse_settings(settings_class, argv, prog=f"tideshift run {name}")
     if isinstance(settings, PredictorSettings):
         assert settings.workloads[0].name == "web"
