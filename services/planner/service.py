@@ -41,13 +41,11 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tideshift.events import (
     DEMAND_OBSERVED,
     FORECAST,
     NODE_CHANGED,
-    PINS_BUCKET,
     PLAN_DECIDED,
     PLANNER_STATUS,
     POD_CHANGED,
@@ -55,30 +53,27 @@ from tideshift.events import (
     SCALE_RESULT,
     WORKLOAD_CHANGED,
     BoundSubject,
-    DemandObserved,
     Envelope,
     EventData,
-    ForecastIssued,
     NodeChanged,
     PlanDecided,
     PlannerStatus,
     PodChanged,
     ScaleCommand,
     ScalePin,
-    ScaleResult,
     WorkloadChanged,
 )
 from tideshift.events.models import TargetDecision as EventTargetDecision
-from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
 from tideshift.services.common.retry import fixed
 from tideshift.services.common.runtime import ServiceContext, run_service
-from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.common.settings import parse_settings
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
-from tideshift.services.planner.inputs import ClusterTable, plan_inputs
-from tideshift.services.planner.targets import Held, TargetBook, Targets
+from tideshift.services.planner.settings import PlannerSettings
+from tideshift.services.planner.state import PlannerState
+from tideshift.services.planner.targets import Held
 
 log = logging.getLogger("tideshift.planner")
 T = TypeVar("T", bound=EventData)
@@ -90,366 +85,8 @@ PLAN_SECONDS = Histogram("tideshift_planner_plan_seconds", "plan() duration")
 LEADER = Gauge("tideshift_planner_leader", "1 while this planner holds the lease")
 DEGRADED = Gauge("tideshift_planner_degraded", "1 while inputs are stale")
 
-# The policy owns its tunables' defaults; the settings expose them.
-_POLICY_DEFAULTS = pol.PolicyConfig()
-
 # A subscription that broke (NATS gone, reconnecting) is made again after this wait.
 RESUBSCRIBE_RETRY = fixed(1.0)
-SNAPSHOT_BUCKET = "tideshift_cluster"  # the watcher's bucket (services/watcher/snapshot.py)
-
-
-# Pods of a training job whose name contains one of these are its fixed helpers (parameter
-# servers, coordinators), not trainers, unless they carry the tideshift.io/companion label.
-DEFAULT_COMPANION_MARKERS = ("pserver", "-ps-", "coordinator", "master")
-
-
-class ServingTarget(BaseModel):
-    """A serving workload the planner sizes from its forecast."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: str = "Deployment"
-    namespace: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    cpu: float = Field(ge=0, description="per-replica cpu request, cores")
-    memory: float = Field(0.0, ge=0, description="per-replica memory request, bytes")
-    gpu: int = Field(0, ge=0)
-    capacity_rps: float = Field(gt=0, description="req/s one replica serves at target utilisation")
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(1000, ge=1)
-    lead_time_s: float = Field(60.0, ge=0, description="pod start-up until ready")
-    margin_s: float = Field(60.0, ge=0)
-    stabilization_s: float = Field(300.0, ge=0)
-    quantile: float = Field(pol.DEFAULT_SERVING_QUANTILE, gt=0, lt=1)
-    target_utilization: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="fraction of its cpu request a replica uses while serving capacity_rps; "
-        "batch jobs may borrow the rest (1: nothing of a busy replica is lent)",
-    )
-
-
-class TrainingTarget(BaseModel):
-    """An elastic training job the planner resizes within [min, max] trainers."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: str = "PyTorchJob"
-    namespace: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    cpu: float = Field(ge=0, description="per-trainer cpu request, cores")
-    memory: float = Field(0.0, ge=0)
-    gpu: int = Field(0, ge=0)
-    min_trainers: int = Field(1, ge=1)
-    max_trainers: int = Field(ge=1)
-    gang_min: int | None = Field(None, ge=1)
-    priority: int = 0
-    weight: float = Field(1.0, gt=0)
-    companion_markers: tuple[str, ...] = DEFAULT_COMPANION_MARKERS
-    batch: bool = Field(
-        False,
-        description="trainers request tideshift.io/batch-cpu / batch-memory (cpu, memory: "
-        "what one borrows) and run on serving's idle reservation, shrunk first",
-    )
-
-    @model_validator(mode="after")
-    def _batch_borrows_no_gpu(self) -> TrainingTarget:
-        if self.batch and self.gpu > 0:
-            raise ValueError(f"{self.name}: batch: GPUs are not lent, expected gpu 0")
-        return self
-
-
-class PlannerSettings(ServiceSettings):
-    """Plan serving and training scale from cluster events and forecasts; publish commands."""
-
-    policy: str = Field(default="tideshift", description=f"one of {', '.join(POLICIES)}")
-    serving: list[ServingTarget] = Field(
-        default_factory=list,
-        description="serving workloads besides those labelled tideshift.io/role (these win)",
-    )
-    training: list[TrainingTarget] = Field(
-        default_factory=list,
-        description="elastic jobs besides those labelled tideshift.io/role (these win)",
-    )
-    tick_seconds: float = Field(default=15.0, gt=0, description="plan at least this often")
-    debounce_seconds: float = Field(
-        default=0.0,
-        ge=0,
-        description="least time between change-triggered plans; 0: plan as soon as one ends",
-    )
-    pins_bucket: str = Field(default=PINS_BUCKET, pattern=r"^[A-Za-z0-9_-]+$")
-    lease_name: str = Field(default="planner", pattern=r"^[A-Za-z0-9_-]+$")
-    lease_ttl_seconds: float = Field(default=15.0, gt=0, description="leadership lease TTL")
-    forecast_max_age_seconds: float = Field(
-        default=_POLICY_DEFAULTS.max_forecast_age_s,
-        gt=0,
-        description="older forecasts are stale: hold that workload",
-    )
-    observed_max_age_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        description="older observed demand is ignored (the predictor sends it every 10 s)",
-    )
-    cluster_silence_seconds: float = Field(
-        default=900.0, gt=0, description="no node/pod event this long: cluster view stale"
-    )
-    resend_seconds: float = Field(
-        default=120.0, gt=0, description="re-issue a command not confirmed after this long"
-    )
-    snapshot_bucket: str = Field(default=SNAPSHOT_BUCKET, pattern=r"^[A-Za-z0-9_-]+$")
-    max_trainer_removals_per_step: int = Field(
-        default=_POLICY_DEFAULTS.max_trainer_removals_per_step,
-        ge=1,
-        description="at most this many trainers removed per planning step",
-    )
-    min_trainer_lifetime_seconds: float = Field(
-        default=_POLICY_DEFAULTS.min_trainer_lifetime_s,
-        ge=0,
-        description="never remove a trainer younger than this (checkpoint)",
-    )
-    shrink_tolerance: float = Field(
-        default=_POLICY_DEFAULTS.shrink_tolerance,
-        ge=0,
-        lt=1,
-        description="skip shrinking a job for a smaller relative gain",
-    )
-    grow_tolerance: float = Field(
-        default=_POLICY_DEFAULTS.grow_tolerance,
-        ge=0,
-        lt=1,
-        description="skip growing a running job for a smaller gain",
-    )
-    rebalance_floor: float = Field(
-        default=_POLICY_DEFAULTS.rebalance_floor,
-        gt=0,
-        le=1,
-        description="move trainers between running jobs only until every job has this "
-        "fraction of its fair share (1: rebalance to the fair share at once)",
-    )
-    batch_margin: float = Field(
-        default=_POLICY_DEFAULTS.overcommit.margin,
-        ge=0,
-        lt=1,
-        description="fraction of each node's allocatable never lent to batch trainers "
-        "(the executor's batch_margin)",
-    )
-    batch_grow_after_seconds: float = Field(
-        default=_POLICY_DEFAULTS.batch_grow_after_s,
-        ge=0,
-        description="batch trainers grow only into room that stayed reclaimable this long "
-        "and that the forecast keeps as long (they shrink at once)",
-    )
-
-
-def _forecast(event: ForecastIssued) -> pol.Forecast:
-    times = tuple(point.at.timestamp() for point in event.points)
-    return pol.Forecast(
-        issued_at=event.issued_at.timestamp(),
-        times=times,
-        quantiles={
-            0.5: tuple(p.q50 for p in event.points),
-            0.9: tuple(p.q90 for p in event.points),
-            0.95: tuple(p.q95 for p in event.points),
-            0.99: tuple(p.q99 for p in event.points),
-        },
-    )
-
-
-@dataclass
-class PlannerState:
-    """What the planner knows; fed by events, read by `plan_once`."""
-
-    settings: PlannerSettings
-    clock: Clock = WALL_CLOCK
-    table: ClusterTable = field(default_factory=ClusterTable)
-    # When each object was last observed: an older event (e.g. from the snapshot) loses.
-    node_seen: dict[str, datetime] = field(default_factory=dict)
-    pod_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
-    forecasts: dict[pol.Target, pol.Forecast] = field(default_factory=dict)
-    # Latest observed demand per workload: (req/s, Unix seconds observed).
-    observed: dict[pol.Target, tuple[float, float]] = field(default_factory=dict)
-    # The req/s each serving workload's last planned replicas serve (replicas x capacity).
-    allowed_rps: dict[pol.Target, float] = field(default_factory=dict)
-    # What each target is known to want (replicas), from our commands and executor results.
-    known: dict[pol.Target, int] = field(default_factory=dict)
-    confirmed: dict[pol.Target, int] = field(default_factory=dict)  # executor results only
-    # Clock time of the last node or pod event (from the start until the first one).
-    last_cluster_event: float = field(init=False)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    book: TargetBook = field(default_factory=TargetBook)
-
-    def apply_node(self, event: NodeChanged) -> None:
-        previous = self.node_seen.get(event.name)
-        if previous is not None and previous > event.observed_at:
-            return  # something newer was applied already (live event vs snapshot)
-        self.node_seen[event.name] = event.observed_at
-        if event.change == "deleted":
-            self.table.remove_node(event.name)
-        else:
-            amount = event.allocatable
-            self.table.upsert_node(
-                event.name,
-                (amount.cpu, amount.memory, float(amount.gpu)),
-                schedulable=event.ready and not event.unschedulable,
-            )
-        self.last_cluster_event = self.clock.now()
-        self.changed.set()
-
-    def apply_pod(self, event: PodChanged) -> None:
-        key = (event.namespace, event.name)
-        previous = self.pod_seen.get(key)
-        if previous is not None and previous > event.observed_at:
-            return
-        self.pod_seen[key] = event.observed_at
-        gone = event.change == "deleted" or event.phase in ("Succeeded", "Failed", "Unknown")
-        if gone or event.deleting:
-            self.table.remove_pod(key)
-        else:
-            owner = event.owner
-            markers = self.companion_markers.get(owner) if owner is not None else None
-            companion = event.companion or (
-                markers is not None and any(m in event.name for m in markers)
-            )
-            amount = event.requests
-            self.table.upsert_pod(
-                key,
-                node=event.node,
-                requests=(amount.cpu, amount.memory, float(amount.gpu)),
-                owner=owner,
-                replica=not companion,
-            )
-        if event.change == "deleted":
-            self.pod_seen.pop(key, None)
-        self.last_cluster_event = self.clock.now()
-        self.changed.set()
-
-    @property
-    def companion_markers(self) -> dict[pol.Target, tuple[str, ...]]:
-        return self._markers
-
-    def __post_init__(self) -> None:
-        self.last_cluster_event = self.clock.now()
-        self._markers = {
-            pol.Target(j.namespace, j.kind, j.name): j.companion_markers
-            for j in self.settings.training
-        }
-        self.book = TargetBook(self._static_serving(), self._static_jobs())
-
-    def apply_workload(self, event: WorkloadChanged) -> None:
-        target = event.workload
-        if not self.book.apply(event):
-            return
-        if event.change == "deleted":
-            self.known.pop(target, None)
-            self.confirmed.pop(target, None)
-            self.observed.pop(target, None)
-            self.allowed_rps.pop(target, None)
-        else:
-            self.known[target] = event.replicas  # its spec, as the watcher last saw it
-            if event.role == "training" and target not in self.book.static_targets():
-                self._markers.setdefault(target, DEFAULT_COMPANION_MARKERS)
-        self.changed.set()
-
-    def apply_forecast(self, event: ForecastIssued) -> None:
-        self.forecasts[event.workload] = _forecast(event)
-        self.changed.set()
-
-    def apply_observed(self, event: DemandObserved) -> None:
-        """Keep the newest observation; one above what the last plan allowed plans at once."""
-        target, at = event.workload, event.observed_at.timestamp()
-        previous = self.observed.get(target)
-        if previous is not None and previous[1] >= at:
-            return  # out of order: a newer one is kept already
-        self.observed[target] = (event.rps, at)
-        fresh = self.clock.now() - at <= self.settings.observed_max_age_seconds
-        allowed = self.allowed_rps.get(target)
-        if fresh and allowed is not None and event.rps > allowed:
-            self.changed.set()
-
-    def remember_allowed(
-        self, serving: tuple[pol.ServingWorkload, ...], decided: Sequence[pol.TargetDecision]
-    ) -> None:
-        """What a plan allowed for: each serving workload's replicas x capacity_rps."""
-        capacity = {w.target: w.capacity_rps for w in serving}
-        for item in decided:
-            if item.target in capacity:
-                self.allowed_rps[item.target] = item.desired * capacity[item.target]
-
-    def observed_rps(self, now: float) -> dict[pol.Target, float]:
-        """The observations young enough to act on."""
-        limit = self.settings.observed_max_age_seconds
-        return {t: rps for t, (rps, at) in self.observed.items() if now - at <= limit}
-
-    def apply_result(self, event: ScaleResult) -> None:
-        target = event.target
-        if event.outcome in ("applied", "noop") and event.current is not None:
-            self.known[target] = event.current
-            self.confirmed[target] = event.current
-        elif event.outcome in ("rejected", "failed"):
-            # Forget what we asked for, so a later plan re-issues it (after resend_seconds).
-            self.known.pop(target, None)
-            self.confirmed.pop(target, None)
-
-    def _static_serving(self) -> tuple[pol.ServingWorkload, ...]:
-        return tuple(
-            pol.ServingWorkload(
-                target=pol.Target(s.namespace, s.kind, s.name),
-                replica_requests=(s.cpu, s.memory, float(s.gpu)),
-                capacity_rps=s.capacity_rps,
-                min_replicas=s.min_replicas,
-                max_replicas=s.max_replicas,
-                lead_time_s=s.lead_time_s,
-                margin_s=s.margin_s,
-                stabilization_s=s.stabilization_s,
-                quantile=s.quantile,
-                target_utilization=s.target_utilization,
-            )
-            for s in self.settings.serving
-        )
-
-    def _static_jobs(self) -> tuple[pol.TrainingJob, ...]:
-        return tuple(
-            pol.TrainingJob(
-                target=pol.Target(j.namespace, j.kind, j.name),
-                trainer_requests=(j.cpu, j.memory, float(j.gpu)),
-                min_trainers=j.min_trainers,
-                max_trainers=j.max_trainers,
-                gang_min=j.gang_min,
-                priority=j.priority,
-                weight=j.weight,
-                submitted_at=float(index),
-                batch=j.batch,
-            )
-            for index, j in enumerate(self.settings.training)
-        )
-
-    def targets(self, pins: dict[pol.Target, ScalePin]) -> Targets:
-        return self.book.targets(pins, utc_now(self.clock))
-
-    def inputs(self, now: float, targets: Targets | None = None) -> pol.PlanInputs:
-        settings = self.settings
-        if targets is None:
-            targets = self.targets({})
-        return plan_inputs(
-            self.table.view(),
-            targets.serving,
-            targets.jobs,
-            dict(self.forecasts),
-            wanted=self.known,
-            config=pol.PolicyConfig(
-                max_forecast_age_s=settings.forecast_max_age_seconds,
-                max_trainer_removals_per_step=settings.max_trainer_removals_per_step,
-                min_trainer_lifetime_s=settings.min_trainer_lifetime_seconds,
-                shrink_tolerance=settings.shrink_tolerance,
-                grow_tolerance=settings.grow_tolerance,
-                rebalance_floor=settings.rebalance_floor,
-                overcommit=OvercommitConfig(margin=settings.batch_margin),
-                batch_grow_after_s=settings.batch_grow_after_seconds,
-            ),
-            cluster_stale=now - self.last_cluster_event > settings.cluster_silence_seconds,
-            observed_rps=self.observed_rps(now),
-        )
 
 
 @dataclass
@@ -469,7 +106,9 @@ class Planner:
     commands: int = 0
 
     def __post_init__(self) -> None:
-        self.state = PlannerState(self.settings, clock=self.clock)
+        self.state = PlannerState(self.settings.state_config(), started_at=self.clock.now())
+        # Set when an event calls for a plan (the state says which do); the plan loop waits on it.
+        self.changed = asyncio.Event()
         self.policy: Policy[Any] = make_policy(self.settings.policy)
         self.policy_state: Any = self.policy.initial_state()
         self.sent: dict[pol.Target, tuple[int, float]] = {}
@@ -477,14 +116,16 @@ class Planner:
         self._last_pins: dict[pol.Target, ScalePin] = {}
 
     async def run(self) -> None:
-        tasks = [
-            asyncio.create_task(self._follow(NODE_CHANGED.filter(), self.state.apply_node)),
-            asyncio.create_task(self._follow(POD_CHANGED.filter(), self.state.apply_pod)),
-            asyncio.create_task(self._follow(WORKLOAD_CHANGED.filter(), self.state.apply_workload)),
-            asyncio.create_task(self._follow(FORECAST.filter(), self.state.apply_forecast)),
-            asyncio.create_task(self._follow(DEMAND_OBSERVED.filter(), self.state.apply_observed)),
-            asyncio.create_task(self._follow(SCALE_RESULT.filter(), self.state.apply_result)),
+        state = self.state
+        followed: list[tuple[BoundSubject[Any], Callable[[Any, float], bool]]] = [
+            (NODE_CHANGED.filter(), state.apply_node),
+            (POD_CHANGED.filter(), state.apply_pod),
+            (WORKLOAD_CHANGED.filter(), state.apply_workload),
+            (FORECAST.filter(), state.apply_forecast),
+            (DEMAND_OBSERVED.filter(), state.apply_observed),
+            (SCALE_RESULT.filter(), state.apply_result),
         ]
+        tasks = [asyncio.create_task(self._follow(subject, apply)) for subject, apply in followed]
         lease = await self.bus.lease(
             self.settings.lease_name,
             holder=self.instance,
@@ -508,7 +149,12 @@ class Planner:
             await lease.release()
             LEADER.set(0)
 
-    async def _follow(self, subject: BoundSubject[T], apply: Callable[[T], None]) -> None:
+    def _apply(self, apply: Callable[[T, float], bool], event: T) -> None:
+        """Fold an event into the state at the clock's time; plan now if it calls for it."""
+        if apply(event, self.clock.now()):
+            self.changed.set()
+
+    async def _follow(self, subject: BoundSubject[T], apply: Callable[[T, float], bool]) -> None:
         while True:  # a broken subscription is re-made; the loop never ends on bad input
             try:
                 stream: AsyncIterator[Envelope[T]] = self.bus.subscribe(
@@ -516,7 +162,7 @@ class Planner:
                 )
                 async for envelope in stream:
                     try:
-                        apply(envelope.data)
+                        self._apply(apply, envelope.data)
                     except Exception:  # one odd event must not stop the planner
                         SKIPPED.labels(subject.subject.model.__name__).inc()
                         log.exception("skipped an event on %s", subject.value)
@@ -540,17 +186,17 @@ class Planner:
                 if key.startswith("node."):
                     node = await kv.get(key, NodeChanged)
                     if node is not None:
-                        self.state.apply_node(node)
+                        self._apply(self.state.apply_node, node)
                         loaded += 1
                 elif key.startswith("workload."):
                     workload = await kv.get(key, WorkloadChanged)
                     if workload is not None:
-                        self.state.apply_workload(workload)
+                        self._apply(self.state.apply_workload, workload)
                         loaded += 1
                 elif key.startswith("pod."):
                     pod = await kv.get(key, PodChanged)
                     if pod is not None:
-                        self.state.apply_pod(pod)
+                        self._apply(self.state.apply_pod, pod)
                         loaded += 1
             except Exception as error:
                 SKIPPED.labels("snapshot").inc()
@@ -571,7 +217,7 @@ class Planner:
                 log.info("planner %s is %s", self.instance, "leader" if leading else "passive")
                 if leading:
                     self.sent.clear()  # re-derive what to send from fresh state
-                    self.state.changed.set()
+                    self.changed.set()
                 await self._announce()
             await asyncio.sleep(interval)
 
@@ -595,7 +241,7 @@ class Planner:
         next_tick = clock.now()
         last_change_plan = -math.inf  # clock time of the last plan a change triggered
         while not self.stopping.is_set():
-            changed = asyncio.ensure_future(self.state.changed.wait())
+            changed = asyncio.ensure_future(self.changed.wait())
             stop = asyncio.ensure_future(self.stopping.wait())
             tick = asyncio.ensure_future(clock.sleep(next_tick - clock.now()))
             done, pending = await asyncio.wait(
@@ -613,7 +259,7 @@ class Planner:
                 if hold > 0 and await wait_for_event(clock, self.stopping, hold):
                     return
                 last_change_plan = clock.now()
-            self.state.changed.clear()
+            self.changed.clear()
             try:
                 await self.plan_once(trigger)
             except Exception:  # a failed plan is logged and retried on the next trigger
@@ -634,7 +280,7 @@ class Planner:
 
     async def plan_once(self, trigger: str) -> None:
         now = self.clock.now()
-        targets = self.state.targets(await self._pins())
+        targets = self.state.targets(await self._pins(), now)
         inputs = self.state.inputs(now, targets)
         started = time.perf_counter()
         decision, self.policy_state = self.policy.plan(inputs, self.policy_state, now)
@@ -652,39 +298,46 @@ class Planner:
         if not self.leader:
             return
         plan_id = f"{self.instance}-{uuid.uuid4().hex[:12]}"
-        issued_at = datetime.fromtimestamp(now, UTC)
         for held in targets.held:  # once released, it is compared with where it is then
             self.sent.pop(held.target, None)
         for item in decision.targets:
-            if not self._differs(item, now):
-                continue
-            command = ScaleCommand(
-                target=item.target,
-                desired=item.desired,
-                reason=item.reason[:2000],
-                plan_id=plan_id,
-                issued_at=issued_at,
-                idempotency_key=f"{plan_id}:{item.target}",
-            )
-            subject = SCALE_COMMAND.at(
-                namespace=item.target.namespace, kind=item.target.kind, name=item.target.name
-            )
-            try:
-                await self.bus.publish_durable(subject, command, msg_id=command.idempotency_key)
-            except Exception as error:
-                log.warning("could not publish a command for %s: %s", item.target, error)
-                continue
-            self.sent[item.target] = (item.desired, now)
-            self.state.known[item.target] = item.desired
-            self.commands += 1
-            COMMANDS.labels(item.role).inc()
-            log.info("scale %s -> %d: %s", item.target, item.desired, item.reason)
-        # Pinned and paused targets are reported beside the planned ones, with why.
-        shown: list[pol.TargetDecision | Held] = [*decision.targets, *targets.held]
+            if self._differs(item, now):
+                await self._command(item, plan_id, now)
+        await self._publish_plan(decision, targets.held, plan_id, now)
+
+    async def _command(self, item: pol.TargetDecision, plan_id: str, now: float) -> None:
+        """Publish one target's scale command and remember it as sent."""
+        command = ScaleCommand(
+            target=item.target,
+            desired=item.desired,
+            reason=item.reason[:2000],
+            plan_id=plan_id,
+            issued_at=datetime.fromtimestamp(now, UTC),
+            idempotency_key=f"{plan_id}:{item.target}",
+        )
+        subject = SCALE_COMMAND.at(
+            namespace=item.target.namespace, kind=item.target.kind, name=item.target.name
+        )
+        try:
+            await self.bus.publish_durable(subject, command, msg_id=command.idempotency_key)
+        except Exception as error:
+            log.warning("could not publish a command for %s: %s", item.target, error)
+            return
+        self.sent[item.target] = (item.desired, now)
+        self.state.known[item.target] = item.desired
+        self.commands += 1
+        COMMANDS.labels(item.role).inc()
+        log.info("scale %s -> %d: %s", item.target, item.desired, item.reason)
+
+    async def _publish_plan(
+        self, decision: pol.Decision, held: Sequence[Held], plan_id: str, now: float
+    ) -> None:
+        """The `PlanDecided`: pinned and paused targets beside the planned ones, with why."""
+        shown: list[pol.TargetDecision | Held] = [*decision.targets, *held]
         plan = PlanDecided(
             plan_id=plan_id,
             policy=self.settings.policy,
-            decided_at=issued_at,
+            decided_at=datetime.fromtimestamp(now, UTC),
             targets=tuple(
                 EventTargetDecision(
                     target=item.target,

@@ -43,11 +43,8 @@ from tideshift.events import (  # noqa: E402
 )
 from tideshift.services.common.bus import Bus  # noqa: E402
 from tideshift.services.common.embedded_nats import EmbeddedNats  # noqa: E402
-from tideshift.services.planner.service import (  # noqa: E402
-    Planner,
-    PlannerSettings,
-    ServingTarget,
-)
+from tideshift.services.planner.service import Planner  # noqa: E402
+from tideshift.services.planner.settings import PlannerSettings, ServingTarget  # noqa: E402
 
 NAMESPACE = "bench"
 CAPACITY_RPS = 100.0

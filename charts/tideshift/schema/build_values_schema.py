@@ -25,12 +25,12 @@ SERVICES = ("watcher", "predictor", "planner", "executor")
 SETTINGS_CLASSES = {
     "watcher": "tideshift.services.watcher.service:WatcherSettings",
     "predictor": "tideshift.services.predictor.service:PredictorSettings",
-    "planner": "tideshift.services.planner.service:PlannerSettings",
+    "planner": "tideshift.services.planner.settings:PlannerSettings",
     "executor": "tideshift.services.executor.service:ExecutorSettings",
 }
 # Settings validated in code against a registry: the schema lists the registry's names.
 REGISTRY_ENUMS = {
-    ("planner", "policy"): "tideshift.services.planner.service:POLICIES",
+    ("planner", "policy"): "tideshift.services.planner.baselines:POLICIES",
     ("predictor", "model"): "tideshift.services.predictor.service:MODELS",
 }
 # Settings the chart sets itself: NATS from the Secret, the pod name, the probe port.

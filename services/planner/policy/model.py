@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -152,41 +152,82 @@ class TrainingJob:
         return max(self.min_trainers, self.gang_min or 0, 1)
 
 
+def tunable(default: float, meaning: str, **bounds: float) -> Any:
+    """A `PolicyConfig` field with its meaning (and unit) and its bounds: the planner's settings
+    (services/planner/settings.py) expose each as they are, under the same name."""
+    return field(default=default, metadata={"meaning": meaning, "bounds": bounds})
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    max_forecast_age_s: float = 600.0  # older forecasts are stale: hold that workload
-    max_trainer_removals_per_step: int = 64  # voluntary (rebalancing) removals, all jobs
-    min_trainer_lifetime_s: float = 60.0  # no voluntary shrink sooner after a job grew
-    shrink_tolerance: float = 0.05  # voluntary shrinks of at most this fraction are skipped
-    # growth of a running job by at most this fraction (and by less than this share of the
-    # cluster) waits
-    grow_tolerance: float = 0.05
-    # Rebalancing between running jobs (voluntary shrinks) goes only as far as it takes to give
-    # every job at least this fraction of its weighted fair share: each trainer moved restarts
-    # both jobs, and room serving later releases goes to the job furthest below its share
-    # first, so the shares converge without moves. 1 rebalances to the fair share at once.
-    rebalance_floor: float = 0.5
+    max_forecast_age_s: float = tunable(
+        600.0, "older forecasts are stale: hold that workload, seconds", gt=0
+    )
+    max_trainer_removals_per_step: int = tunable(
+        64, "at most this many voluntary (rebalancing) trainer removals per plan, all jobs", ge=1
+    )
+    min_trainer_lifetime_s: float = tunable(
+        60.0, "no voluntary shrink sooner than this after a job grew, seconds (checkpoint)", ge=0
+    )
+    shrink_tolerance: float = tunable(
+        0.05, "voluntary shrinks of at most this fraction are skipped (avoids flapping)", ge=0, lt=1
+    )
+    grow_tolerance: float = tunable(
+        0.05,
+        "growth of a running job by at most this fraction (and by less than this share of the "
+        "cluster) waits (limits trainer churn)",
+        ge=0,
+        lt=1,
+    )
+    # Each trainer moved restarts both jobs, and room serving later releases goes to the job
+    # furthest below its share first, so the shares converge without moves.
+    rebalance_floor: float = tunable(
+        0.5,
+        "move trainers between running jobs only until every job has this fraction of its "
+        "weighted fair share (1: rebalance to the fair share at once)",
+        gt=0,
+        le=1,
+    )
     # Serving's safety net: demand above what the forecast allowed scales up at once and
-    # holds scale-down for `panic_window_s`; the worst recent miss ratio (observed / allowed)
-    # becomes headroom on the forecast, fading back to none with this half-life.
-    panic_window_s: float = 60.0
-    miss_half_life_s: float = 1800.0
-    # Scale-down waits while the faded miss ratio is above 1 + this.
-    miss_tolerance: float = 0.05
-    # The workload's worst miss sizes its headroom for this much longer: a burst that beat
-    # the forecast once tends to come back (heavy tails), and serving must cover its first
-    # minute, which no reaction can (replicas take their startup delay).
-    burst_half_life_s: float = 86400.0
-    # Serving scales down only to what the forecast needs over this long: room it releases
-    # moves trainers in and, when demand returns, out again (a restart each way).
-    release_horizon_s: float = 900.0
+    # holds scale-down; the worst recent miss ratio (observed / allowed) becomes headroom on
+    # the forecast, fading back to none.
+    panic_window_s: float = tunable(
+        60.0, "demand above what the forecast allowed holds scale-down this long, seconds", ge=0
+    )
+    miss_half_life_s: float = tunable(
+        1800.0,
+        "half-life of the recent miss ratio (observed / allowed), the forecast's headroom, seconds",
+        gt=0,
+    )
+    miss_tolerance: float = tunable(
+        0.05,
+        "a miss counts only beyond this fraction above what the forecast allowed; scale-down "
+        "waits while the faded miss ratio is above 1 + this",
+        ge=0,
+    )
+    # A burst that beat the forecast once tends to come back (heavy tails), and serving must
+    # cover its first minute, which no reaction can (replicas take their startup delay).
+    burst_half_life_s: float = tunable(
+        86400.0, "half-life of the worst burst, which sizes serving's headroom, seconds", gt=0
+    )
+    # Room serving releases moves trainers in and, when demand returns, out again (a restart
+    # each way).
+    release_horizon_s: float = tunable(
+        900.0,
+        "serving scales down only to what the forecast needs over this long, seconds",
+        ge=0,
+    )
     # Batch capacity: per node, allocatable x (1 - margin) minus what non-batch pods use.
     overcommit: OvercommitConfig = field(default_factory=OvercommitConfig)
-    # Batch trainers grow only into room that stayed reclaimable this long and that the
-    # forecast keeps for as long (shrinking is at once): serving's usage moves every minute,
-    # and lending each rise made batch trainers come and go with it (on day-night-nasa-batch,
-    # 300 s churned about twice the run without the batch job, 900 s lent almost nothing).
-    batch_grow_after_s: float = 600.0
+    # Serving's usage moves every minute, and lending each rise made batch trainers come and go
+    # with it (on day-night-nasa-batch, 300 s churned about twice the run without the batch
+    # job, 900 s lent almost nothing).
+    batch_grow_after_s: float = tunable(
+        600.0,
+        "batch trainers grow only into room that stayed reclaimable this long and that the "
+        "forecast keeps as long (they shrink at once), seconds",
+        ge=0,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,8 @@ from tideshift.events import (
 )
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.runtime import ServiceContext
-from tideshift.services.planner.service import Planner, PlannerSettings, ServingTarget
+from tideshift.services.planner.service import Planner
+from tideshift.services.planner.settings import PlannerSettings, ServingTarget
 from tideshift.services.predictor.service import PredictorSettings, run
 
 pytestmark = pytest.mark.timeout(300)

@@ -30,12 +30,8 @@ from tideshift.events import (
     WorkloadRef,
 )
 from tideshift.services.common.bus import Bus
-from tideshift.services.planner.service import (
-    Planner,
-    PlannerSettings,
-    ServingTarget,
-    TrainingTarget,
-)
+from tideshift.services.planner.service import Planner
+from tideshift.services.planner.settings import PlannerSettings, ServingTarget, TrainingTarget
 
 GIB = 2**30
 
@@ -251,7 +247,7 @@ async def test_lease_hand_over(bus: Bus, unique: str, collectors: dict[str, Coll
 async def test_stale_forecast_holds_serving_and_stops_training_growth(
     bus: Bus, unique: str, collectors: dict[str, Collector]
 ) -> None:
-    settings = settings_for(unique, forecast_max_age_seconds=60.0)
+    settings = settings_for(unique, max_forecast_age_s=60.0)
     await bus.publish(NODE_CHANGED.at(name=f"n-{unique}"), node(f"n-{unique}", 8.0))
     async with running(bus, settings, f"a-{unique}") as planner:
         old = datetime.now(UTC) - timedelta(hours=1)

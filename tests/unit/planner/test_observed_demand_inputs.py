@@ -15,22 +15,15 @@ from tideshift.events import (
     WorkloadRef,
 )
 from tideshift.services.planner.baselines import make_policy
-from tideshift.services.planner.service import PlannerSettings, PlannerState, ServingTarget
+from tideshift.services.planner.settings import PlannerSettings, ServingTarget
+from tideshift.services.planner.state import PlannerState
 
 NOW = 1_800_000_000.0
 WEB = WorkloadRef(kind="Deployment", namespace="shop", name="web")
 CAPACITY_RPS = 100.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.value = NOW
-
-    def now(self) -> float:
-        return self.value
-
-
-def state_with_a_forecast(clock: Clock, *, forecast_rps: float) -> PlannerState:
+def state_with_a_forecast(*, forecast_rps: float) -> PlannerState:
     settings = PlannerSettings(
         serving=[
             ServingTarget(
@@ -46,10 +39,11 @@ def state_with_a_forecast(clock: Clock, *, forecast_rps: float) -> PlannerState:
         observed_max_age_seconds=30.0,
         health_port=-1,
     )
-    state = PlannerState(settings, clock=clock)
+    state = PlannerState(settings.state_config(), started_at=NOW)
     at = datetime.fromtimestamp(NOW, tz=UTC)
     state.apply_node(
-        NodeChanged(change="added", name="n1", allocatable=Resources(cpu=64.0), observed_at=at)
+        NodeChanged(change="added", name="n1", allocatable=Resources(cpu=64.0), observed_at=at),
+        NOW,
     )
     state.apply_forecast(
         ForecastIssued(
@@ -68,7 +62,8 @@ def state_with_a_forecast(clock: Clock, *, forecast_rps: float) -> PlannerState:
                 )
                 for k in range(10)
             ),
-        )
+        ),
+        NOW,
     )
     return state
 
@@ -80,7 +75,7 @@ def observed(rps: float, at: float) -> DemandObserved:
 def plan(state: PlannerState, policy_state: object, now: float) -> tuple[int, str, object]:
     """One plan as the service makes it; the serving decision for WEB and the new state."""
     policy = make_policy("tideshift")
-    targets = state.targets({})
+    targets = state.targets({}, now)
     decision, new_state = policy.plan(state.inputs(now, targets), policy_state, now)
     state.remember_allowed(targets.serving, decision.targets)
     (web,) = [item for item in decision.targets if item.target == WEB]
@@ -89,56 +84,42 @@ def plan(state: PlannerState, policy_state: object, now: float) -> tuple[int, st
 
 
 def test_a_high_fresh_observation_plans_at_once_and_the_plan_covers_it() -> None:
-    clock = Clock()
-    state = state_with_a_forecast(clock, forecast_rps=150.0)
+    state = state_with_a_forecast(forecast_rps=150.0)
     policy_state = make_policy("tideshift").initial_state()
     desired, reason, policy_state = plan(state, policy_state, NOW)
     assert desired == 2, reason
     assert state.allowed_rps[WEB] == 2 * CAPACITY_RPS
 
     # Within what the plan allowed for: no plan at once.
-    state.changed.clear()
-    clock.value = NOW + 5
-    state.apply_observed(observed(180.0, NOW + 5))
-    assert not state.changed.is_set()
+    assert not state.apply_observed(observed(180.0, NOW + 5), NOW + 5)
 
     # Above it: plan now, sized for the observation, with the miss as headroom.
-    state.apply_observed(observed(870.0, NOW + 6))
-    assert state.changed.is_set()
-    clock.value = NOW + 7
+    assert state.apply_observed(observed(870.0, NOW + 6), NOW + 5)
     desired, reason, policy_state = plan(state, policy_state, NOW + 7)
     assert desired >= math.ceil(870.0 / CAPACITY_RPS), reason
     assert "miss headroom" in reason
     assert state.allowed_rps[WEB] >= 870.0
 
     # Demand back at the forecast: the recent miss keeps the replicas (no scale-down yet).
-    state.changed.clear()
-    clock.value = NOW + 20
-    state.apply_observed(observed(150.0, NOW + 20))
-    assert not state.changed.is_set()
+    assert not state.apply_observed(observed(150.0, NOW + 20), NOW + 20)
     held, reason, _ = plan(state, policy_state, NOW + 20)
     assert held == desired, reason
     assert "miss headroom" in reason
 
 
 def test_stale_and_out_of_order_observations_are_ignored() -> None:
-    clock = Clock()
-    state = state_with_a_forecast(clock, forecast_rps=150.0)
+    state = state_with_a_forecast(forecast_rps=150.0)
     policy_state = make_policy("tideshift").initial_state()
     _, _, policy_state = plan(state, policy_state, NOW)
-    state.changed.clear()
 
     # Observed 60 s ago (older than observed_max_age_seconds): no trigger, not planned on.
-    clock.value = NOW + 60
-    state.apply_observed(observed(900.0, NOW))
-    assert not state.changed.is_set()
+    assert not state.apply_observed(observed(900.0, NOW), NOW + 60)
     assert state.observed_rps(NOW + 60) == {}
     desired, reason, policy_state = plan(state, policy_state, NOW + 60)
     assert desired == 2, reason
     assert "panic" not in reason
 
     # A fresh one is used; a late arrival older than it does not replace it.
-    state.apply_observed(observed(120.0, NOW + 58))
-    state.apply_observed(observed(990.0, NOW + 50))
+    state.apply_observed(observed(120.0, NOW + 58), NOW + 60)
+    assert not state.apply_observed(observed(990.0, NOW + 50), NOW + 60)
     assert state.observed_rps(NOW + 60) == {WEB: 120.0}
-    assert not state.changed.is_set()

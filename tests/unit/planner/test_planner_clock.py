@@ -10,7 +10,9 @@ from datetime import UTC, datetime
 from tideshift.events import NodeChanged, Resources
 from tideshift.services.common.clock import wait_for_event
 from tideshift.services.demo.clock import SimClock
-from tideshift.services.planner.service import Planner, PlannerSettings, PlannerState
+from tideshift.services.planner.service import Planner
+from tideshift.services.planner.settings import PlannerSettings
+from tideshift.services.planner.state import PlannerState
 
 START = datetime(2026, 1, 5, tzinfo=UTC).timestamp()
 FAST = 20_000.0  # simulated seconds per wall second
@@ -28,14 +30,14 @@ def node_event(clock: SimClock) -> NodeChanged:
 async def test_cluster_view_goes_stale_after_simulated_silence() -> None:
     clock = SimClock(FAST, start=START)
     settings = PlannerSettings(health_port=-1, cluster_silence_seconds=600.0)
-    state = PlannerState(settings, clock=clock)
-    state.apply_node(node_event(clock))
+    state = PlannerState(settings.state_config(), started_at=clock.now())
+    state.apply_node(node_event(clock), clock.now())
     assert not state.inputs(clock.now()).cluster_stale
 
     await clock.sleep(settings.cluster_silence_seconds + 60.0)
 
     assert state.inputs(clock.now()).cluster_stale
-    state.apply_node(node_event(clock))  # the watcher speaks again: fresh at once
+    state.apply_node(node_event(clock), clock.now())  # the watcher speaks again: fresh at once
     assert not state.inputs(clock.now()).cluster_stale
 
 

@@ -1,0 +1,202 @@
+"""What the planner knows, folded from its events (cluster objects, targets, forecasts, observed
+demand, executor results), and whether an event calls for a plan now. Pure: time is an
+argument; imports no asyncio, nats, kubernetes or services.common, and reads no clock."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from tideshift.events import (
+    DemandObserved,
+    ForecastIssued,
+    NodeChanged,
+    PodChanged,
+    ScalePin,
+    ScaleResult,
+    WorkloadChanged,
+)
+from tideshift.services.planner import policy as pol
+from tideshift.services.planner.inputs import ClusterTable, plan_inputs
+from tideshift.services.planner.targets import TargetBook, Targets
+
+# Pods of a training job whose name contains one of these are its fixed helpers (parameter
+# servers, coordinators), not trainers, unless they carry the tideshift.io/companion label.
+DEFAULT_COMPANION_MARKERS = ("pserver", "-ps-", "coordinator", "master")
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    """What the state takes from the planner's settings."""
+
+    serving: tuple[pol.ServingWorkload, ...]  # the settings' serving targets
+    jobs: tuple[pol.TrainingJob, ...]  # the settings' training targets
+    companion_markers: Mapping[pol.Target, tuple[str, ...]]  # of the settings' jobs
+    policy: pol.PolicyConfig
+    observed_max_age_s: float  # older observed demand is ignored
+    cluster_silence_s: float  # no node or pod event this long: the cluster view is stale
+
+
+def forecast_of(event: ForecastIssued) -> pol.Forecast:
+    """The policy's view of a forecast event."""
+    times = tuple(point.at.timestamp() for point in event.points)
+    return pol.Forecast(
+        issued_at=event.issued_at.timestamp(),
+        times=times,
+        quantiles={
+            0.5: tuple(p.q50 for p in event.points),
+            0.9: tuple(p.q90 for p in event.points),
+            0.95: tuple(p.q95 for p in event.points),
+            0.99: tuple(p.q99 for p in event.points),
+        },
+    )
+
+
+@dataclass
+class PlannerState:
+    """What the planner knows. Each `apply_*` folds one event in at time `now` (Unix seconds)
+    and returns whether it calls for a plan now."""
+
+    config: StateConfig
+    started_at: float
+    table: ClusterTable = field(default_factory=ClusterTable)
+    # When each object was last observed: an older event (e.g. from the snapshot) loses.
+    node_seen: dict[str, datetime] = field(default_factory=dict)
+    pod_seen: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    forecasts: dict[pol.Target, pol.Forecast] = field(default_factory=dict)
+    # Latest observed demand per workload: (req/s, Unix seconds observed).
+    observed: dict[pol.Target, tuple[float, float]] = field(default_factory=dict)
+    # The req/s each serving workload's last planned replicas serve (replicas x capacity).
+    allowed_rps: dict[pol.Target, float] = field(default_factory=dict)
+    # What each target is known to want (replicas), from our commands and executor results.
+    known: dict[pol.Target, int] = field(default_factory=dict)
+    confirmed: dict[pol.Target, int] = field(default_factory=dict)  # executor results only
+    # Unix seconds of the last node or pod event (from the start until the first one).
+    last_cluster_event: float = field(init=False)
+    companion_markers: dict[pol.Target, tuple[str, ...]] = field(init=False)
+    book: TargetBook = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.last_cluster_event = self.started_at
+        self.companion_markers = dict(self.config.companion_markers)
+        self.book = TargetBook(self.config.serving, self.config.jobs)
+
+    def apply_node(self, event: NodeChanged, now: float) -> bool:
+        previous = self.node_seen.get(event.name)
+        if previous is not None and previous > event.observed_at:
+            return False  # something newer was applied already (live event vs snapshot)
+        self.node_seen[event.name] = event.observed_at
+        if event.change == "deleted":
+            self.table.remove_node(event.name)
+        else:
+            amount = event.allocatable
+            self.table.upsert_node(
+                event.name,
+                (amount.cpu, amount.memory, float(amount.gpu)),
+                schedulable=event.ready and not event.unschedulable,
+            )
+        self.last_cluster_event = now
+        return True
+
+    def apply_pod(self, event: PodChanged, now: float) -> bool:
+        key = (event.namespace, event.name)
+        previous = self.pod_seen.get(key)
+        if previous is not None and previous > event.observed_at:
+            return False
+        self.pod_seen[key] = event.observed_at
+        gone = event.change == "deleted" or event.phase in ("Succeeded", "Failed", "Unknown")
+        if gone or event.deleting:
+            self.table.remove_pod(key)
+        else:
+            amount = event.requests
+            self.table.upsert_pod(
+                key,
+                node=event.node,
+                requests=(amount.cpu, amount.memory, float(amount.gpu)),
+                owner=event.owner,
+                replica=not self._is_companion(event),
+            )
+        if event.change == "deleted":
+            self.pod_seen.pop(key, None)
+        self.last_cluster_event = now
+        return True
+
+    def _is_companion(self, event: PodChanged) -> bool:
+        """A job's fixed helper (labelled, or named by one of its job's markers), no trainer."""
+        owner = event.owner
+        markers = self.companion_markers.get(owner) if owner is not None else None
+        return event.companion or (markers is not None and any(m in event.name for m in markers))
+
+    def apply_workload(self, event: WorkloadChanged, now: float) -> bool:
+        target = event.workload
+        if not self.book.apply(event):
+            return False
+        if event.change == "deleted":
+            self.known.pop(target, None)
+            self.confirmed.pop(target, None)
+            self.observed.pop(target, None)
+            self.allowed_rps.pop(target, None)
+        else:
+            self.known[target] = event.replicas  # its spec, as the watcher last saw it
+            if event.role == "training" and target not in self.book.static_targets():
+                self.companion_markers.setdefault(target, DEFAULT_COMPANION_MARKERS)
+        return True
+
+    def apply_forecast(self, event: ForecastIssued, now: float) -> bool:
+        self.forecasts[event.workload] = forecast_of(event)
+        return True
+
+    def apply_observed(self, event: DemandObserved, now: float) -> bool:
+        """Keep the newest observation; one above what the last plan allowed plans at once."""
+        target, at = event.workload, event.observed_at.timestamp()
+        previous = self.observed.get(target)
+        if previous is not None and previous[1] >= at:
+            return False  # out of order: a newer one is kept already
+        self.observed[target] = (event.rps, at)
+        fresh = now - at <= self.config.observed_max_age_s
+        allowed = self.allowed_rps.get(target)
+        return fresh and allowed is not None and event.rps > allowed
+
+    def apply_result(self, event: ScaleResult, now: float) -> bool:
+        """What the executor did; a result plans nothing by itself."""
+        target = event.target
+        if event.outcome in ("applied", "noop") and event.current is not None:
+            self.known[target] = event.current
+            self.confirmed[target] = event.current
+        elif event.outcome in ("rejected", "failed"):
+            # Forget what we asked for, so a later plan re-issues it (after resend_seconds).
+            self.known.pop(target, None)
+            self.confirmed.pop(target, None)
+        return False
+
+    def remember_allowed(
+        self, serving: tuple[pol.ServingWorkload, ...], decided: Sequence[pol.TargetDecision]
+    ) -> None:
+        """What a plan allowed for: each serving workload's replicas x capacity_rps."""
+        capacity = {w.target: w.capacity_rps for w in serving}
+        for item in decided:
+            if item.target in capacity:
+                self.allowed_rps[item.target] = item.desired * capacity[item.target]
+
+    def observed_rps(self, now: float) -> dict[pol.Target, float]:
+        """The observations young enough to act on."""
+        limit = self.config.observed_max_age_s
+        return {t: rps for t, (rps, at) in self.observed.items() if now - at <= limit}
+
+    def targets(self, pins: Mapping[pol.Target, ScalePin], now: float) -> Targets:
+        return self.book.targets(pins, datetime.fromtimestamp(now, UTC))
+
+    def inputs(self, now: float, targets: Targets | None = None) -> pol.PlanInputs:
+        if targets is None:
+            targets = self.targets({}, now)
+        return plan_inputs(
+            self.table.view(),
+            targets.serving,
+            targets.jobs,
+            dict(self.forecasts),
+            wanted=self.known,
+            config=self.config.policy,
+            cluster_stale=now - self.last_cluster_event > self.config.cluster_silence_s,
+            observed_rps=self.observed_rps(now),
+        )

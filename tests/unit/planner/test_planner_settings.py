@@ -1,0 +1,76 @@
+"""The planner's settings expose every `PolicyConfig` tunable under its own name, default and
+meaning: on the command line, in the environment, in the chart's values and schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tideshift.services.planner import policy as pol
+from tideshift.services.planner.service import main
+from tideshift.services.planner.settings import PlannerSettings
+
+CHART = Path(__file__).resolve().parents[3] / "charts" / "tideshift"
+DEFAULTS = pol.PolicyConfig()
+
+
+def tunables(config: Any = DEFAULTS, prefix: str = "") -> dict[str, Any]:
+    """Every tunable of a policy config, a nested config's as `<field>_<its field>`."""
+    found: dict[str, Any] = {}
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        if dataclasses.is_dataclass(value):
+            found |= tunables(value, f"{prefix}{spec.name}_")
+        else:
+            found[f"{prefix}{spec.name}"] = value
+    return found
+
+
+def test_every_tunable_is_a_setting_with_the_policys_default() -> None:
+    settings = PlannerSettings(health_port=-1)
+    for name, default in tunables().items():
+        assert name in PlannerSettings.model_fields, name
+        assert getattr(settings, name) == default, name
+    assert settings.policy_config() == DEFAULTS
+
+
+def test_help_lists_every_tunable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    for name in tunables():
+        assert f"--{name.replace('_', '-')}" in shown, name
+
+
+def test_every_tunable_is_settable_by_flag_and_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TIDESHIFT_RELEASE_HORIZON_S", "120")
+    settings = PlannerSettings(
+        _cli_parse_args=["--miss-tolerance", "0.2", "--overcommit-margin", "0.3"],  # type: ignore[call-arg]
+        health_port=-1,
+    )
+    config = settings.policy_config()
+    assert config.release_horizon_s == 120.0
+    assert config.miss_tolerance == 0.2
+    assert config.overcommit.margin == 0.3
+
+
+def test_a_tunable_out_of_the_policys_bounds_is_refused() -> None:
+    with pytest.raises(ValueError, match="rebalance_floor"):
+        PlannerSettings(health_port=-1, rebalance_floor=0.0)
+
+
+def test_the_chart_documents_every_tunable_with_its_default() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["planner"]["config"]
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    properties = schema["properties"]["planner"]["properties"]["config"]["properties"]
+    for name, default in tunables().items():
+        assert values[name] == default, name
+        assert properties[name]["description"], name
