@@ -3,7 +3,99 @@ Pure string formatting."""
 
 from __future__ import annotations
 
-from tideshift.services.planner.policy.model import FloatArray, PolicyConfig, TrainingJob, Vector
+from tideshift.services.planner.policy.model import (
+    FloatArray,
+    PolicyConfig,
+    ServingWorkload,
+    Target,
+    TrainingJob,
+    Vector,
+)
+
+# ---- serving --------------------------------------------------------------------------------
+
+# Leads every reason in which the safety net (observed demand, miss headroom or the panic
+# window), not the bare forecast, set serving's count.
+PANIC = "panic (safety net):"
+STALE_NO_SCALE_DOWN = "cluster view stale: not scaling down"
+PANIC_WINDOW = f"{PANIC} demand ran above the forecast: no scale-down in the panic window"
+
+
+def no_usable_forecast(*, has_forecast: bool) -> str:
+    return "forecast stale or not covering the window" if has_forecast else "no forecast"
+
+
+def holding(held: int, why: str) -> str:
+    return f"holding {held}: {why}"
+
+
+def held_fallback(target: Target, why: str) -> str:
+    """The safe-mode announcement of a serving workload held for want of a forecast."""
+    return f"{target}: {why}; holding"
+
+
+def serving_basis(
+    workload: ServingWorkload,
+    *,
+    peak: float,
+    headroom: float,
+    forecast_need: int,
+    observed: float | None,
+    observed_need: int,
+    clamped: bool,
+    safety_net: bool,
+) -> str:
+    """How serving's count was reached; `observed` only when it needs more than the forecast."""
+    basis = (
+        f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
+        f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
+        f"per replica"
+    )
+    if headroom > 1.0 + 1e-9:
+        basis += f" x {headroom:.2f} recent miss headroom"
+    basis += f" = {forecast_need}"
+    if observed is not None:
+        basis += f"; observed {observed:.1f} req/s needs {observed_need}"
+    if clamped:
+        basis += f", clamped to [{workload.min_replicas}, {workload.max_replicas}]"
+    return f"{PANIC} {basis}" if safety_net else basis
+
+
+def scale_up(basis: str, *, up: bool) -> str:
+    return f"{basis}; scale up now" if up else basis
+
+
+def not_observed_long_enough(workload: ServingWorkload) -> str:
+    return f"no scale-down until {workload.stabilization_s:.0f} s observed"
+
+
+def recent_misses(ratio: float) -> str:
+    return f"{PANIC} recent forecast misses (x{ratio:.2f}): scale-down waits"
+
+
+def release_held(basis: str, kept: int, config: PolicyConfig) -> str:
+    return (
+        f"{basis}; scale-down held: the forecast needs {kept} within "
+        f"{config.release_horizon_s:.0f} s"
+    )
+
+
+def release_to_forecast(basis: str, config: PolicyConfig) -> str:
+    return f"{basis}; scale down to what the forecast needs within {config.release_horizon_s:.0f} s"
+
+
+def down_to_stabilized(basis: str, workload: ServingWorkload) -> str:
+    return (
+        f"{basis}; scale down to the highest recommendation of the last "
+        f"{workload.stabilization_s:.0f} s"
+    )
+
+
+def held_by_stabilization(basis: str) -> str:
+    return f"{basis}; scale-down held by the stabilisation window"
+
+
+# ---- training -------------------------------------------------------------------------------
 
 
 def format_vector(vector: Vector) -> str:

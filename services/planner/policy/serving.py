@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tideshift.services.cluster.placement import compact_down, entry_rest
+from tideshift.services.planner.policy import reasons
 from tideshift.services.planner.policy.model import (
     BoolArray,
     FloatArray,
@@ -31,10 +32,6 @@ from tideshift.services.planner.policy.packing import (
     node_sums,
     pack_sparse,
 )
-
-# Leads every reason in which the safety net (observed demand, miss headroom or the panic
-# window), not the bare forecast, set serving's count.
-PANIC = "panic (safety net):"
 
 
 def forecast_peak(forecast: Forecast, start: float, end: float, quantile: float) -> float | None:
@@ -103,6 +100,35 @@ def track_miss(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ServingSize:
+    """One serving workload's count after a plan, why, and its updated windows."""
+
+    desired: int
+    reason: str
+    history: tuple[tuple[float, int], ...]  # (time, recommended) within the stabilisation window
+    miss: Miss
+    fallback: str | None = None  # the announcement when held for want of a usable forecast
+
+
+@dataclass(frozen=True, slots=True)
+class Peaks:
+    """The forecast's peaks (req/s) that size a workload, from a fresh forecast."""
+
+    window: float  # over the look-ahead window (lead time + margin)
+    allowed: float | None  # now: what the forecast allows for the demand observed now
+    release: float  # over the release horizon (at least the look-ahead window)
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The count the forecast and the safety net recommend, before the scale-down rules."""
+
+    replicas: int
+    basis: str  # how it was reached (the reason's first part)
+    headroom: float  # the miss headroom the forecast was scaled by
+
+
 def plan_serving(
     workload: ServingWorkload,
     forecast: Forecast | None,
@@ -115,117 +141,124 @@ def plan_serving(
     cluster_stale: bool,
     observed: float | None = None,
     miss: Miss | None = None,
-) -> tuple[int, str, tuple[tuple[float, int], ...], str | None, Miss]:
-    """Returns (desired, reason, new history, fallback announcement or None, new miss).
+) -> ServingSize:
+    """The workload's replicas.
 
     The safety net: a forecast can be wrong and serving must not pay for it. Observed demand
     above what the forecast allowed for now sizes serving for that demand at once; the
     recent miss ratio scales the forecast up (headroom from the workload's own errors and
     bursts, not one fixed quantile); while it is high, scale-down waits.
     """
-    window_end = now + workload.lead_time_s + workload.margin_s
-    peak: float | None = None
-    allowed: float | None = None
-    release_peak: float | None = None
+    peaks: Peaks | None = None
     if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
-        peak = forecast_peak(forecast, now, window_end, workload.quantile)
-        allowed = forecast_peak(forecast, now, now, workload.quantile)
-        release_end = now + max(config.release_horizon_s, window_end - now)
-        release_peak = forecast_peak(forecast, now, release_end, workload.quantile)
+        peaks = forecast_peaks(workload, forecast, now, config)
     new_miss = track_miss(
         miss,
         observed=observed,
-        allowed=allowed,
+        allowed=peaks.allowed if peaks is not None else None,
         now=now,
         config=config,
         absorbed=1.0 / workload.target_utilization,
     )
-    observed_need = (
-        math.ceil(observed / workload.capacity_rps - 1e-9) if observed is not None else 0
-    )
-    if peak is None:
+    observed_need = _replicas_for(observed, workload) if observed is not None else 0
+    if peaks is None:
         held = min(max(current, observed_need, workload.min_replicas), workload.max_replicas)
-        why = "no forecast" if forecast is None else "forecast stale or not covering the window"
-        return (
-            held,
-            f"holding {held}: {why}",
-            history,
-            f"{workload.target}: {why}; holding",
-            new_miss,
-        )
-    headroom = max(new_miss.ratio, new_miss.worst)
-    bare_need = math.ceil(max(peak, 0.0) / workload.capacity_rps - 1e-9)
-    forecast_need = math.ceil(max(peak, 0.0) * headroom / workload.capacity_rps - 1e-9)
-    need = max(forecast_need, observed_need)
-    recommended = min(max(need, workload.min_replicas), workload.max_replicas)
-    basis = (
-        f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
-        f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
-        f"per replica"
-    )
-    if headroom > 1.0 + 1e-9:
-        basis += f" x {headroom:.2f} recent miss headroom"
-    basis += f" = {forecast_need}"
-    if observed_need > forecast_need:
-        basis += f"; observed {observed:.1f} req/s needs {observed_need}"
-    if recommended != need:
-        basis += f", clamped to [{workload.min_replicas}, {workload.max_replicas}]"
-    if need > bare_need:
-        # The operator's cue that the safety net, not the bare forecast, sized serving.
-        basis = f"{PANIC} {basis}"
+        why = reasons.no_usable_forecast(has_forecast=forecast is not None)
+        fallback = reasons.held_fallback(workload.target, why)
+        return ServingSize(held, reasons.holding(held, why), history, new_miss, fallback)
+    recommendation = recommend(workload, peaks.window, new_miss, observed, observed_need)
     cutoff = now - workload.stabilization_s
-    new_history = (*(item for item in history if item[0] > cutoff), (now, recommended))
-    stabilized = max(value for _, value in new_history)
-    if recommended >= current:
-        return (
-            recommended,
-            f"{basis}; scale up now" if recommended > current else basis,
-            new_history,
-            None,
-            new_miss,
-        )
+    new_history = (*(item for item in history if item[0] > cutoff), (now, recommendation.replicas))
+    if recommendation.replicas >= current:
+        reason = reasons.scale_up(recommendation.basis, up=recommendation.replicas > current)
+        return ServingSize(recommendation.replicas, reason, new_history, new_miss)
     held_why = _scale_down_hold(
         workload, new_miss, seen_since=seen_since, now=now, config=config, stale=cluster_stale
     )
     if held_why is not None:
-        return current, f"{basis}; {held_why}", new_history, None, new_miss
+        return ServingSize(current, f"{recommendation.basis}; {held_why}", new_history, new_miss)
     # Released room is taken by trainers at the cost of a restart, and given back at the cost
     # of another when demand returns: release only what the forecast does not need soon.
-    kept = math.ceil(max(release_peak or 0.0, 0.0) * headroom / workload.capacity_rps - 1e-9)
+    kept = _replicas_for(max(peaks.release, 0.0) * recommendation.headroom, workload)
+    desired, reason = _scale_down(
+        workload,
+        recommendation.basis,
+        current=current,
+        kept=kept,
+        history=new_history,
+        config=config,
+    )
+    return ServingSize(desired, reason, new_history, new_miss)
+
+
+def forecast_peaks(
+    workload: ServingWorkload, forecast: Forecast, now: float, config: PolicyConfig
+) -> Peaks | None:
+    """The peaks of a fresh forecast; None when no point of it covers the look-ahead window."""
+    window_end = now + workload.lead_time_s + workload.margin_s
+    window = forecast_peak(forecast, now, window_end, workload.quantile)
+    if window is None:
+        return None
+    release_end = now + max(config.release_horizon_s, window_end - now)
+    release = forecast_peak(forecast, now, release_end, workload.quantile)
+    return Peaks(
+        window=window,
+        allowed=forecast_peak(forecast, now, now, workload.quantile),
+        release=release if release is not None else 0.0,
+    )
+
+
+def _replicas_for(rps: float, workload: ServingWorkload) -> int:
+    return math.ceil(rps / workload.capacity_rps - 1e-9)
+
+
+def recommend(
+    workload: ServingWorkload,
+    peak: float,
+    miss: Miss,
+    observed: float | None,
+    observed_need: int,
+) -> Recommendation:
+    """The forecast's peak x the miss headroom, or the observed demand if that needs more,
+    within the workload's bounds."""
+    headroom = max(miss.ratio, miss.worst)
+    bare_need = _replicas_for(max(peak, 0.0), workload)
+    forecast_need = _replicas_for(max(peak, 0.0) * headroom, workload)
+    need = max(forecast_need, observed_need)
+    replicas = min(max(need, workload.min_replicas), workload.max_replicas)
+    basis = reasons.serving_basis(
+        workload,
+        peak=peak,
+        headroom=headroom,
+        forecast_need=forecast_need,
+        observed=observed if observed_need > forecast_need else None,
+        observed_need=observed_need,
+        clamped=replicas != need,
+        # The operator's cue that the safety net, not the bare forecast, sized serving.
+        safety_net=need > bare_need,
+    )
+    return Recommendation(replicas, basis, headroom)
+
+
+def _scale_down(
+    workload: ServingWorkload,
+    basis: str,
+    *,
+    current: int,
+    kept: int,
+    history: tuple[tuple[float, int], ...],
+    config: PolicyConfig,
+) -> tuple[int, str]:
+    """How far serving goes down: to what the forecast needs within the release horizon or
+    to the stabilisation window's highest recommendation, whichever is more."""
+    stabilized = max(value for _, value in history)
     if kept > stabilized:
         if kept >= current:
-            return (
-                current,
-                f"{basis}; scale-down held: the forecast needs {kept} within "
-                f"{config.release_horizon_s:.0f} s",
-                new_history,
-                None,
-                new_miss,
-            )
-        return (
-            kept,
-            f"{basis}; scale down to what the forecast needs within "
-            f"{config.release_horizon_s:.0f} s",
-            new_history,
-            None,
-            new_miss,
-        )
+            return current, reasons.release_held(basis, kept, config)
+        return kept, reasons.release_to_forecast(basis, config)
     if stabilized < current:
-        return (
-            stabilized,
-            f"{basis}; scale down to the highest recommendation of the last "
-            f"{workload.stabilization_s:.0f} s",
-            new_history,
-            None,
-            new_miss,
-        )
-    return (
-        current,
-        f"{basis}; scale-down held by the stabilisation window",
-        new_history,
-        None,
-        new_miss,
-    )
+        return stabilized, reasons.down_to_stabilized(basis, workload)
+    return current, reasons.held_by_stabilization(basis)
 
 
 def _scale_down_hold(
@@ -239,13 +272,13 @@ def _scale_down_hold(
 ) -> str | None:
     """Why serving may not scale down now, or None."""
     if stale:
-        return "cluster view stale: not scaling down"
+        return reasons.STALE_NO_SCALE_DOWN
     if now - seen_since < workload.stabilization_s:
-        return f"no scale-down until {workload.stabilization_s:.0f} s observed"
+        return reasons.not_observed_long_enough(workload)
     if now < miss.panic_until:
-        return f"{PANIC} demand ran above the forecast: no scale-down in the panic window"
+        return reasons.PANIC_WINDOW
     if miss.ratio > 1.0 + config.miss_tolerance:
-        return f"{PANIC} recent forecast misses (x{miss.ratio:.2f}): scale-down waits"
+        return reasons.recent_misses(miss.ratio)
     return None
 
 
@@ -272,7 +305,7 @@ def size_serving(
     for row, workload in enumerate(inputs.serving):
         target = workload.target
         current = inputs.current.get(target, int(bound_totals[row]))
-        desired, reason, history[target], fallback, misses[target] = plan_serving(
+        size = plan_serving(
             workload,
             inputs.forecasts.get(target),
             current=current,
@@ -284,10 +317,11 @@ def size_serving(
             observed=inputs.observed_rps.get(target),
             miss=state.serving_misses.get(target),
         )
-        if fallback is not None:
-            fallbacks.append(fallback)
-        desired_all.append(desired)
-        decisions.append(TargetDecision(target, "serving", current, desired, reason))
+        history[target], misses[target] = size.history, size.miss
+        if size.fallback is not None:
+            fallbacks.append(size.fallback)
+        desired_all.append(size.desired)
+        decisions.append(TargetDecision(target, "serving", current, size.desired, size.reason))
     return ServingPlan(
         tuple(desired_all), tuple(decisions), history, seen, tuple(fallbacks), misses
     )

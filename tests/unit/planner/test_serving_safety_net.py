@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from tideshift.services.planner import policy as pol
-from tideshift.services.planner.policy.serving import PANIC, plan_serving, track_miss
+from tideshift.services.planner.policy.reasons import PANIC
+from tideshift.services.planner.policy.serving import plan_serving, track_miss
 
 WEB = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "web"),
@@ -32,7 +33,7 @@ def flat(rps: float, now: float) -> pol.Forecast:
 def plan(
     now: float, *, forecast_rps: float, observed: float | None, current: int, miss=None
 ) -> tuple[int, str, pol.Miss]:
-    desired, reason, _, _, new_miss = plan_serving(
+    size = plan_serving(
         WEB,
         flat(forecast_rps, now),
         current=current,
@@ -44,7 +45,7 @@ def plan(
         observed=observed,
         miss=miss,
     )
-    return desired, reason, new_miss
+    return size.desired, size.reason, size.miss
 
 
 def test_demand_below_the_forecast_changes_nothing() -> None:
@@ -87,7 +88,7 @@ def test_miss_fades_with_its_half_life() -> None:
 
 
 def test_without_a_forecast_serving_still_covers_observed_demand() -> None:
-    desired, _, _, fallback, _ = plan_serving(
+    size = plan_serving(
         WEB,
         None,
         current=3,
@@ -98,8 +99,8 @@ def test_without_a_forecast_serving_still_covers_observed_demand() -> None:
         cluster_stale=False,
         observed=120.0,
     )
-    assert desired == 12
-    assert fallback is not None
+    assert size.desired == 12
+    assert size.fallback is not None
 
 
 def test_the_worst_miss_keeps_headroom_long_after_the_panic_fades() -> None:
@@ -140,7 +141,7 @@ def test_scale_down_releases_only_what_the_forecast_does_not_need_soon() -> None
         return pol.Forecast(now, times, {0.95: values})
 
     def down_from_15(later_rps: float) -> tuple[int, str]:
-        desired, reason, _, _, _ = plan_serving(
+        size = plan_serving(
             WEB,
             rising(0.0, later_rps),
             current=15,
@@ -151,7 +152,7 @@ def test_scale_down_releases_only_what_the_forecast_does_not_need_soon() -> None
             cluster_stale=False,
             observed=40.0,
         )
-        return desired, reason
+        return size.desired, size.reason
 
     # Demand returns to 150 req/s within the release horizon: the room stays with serving
     # (released, trainers would move in and straight out again).
@@ -184,7 +185,7 @@ def test_a_jump_the_spare_capacity_absorbs_leaves_no_burst_headroom() -> None:
     spare = dataclasses.replace(WEB, target_utilization=0.8)
 
     def burst(observed: float) -> pol.Miss:
-        _, _, _, _, quiet = plan_serving(
+        quiet = plan_serving(
             spare,
             flat(100.0, 0.0),
             current=10,
@@ -205,8 +206,8 @@ def test_a_jump_the_spare_capacity_absorbs_leaves_no_burst_headroom() -> None:
             config=CONFIG,
             cluster_stale=False,
             observed=observed,
-            miss=quiet,
-        )[4]
+            miss=quiet.miss,
+        ).miss
 
     absorbed = burst(120.0)
     assert absorbed.ratio == pytest.approx(1.2)  # still a miss: the panic window holds
