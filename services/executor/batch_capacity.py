@@ -9,7 +9,6 @@ bind there at any moment."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from tideshift.services.cluster.overcommit import (
     lendable,
 )
 from tideshift.services.cluster.port import ClusterError
+from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.executor.compaction import ClusterListing
 
 log = logging.getLogger("tideshift.executor")
@@ -161,13 +161,16 @@ class BatchAdvertiser:
             ADVERTISED.labels(node.name).set(cpu)
         return dict(self.advertised)
 
-    async def run(self, interval_s: float, stopping: asyncio.Event) -> None:
-        """Advertise every `interval_s` until `stopping`; a failed pass is logged and counted."""
+    async def run(
+        self, interval_s: float, stopping: asyncio.Event, *, clock: Clock = WALL_CLOCK
+    ) -> None:
+        """Advertise every `interval_s` of `clock` until `stopping`; a failed pass is logged
+        and counted."""
         while not stopping.is_set():
             try:
                 await self.advertise_once()
             except (UsageError, ClusterError) as error:
                 USAGE_ERRORS.inc()
                 log.warning("batch resources not advertised this time: %s", error)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), interval_s)
+            if await wait_for_event(clock, stopping, interval_s):
+                return

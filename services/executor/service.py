@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
 
 from prometheus_client import Counter, Histogram
 from pydantic import Field, model_validator
@@ -22,7 +22,7 @@ from tideshift.events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCom
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import ClusterError
-from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery
+from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery, follow
 from tideshift.services.common.clock import WALL_CLOCK, Clock
 from tideshift.services.common.retry import exponential
 from tideshift.services.common.runtime import ServiceContext, run_service
@@ -204,49 +204,34 @@ async def consume(
     stopping: asyncio.Event | None = None,
     ready: asyncio.Event | None = None,
     subject: BoundSubject[ScaleCommand] | None = None,
+    clock: Clock = WALL_CLOCK,
 ) -> None:
-    """Process commands until `stopping` is set (a command in hand is finished first).
+    """Process commands until `stopping` is set (a command in hand is finished first); a lost
+    consumer is followed again with the bus's backoff.
 
     `subject` narrows the commands taken (default: all), e.g. to one namespace.
     """
     stopping = stopping or asyncio.Event()
-    deliveries = bus.consume(
-        subject or SCALE_COMMAND.filter(),
-        stream=SCALE_STREAM,
-        durable=durable,
-        ack_wait_seconds=ack_wait_seconds,
-        fetch_timeout=0.5,
-    )
-    iterator: Any = deliveries.__aiter__()
-    next_delivery: asyncio.Future[Delivery[ScaleCommand]] | None = None
+
+    def deliveries() -> AsyncIterator[Delivery[ScaleCommand]]:
+        return bus.consume(
+            subject or SCALE_COMMAND.filter(),
+            stream=SCALE_STREAM,
+            durable=durable,
+            ack_wait_seconds=ack_wait_seconds,
+            fetch_timeout=0.5,
+        )
+
+    async def finish(delivery: Delivery[ScaleCommand]) -> None:
+        try:
+            await process(executor, bus, delivery, max_attempts=max_attempts)
+        except Exception as error:
+            # Result not published or ack lost: the command comes back after ack_wait.
+            log.warning("could not finish %s: %s", delivery.event.data.idempotency_key, error)
+
     if ready is not None:
         ready.set()
-    try:
-        while not stopping.is_set():
-            next_delivery = asyncio.ensure_future(iterator.__anext__())
-            stop_wait = asyncio.ensure_future(stopping.wait())
-            try:
-                done, _ = await asyncio.wait(
-                    {next_delivery, stop_wait}, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                stop_wait.cancel()
-            if next_delivery not in done:
-                break
-            delivery = next_delivery.result()
-            next_delivery = None
-            try:
-                await process(executor, bus, delivery, max_attempts=max_attempts)
-            except Exception as error:
-                # Result not published or ack lost: the command comes back after ack_wait.
-                log.warning("could not finish %s: %s", delivery.event.data.idempotency_key, error)
-    finally:
-        if next_delivery is not None and not next_delivery.done():
-            next_delivery.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await next_delivery
-        with contextlib.suppress(Exception):
-            await iterator.aclose()
+    await follow(deliveries, finish, clock=clock, stopping=stopping, name="scale commands")
 
 
 async def build_executor(
@@ -305,7 +290,7 @@ async def serve(
         advertiser = _packing(executor, port, writer, settings) if writer is not None else None
         if advertiser is not None:
             advertising = asyncio.create_task(
-                advertiser.run(settings.batch_interval_seconds, context.stopping)
+                advertiser.run(settings.batch_interval_seconds, context.stopping, clock=clock)
             )
         await consume(
             executor,
@@ -315,6 +300,7 @@ async def serve(
             ack_wait_seconds=settings.ack_wait_seconds,
             stopping=context.stopping,
             ready=context.ready,
+            clock=clock,
         )
     finally:
         if advertising is not None:
