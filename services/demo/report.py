@@ -202,61 +202,11 @@ def plot(
     hours = [t / 3600.0 for t in series["t"]]
     panels = 5 if training else 4
     figure, axes = plt.subplots(panels, 1, figsize=(10, 3 * panels), sharex=True)
-    axes[0].plot(hours, series["demand"], label="demand (req/s)", color="tab:red", lw=1.2)
-    axes[0].plot(
-        hours,
-        series["capacity"],
-        label="serving capacity: ready replicas x per-replica capacity (req/s)",
-        color="tab:blue",
-        lw=1.2,
-    )
-    axes[0].set_ylabel("requests / s")
-    axes[0].legend(loc="upper left", fontsize="small")
+    _plot_demand(axes[0], hours, series)
     axes[0].set_title(title)
-    bands = [
-        ("cores_serving_used", "serving, in use", "tab:blue"),
-        ("cores_serving_idle", "serving, idle reservation", "lightsteelblue"),
-        ("cores_training", "training on requests", "tab:orange"),
-        ("cores_lent", "training on reclaimed capacity (lent)", "tab:purple"),
-        ("cores_free", "free", "whitesmoke"),
-    ]
-    if hours:
-        axes[1].stackplot(
-            hours,
-            [series[key][: len(hours)] for key, _, _ in bands],
-            labels=[label for _, label, _ in bands],
-            colors=[color for _, _, color in bands],
-            step="post",
-        )
-        axes[1].plot(
-            hours,
-            series["stranded_cpu"][: len(hours)],
-            color="black",
-            lw=1.0,
-            ls="--",
-            label="stranded: free where no wanted trainer fits",
-        )
-        axes[1].legend(loc="upper left", fontsize="small", ncol=3)
-    axes[1].set_ylabel("cores")
-    names = sorted(series["trainers"])
-    if names and hours:
-        stacked = [series["trainers"][name][: len(hours)] for name in names]
-        stacked = [values + [0] * (len(hours) - len(values)) for values in stacked]
-        axes[2].stackplot(hours, stacked, labels=names, step="post")
-        axes[2].legend(loc="upper left", fontsize="small", ncol=len(names))
-    axes[2].set_ylabel("ready trainers per job")
-    requested = [u * 100 for u in series["util_cpu"]]
-    in_use = [
-        (used + training + lent) / max(used + idle + training + lent + free, 1e-9) * 100
-        for used, idle, training, lent, free in zip(
-            *(series[key] for key, _, _ in bands), strict=False
-        )
-    ]
-    axes[3].plot(hours, requested, color="tab:green", lw=1.2, label="cpu requested / allocatable")
-    axes[3].plot(hours, in_use, color="tab:olive", lw=1.0, label="cpu in use / allocatable")
-    axes[3].set_ylabel("%")
-    axes[3].set_ylim(0, 105)
-    axes[3].legend(loc="lower left", fontsize="small")
+    _plot_cores(axes[1], hours, series)
+    _plot_trainers(axes[2], hours, series)
+    _plot_cpu(axes[3], hours, series)
     if training:
         _plot_training(axes[4], training)
     axes[-1].set_xlabel("simulated hours")
@@ -266,6 +216,79 @@ def plot(
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return path
+
+
+# Where the cores go, bottom to top: (series key, legend, colour).
+CORE_BANDS = (
+    ("cores_serving_used", "serving, in use", "tab:blue"),
+    ("cores_serving_idle", "serving, idle reservation", "lightsteelblue"),
+    ("cores_training", "training on requests", "tab:orange"),
+    ("cores_lent", "training on reclaimed capacity (lent)", "tab:purple"),
+    ("cores_free", "free", "whitesmoke"),
+)
+
+
+def _plot_demand(axis: Any, hours: list[float], series: dict[str, Any]) -> None:
+    """Demand against serving capacity."""
+    axis.plot(hours, series["demand"], label="demand (req/s)", color="tab:red", lw=1.2)
+    axis.plot(
+        hours,
+        series["capacity"],
+        label="serving capacity: ready replicas x per-replica capacity (req/s)",
+        color="tab:blue",
+        lw=1.2,
+    )
+    axis.set_ylabel("requests / s")
+    axis.legend(loc="upper left", fontsize="small")
+
+
+def _plot_cores(axis: Any, hours: list[float], series: dict[str, Any]) -> None:
+    """Where the cores go (stacked), with the stranded cores."""
+    if hours:
+        axis.stackplot(
+            hours,
+            [series[key][: len(hours)] for key, _, _ in CORE_BANDS],
+            labels=[label for _, label, _ in CORE_BANDS],
+            colors=[color for _, _, color in CORE_BANDS],
+            step="post",
+        )
+        axis.plot(
+            hours,
+            series["stranded_cpu"][: len(hours)],
+            color="black",
+            lw=1.0,
+            ls="--",
+            label="stranded: free where no wanted trainer fits",
+        )
+        axis.legend(loc="upper left", fontsize="small", ncol=3)
+    axis.set_ylabel("cores")
+
+
+def _plot_trainers(axis: Any, hours: list[float], series: dict[str, Any]) -> None:
+    """Ready trainers per job, stacked."""
+    names = sorted(series["trainers"])
+    if names and hours:
+        stacked = [series["trainers"][name][: len(hours)] for name in names]
+        stacked = [values + [0] * (len(hours) - len(values)) for values in stacked]
+        axis.stackplot(hours, stacked, labels=names, step="post")
+        axis.legend(loc="upper left", fontsize="small", ncol=len(names))
+    axis.set_ylabel("ready trainers per job")
+
+
+def _plot_cpu(axis: Any, hours: list[float], series: dict[str, Any]) -> None:
+    """Cpu requested and in use, as % of allocatable."""
+    requested = [u * 100 for u in series["util_cpu"]]
+    in_use = [
+        (used + training + lent) / max(used + idle + training + lent + free, 1e-9) * 100
+        for used, idle, training, lent, free in zip(
+            *(series[key] for key, _, _ in CORE_BANDS), strict=False
+        )
+    ]
+    axis.plot(hours, requested, color="tab:green", lw=1.2, label="cpu requested / allocatable")
+    axis.plot(hours, in_use, color="tab:olive", lw=1.0, label="cpu in use / allocatable")
+    axis.set_ylabel("%")
+    axis.set_ylim(0, 105)
+    axis.legend(loc="lower left", fontsize="small")
 
 
 def _plot_training(axis: Any, training: dict[str, dict[str, list[Any]]]) -> None:
