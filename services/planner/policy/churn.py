@@ -58,42 +58,59 @@ def rebalance_partly(
         for j in admitted
         if j not in above
     }
-
-    def solve(level: float) -> Rebalance | None:
-        pinned = list(bounds)
-        for j in required:  # a job at or below its share keeps what it keeps
-            pinned[j] = (max(bounds[j][0], min(jobs[j].kept_total, fair[j])), bounds[j][1])
-        for i in above:
-            keep = min(
-                jobs[i].kept_total, bounds[i][1], max(fair[i], math.ceil(level * fair[i] - 1e-9))
-            )
-            pinned[i] = (keep, keep)
-        base, out = solver.admit(order, pinned)
-        if not out <= excluded:
-            return None
-        counts = solver.fill([i for i in order if i not in out], base, pinned)
-        if any(counts[j] < need for j, need in required.items()):
-            return None
-        why = {
-            i: reasons.above_fair_share(counts[i], fair[i], config)
-            for i in above
-            if counts[i] > fair[i]
-        }
-        return Rebalance(counts, tuple(pinned), set(out), why)
-
+    levels = _Levels(solver, order, bounds, fair, excluded, required, above, config)
     top = max(jobs[i].kept_total / fair[i] for i in above)
-    best = solve(top)
+    best = levels.solve(top)
     if best is not None:
         return best
     low, high = 1.0, top
     for _ in range(_REBALANCE_STEPS):
         middle = (low + high) / 2
-        outcome = solve(middle)
+        outcome = levels.solve(middle)
         if outcome is None:
             high = middle
         else:
             low, best = middle, outcome
     return best if best is not None else unchanged
+
+
+@dataclass(frozen=True, slots=True)
+class _Levels:
+    """One tier's partial rebalancing, tried at a given level of the above-share jobs."""
+
+    solver: TierSolver
+    order: list[int]
+    bounds: Bounds
+    fair: Sequence[int]
+    excluded: set[int]
+    required: dict[int, int]  # jobs at or below their share: the trainers each must reach
+    above: list[int]  # jobs above their share
+    config: PolicyConfig
+
+    def solve(self, level: float) -> Rebalance | None:
+        """Every above-share job kept at `level` x its share (at most what it keeps); None
+        when that leaves a job out or below what it requires."""
+        jobs, bounds, fair = self.solver.jobs, self.bounds, self.fair
+        pinned = list(bounds)
+        for j in self.required:  # a job at or below its share keeps what it keeps
+            pinned[j] = (max(bounds[j][0], min(jobs[j].kept_total, fair[j])), bounds[j][1])
+        for i in self.above:
+            keep = min(
+                jobs[i].kept_total, bounds[i][1], max(fair[i], math.ceil(level * fair[i] - 1e-9))
+            )
+            pinned[i] = (keep, keep)
+        base, out = self.solver.admit(self.order, pinned)
+        if not out <= self.excluded:
+            return None
+        counts = self.solver.fill([i for i in self.order if i not in out], base, pinned)
+        if any(counts[j] < need for j, need in self.required.items()):
+            return None
+        why = {
+            i: reasons.above_fair_share(counts[i], fair[i], self.config)
+            for i in self.above
+            if counts[i] > fair[i]
+        }
+        return Rebalance(counts, tuple(pinned), set(out), why)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@ shares (tiers.py), the churn limits (churn.py), and the tier's decisions. Pure; 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,10 +199,7 @@ def plan_tier(
         forced=prepared.forced,
         growth_frozen=growth_frozen,
     )
-    new_grew = dict(grew_at)
-    for item, desired in zip(jobs, final, strict=True):
-        if desired > item.kept_total:
-            new_grew[item.job.target] = now
+    new_grew = _grown(jobs, final, grew_at, now)
     _, left, unplaced = solver.place(final)
     infeasible += [
         Infeasible(jobs[i].job.target, reasons.unplaced_trainers(count))
@@ -210,6 +207,17 @@ def plan_tier(
         if count > 0
     ]
     return TierPlan(tuple(decisions), tuple(infeasible), left, new_grew)
+
+
+def _grown(
+    jobs: Sequence[TierJob], final: Sequence[int], grew_at: Mapping[Target, float], now: float
+) -> dict[Target, float]:
+    """When each job last grew: `now` for those this plan grows (their shrink waits)."""
+    new_grew = dict(grew_at)
+    for item, desired in zip(jobs, final, strict=True):
+        if desired > item.kept_total:
+            new_grew[item.job.target] = now
+    return new_grew
 
 
 def _upper(item: TierJob, *, growth_frozen: bool) -> int:
