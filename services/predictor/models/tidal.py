@@ -1,4 +1,5 @@
-"""Tidal: Tideshift's default forecaster.
+"""Tidal: a seasonal forecaster, the portfolio's first member (the default forecaster is the
+portfolio, `portfolio.py`).
 
 Design, in the order the data flows:
 
@@ -27,12 +28,10 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 
 import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict, Field
-from scipy.signal import lfilter
 
 from tideshift.services.predictor.models.base import (
     QUANTILE_LEVELS,
@@ -45,6 +44,18 @@ from tideshift.services.predictor.models.base import (
     fill_gaps,
     make_forecast,
     regularize,
+)
+from tideshift.services.predictor.models.seasonal_profile import robust_profile
+from tideshift.services.predictor.models.tidal_calibration import (
+    ErrorRing,
+    NDBoolArray,
+    NDIntArray,
+    calibration_errors,
+    ewma,
+    left_pad,
+    level_loss,
+    probe_steps,
+    spread_by_step,
 )
 
 log = logging.getLogger(__name__)
@@ -111,7 +122,7 @@ class Tidal:
         self._slow_history: FloatArray = np.zeros(1)
         # Out-of-sample log errors and the log forecasts they belong to: rows = target
         # intervals, columns = steps ahead.
-        self._errors = _ErrorRing(capacity=1, steps=1)
+        self._errors = ErrorRing(capacity=1, steps=1)
         self._bin_edges: FloatArray = np.zeros(0)
         self._spreads: FloatArray = np.zeros((1, len(QUANTILE_LEVELS), 1))
         self._pending_rows = 0
@@ -163,7 +174,7 @@ class Tidal:
                 if period * interval <= SECONDS_PER_DAY
                 else config.long_period_cycles
             )
-            anchor, shape = _robust_profile(
+            anchor, shape = robust_profile(
                 remainder, period, cycles=cycles, smoothing=config.profile_smoothing
             )
             self._profiles.append((period, anchor, shape))
@@ -199,16 +210,16 @@ class Tidal:
     ) -> None:
         config = self.config
         count = z.shape[0]
-        slow = _ewma(deseasonalised, self._slow_rate)
+        slow = ewma(deseasonalised, self._slow_rate)
         window = min(count - 1, self._calibration_rows())
-        steps = _probe_steps(self._max_steps)
+        steps = probe_steps(self._max_steps)
         origins = np.arange(count - window - 1, count - 1) if window > 0 else np.zeros(0, int)
         best: tuple[float, float, float] | None = None
         best_fast = slow
         for rate in config.level_rates:
-            fast = _ewma(deseasonalised, rate)
+            fast = ewma(deseasonalised, rate)
             for reversion in config.reversions:
-                loss = _level_loss(
+                loss = level_loss(
                     z=z,
                     seasonal=seasonal,
                     fast=fast,
@@ -223,9 +234,9 @@ class Tidal:
                     best_fast = fast
         _, self._rate, self._reversion = best if best is not None else (0.0, 1.0, 1.0)
         keep = self._max_steps + 1
-        self._fast_history = _left_pad(best_fast[-keep:], keep)
-        self._slow_history = _left_pad(slow[-keep:], keep)
-        errors, predicted = _calibration_errors(
+        self._fast_history = left_pad(best_fast[-keep:], keep)
+        self._slow_history = left_pad(slow[-keep:], keep)
+        errors, predicted = calibration_errors(
             z=z,
             seasonal=seasonal,
             fast=best_fast,
@@ -235,7 +246,7 @@ class Tidal:
             max_steps=self._max_steps,
             window=self._calibration_rows(),
         )
-        self._errors = _ErrorRing(capacity=self._calibration_rows(), steps=self._max_steps)
+        self._errors = ErrorRing(capacity=self._calibration_rows(), steps=self._max_steps)
         self._errors.extend(errors, predicted)
         self._recalibrate()
         self._fitted = True
@@ -246,6 +257,25 @@ class Tidal:
         if not self._fitted:
             self.fit(timestamps, values)
             return
+        fresh = self._on_grid(timestamps, values)
+        new_rows: list[FloatArray] = []
+        new_predictions: list[FloatArray] = []
+        for value in fresh:
+            scored = self._advance(float(value))
+            if scored is not None:
+                new_rows.append(scored[0])
+                new_predictions.append(scored[1])
+        self._last_timestamp += fresh.shape[0] * self._interval
+        if new_rows:
+            self._errors.extend(np.asarray(new_rows), np.asarray(new_predictions))
+            self._pending_rows += len(new_rows)
+            if self._pending_rows >= max(
+                _MIN_RECALIBRATE_ROWS, self.config.recalibrate_every_s / self._interval
+            ):
+                self._recalibrate()
+
+    def _on_grid(self, timestamps: ArrayLike, values: ArrayLike) -> FloatArray:
+        """The intervals after the last one seen, up to the newest sample (NaN where none)."""
         times = np.asarray(timestamps, dtype=np.float64).ravel()
         observed = np.asarray(values, dtype=np.float64).ravel()
         with np.errstate(invalid="ignore"):
@@ -265,48 +295,39 @@ class Tidal:
             )
         newer = np.isfinite(offsets) & (offsets > 0) & ~too_far
         if not newer.any():
-            return
-        offsets = offsets.astype(np.int64)
-        added = int(offsets[newer].max())
-        fresh = np.full(added, np.nan)
-        fresh[offsets[newer] - 1] = observed[newer]
-        new_rows: list[FloatArray] = []
-        new_predictions: list[FloatArray] = []
-        steps = np.arange(1, self._max_steps + 1)
-        for value in fresh:
-            self._last_index += 1
-            index = self._last_index
-            seasonal_now = float(self._seasonal(np.array([index]))[0])
-            fast, slow = self._fast_history[-1], self._slow_history[-1]
-            if math.isfinite(value) and value >= 0:
-                z_now = math.log(value + self._offset)
-                # Forecasts made h steps ago for this interval, from the stored level history.
-                past_fast = self._fast_history[-steps]
-                past_slow = self._slow_history[-steps]
-                predicted = (
-                    seasonal_now + past_slow + self._reversion**steps * (past_fast - past_slow)
-                )
-                new_rows.append(z_now - predicted)
-                new_predictions.append(predicted)
-                self._track_quantiles(z_now - predicted, predicted)
-                residual = z_now - seasonal_now
-                rate = self._rate
-                if self._boost_left > 0:
-                    rate = max(rate, _BOOSTED_RATE)
-                    self._boost_left -= 1
-                fast += rate * (residual - fast)
-                slow += self._slow_rate * (residual - slow)
-                self._watch_for_shift(float(z_now - predicted[0]), predicted=float(predicted[0]))
-            self._fast_history = np.append(self._fast_history[1:], fast)
-            self._slow_history = np.append(self._slow_history[1:], slow)
-        self._last_timestamp += added * self._interval
-        if new_rows:
-            self._errors.extend(np.asarray(new_rows), np.asarray(new_predictions))
-            self._pending_rows += len(new_rows)
-            if self._pending_rows >= max(
-                _MIN_RECALIBRATE_ROWS, self.config.recalibrate_every_s / self._interval
-            ):
-                self._recalibrate()
+            return np.zeros(0)
+        steps = offsets.astype(np.int64)
+        fresh = np.full(int(steps[newer].max()), np.nan)
+        fresh[steps[newer] - 1] = observed[newer]
+        return fresh
+
+    def _advance(self, value: float) -> tuple[FloatArray, FloatArray] | None:
+        """Move the levels one interval on; for an observed one, its errors at every step
+        ahead and the forecasts they belong to (None for a missing one)."""
+        self._last_index += 1
+        seasonal_now = float(self._seasonal(np.array([self._last_index]))[0])
+        fast, slow = self._fast_history[-1], self._slow_history[-1]
+        scored = None
+        if math.isfinite(value) and value >= 0:
+            z_now = math.log(value + self._offset)
+            # Forecasts made h steps ago for this interval, from the stored level history.
+            steps = np.arange(1, self._max_steps + 1)
+            past_fast = self._fast_history[-steps]
+            past_slow = self._slow_history[-steps]
+            predicted = seasonal_now + past_slow + self._reversion**steps * (past_fast - past_slow)
+            scored = (z_now - predicted, predicted)
+            self._track_quantiles(z_now - predicted, predicted)
+            residual = z_now - seasonal_now
+            rate = self._rate
+            if self._boost_left > 0:
+                rate = max(rate, _BOOSTED_RATE)
+                self._boost_left -= 1
+            fast += rate * (residual - fast)
+            slow += self._slow_rate * (residual - slow)
+            self._watch_for_shift(float(z_now - predicted[0]), predicted=float(predicted[0]))
+        self._fast_history = np.append(self._fast_history[1:], fast)
+        self._slow_history = np.append(self._slow_history[1:], slow)
+        return scored
 
     def _max_gap_steps(self) -> int:
         return max(1, round(self.config.max_history_s / self._interval))
@@ -357,7 +378,7 @@ class Tidal:
 
     def _recalibrate(self) -> None:
         self._pending_rows = 0
-        self._bin_edges, self._spreads = _spread_by_step(
+        self._bin_edges, self._spreads = spread_by_step(
             self._errors.errors,
             self._errors.predicted,
             self._max_steps,
@@ -397,191 +418,6 @@ class Tidal:
         )
 
 
-NDIntArray = np.ndarray[tuple[int], np.dtype[np.int64]]
-NDBoolArray = np.ndarray[tuple[int], np.dtype[np.bool_]]
-
-
-def _robust_profile(
-    values: FloatArray, period: int, *, cycles: int, smoothing: float
-) -> tuple[int, FloatArray]:
-    """Median seasonal shape over the last cycles; returns (anchor index, zero-mean shape)."""
-    count = values.shape[0]
-    used = max(1, min(cycles, count // period))
-    anchor = count - used * period
-    block = values[anchor:].reshape(used, period)
-    with np.errstate(all="ignore"):
-        centred = block - _nan_median(block, axis=1)[:, None]
-        shape = _nan_median(centred, axis=0)
-    shape = fill_gaps(shape)
-    width = round(smoothing * period)
-    if width >= 2:
-        kernel = np.ones(width) / width
-        padded = np.concatenate([shape[-width:], shape, shape[:width]])
-        shape = np.convolve(padded, kernel, mode="same")[width:-width]
-    shape = shape - float(np.mean(shape))
-    return anchor, shape
-
-
-def _nan_median(block: FloatArray, *, axis: int) -> FloatArray:
-    """Median ignoring missing values; all-missing slices give NaN (filled by the caller)."""
-    if np.isfinite(block).all():
-        result: FloatArray = np.median(block, axis=axis)
-        return result
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        median: FloatArray = np.nanmedian(block, axis=axis)
-    return median
-
-
-def _ewma(values: FloatArray, rate: float) -> FloatArray:
-    """Exponentially weighted level, started at the first value."""
-    if rate >= 1.0:
-        return values.copy()
-    filtered, _ = lfilter([rate], [1.0, rate - 1.0], values, zi=[values[0] * (1.0 - rate)])
-    result: FloatArray = np.asarray(filtered, dtype=np.float64)
-    return result
-
-
-def _probe_steps(max_steps: int) -> NDIntArray:
-    """A handful of steps ahead, log-spaced, that stand in for the whole horizon."""
-    probes = np.unique(np.round(np.geomspace(1, max_steps, num=min(max_steps, 8))).astype(np.int64))
-    return probes
-
-
-def _level_loss(
-    *,
-    z: FloatArray,
-    seasonal: FloatArray,
-    fast: FloatArray,
-    slow: FloatArray,
-    observed_mask: NDBoolArray,
-    origins: NDIntArray,
-    steps: NDIntArray,
-    reversion: float,
-) -> float:
-    total, count = 0.0, 0
-    for step in steps:
-        valid = origins[origins + step < z.shape[0]]
-        if valid.shape[0] == 0:
-            continue
-        targets = valid + step
-        predicted = (
-            seasonal[targets] + slow[valid] + reversion ** float(step) * (fast[valid] - slow[valid])
-        )
-        errors = np.abs(z[targets] - predicted)[observed_mask[targets]]
-        total += float(errors.sum())
-        count += errors.shape[0]
-    return total / count if count else 0.0
-
-
-_LEVELS = np.asarray(QUANTILE_LEVELS)
-
-
-def _sorted_quantiles(ordered: FloatArray) -> FloatArray:
-    """QUANTILE_LEVELS of an ascending sample, interpolated linearly (numpy's default)."""
-    positions = _LEVELS * (ordered.shape[0] - 1)
-    below = np.floor(positions).astype(np.int64)
-    above = np.minimum(below + 1, ordered.shape[0] - 1)
-    result: FloatArray = ordered[below] + (ordered[above] - ordered[below]) * (positions - below)
-    return result
-
-
-class _ErrorRing:
-    """The last `capacity` rows of errors and forecasts; unfilled rows are NaN."""
-
-    def __init__(self, *, capacity: int, steps: int) -> None:
-        self.errors: FloatArray = np.full((capacity, steps), np.nan)
-        self.predicted: FloatArray = np.full((capacity, steps), np.nan)
-        self._cursor = 0
-
-    def extend(self, errors: FloatArray, predicted: FloatArray) -> None:
-        capacity = self.errors.shape[0]
-        errors, predicted = errors[-capacity:], predicted[-capacity:]
-        rows = (self._cursor + np.arange(errors.shape[0])) % capacity
-        self.errors[rows] = errors
-        self.predicted[rows] = predicted
-        self._cursor = (self._cursor + errors.shape[0]) % capacity
-
-
-def _calibration_errors(
-    *,
-    z: FloatArray,
-    seasonal: FloatArray,
-    fast: FloatArray,
-    slow: FloatArray,
-    observed_mask: NDBoolArray,
-    reversion: float,
-    max_steps: int,
-    window: int,
-) -> tuple[FloatArray, FloatArray]:
-    """Errors of step-h forecasts for each recent target, and the forecasts themselves.
-
-    Rows are target intervals, columns steps ahead (1..max_steps).
-    """
-    count = z.shape[0]
-    targets = np.arange(max(1, count - window), count)
-    targets = targets[observed_mask[targets]]
-    steps = np.arange(1, max_steps + 1)
-    origins = targets[:, None] - steps[None, :]
-    valid = origins >= 0
-    origins = np.maximum(origins, 0)
-    predicted = (
-        seasonal[targets][:, None]
-        + slow[origins]
-        + reversion ** steps[None, :].astype(np.float64) * (fast[origins] - slow[origins])
-    )
-    errors: FloatArray = np.where(valid, z[targets][:, None] - predicted, np.nan)
-    return errors, predicted
-
-
-def _spread_by_step(
-    errors: FloatArray, predicted: FloatArray, max_steps: int, *, bins: int
-) -> tuple[FloatArray, FloatArray]:
-    """Error quantiles per forecast-level bin and step ahead (Mondrian conformal).
-
-    Noise is rarely the same at every level (counts in a quiet night are relatively noisier
-    than at the daily peak), so errors are pooled by the level that was forecast: `bins`
-    equally populated bins over the forecasts in the window. Quantiles are computed at
-    log-spaced steps and interpolated between. Returns (inner bin edges, spreads[bin, level,
-    step]); a bin with too few errors borrows the pooled quantiles.
-    """
-    levels = len(QUANTILE_LEVELS)
-    if errors.shape[0] == 0:
-        return np.zeros(0), np.zeros((1, levels, max_steps))
-    # Bin edges from the one-step-ahead forecasts: the same levels, a fraction of the work.
-    finite_predictions = predicted[np.isfinite(errors[:, 0]), 0]
-    edges = (
-        np.quantile(finite_predictions, np.linspace(0, 1, bins + 1)[1:-1])
-        if bins > 1 and finite_predictions.shape[0]
-        else np.zeros(0)
-    )
-    probes = np.unique(np.round(np.geomspace(1, max_steps, num=min(max_steps, 16))).astype(int))
-    at_probes = np.zeros((edges.shape[0] + 1, levels, probes.shape[0]))
-    for column, step in enumerate(probes):
-        sample = errors[:, step - 1]
-        finite = np.isfinite(sample)
-        sample, forecast = sample[finite], predicted[finite, step - 1]
-        if not sample.shape[0]:
-            continue
-        pooled = _sorted_quantiles(np.sort(sample))
-        membership = np.searchsorted(edges, forecast)
-        # One sort by (bin, error) makes each bin a sorted contiguous run.
-        ordered = sample[np.lexsort((sample, membership))]
-        ends = np.cumsum(np.bincount(membership, minlength=edges.shape[0] + 1))
-        for bin_index in range(edges.shape[0] + 1):
-            begin = 0 if bin_index == 0 else int(ends[bin_index - 1])
-            in_bin = ordered[begin : int(ends[bin_index])]
-            at_probes[bin_index, :, column] = (
-                _sorted_quantiles(in_bin) if in_bin.shape[0] >= _MIN_BIN_ERRORS else pooled
-            )
-    every_step = np.arange(1, max_steps + 1)
-    spreads = np.zeros((edges.shape[0] + 1, levels, max_steps))
-    for bin_index in range(edges.shape[0] + 1):
-        for row in range(levels):
-            spreads[bin_index, row] = np.interp(every_step, probes, at_probes[bin_index, row])
-    return edges, spreads
-
-
 # After a shift alarm, the fast level moves at least this fast for this many intervals.
 _BOOSTED_RATE = 0.3
 _BOOST_STEPS = 10
@@ -593,12 +429,3 @@ _MAX_CALIBRATION_CELLS = 2_000_000
 
 # Recalibrating costs a few milliseconds: on coarse series, batch at least this many rows.
 _MIN_RECALIBRATE_ROWS = 6
-
-# Fewer errors than this cannot place a q0.99 (1 in 100) with any confidence.
-_MIN_BIN_ERRORS = 100
-
-
-def _left_pad(values: FloatArray, length: int) -> FloatArray:
-    if values.shape[0] >= length:
-        return values[-length:].copy()
-    return np.concatenate([np.full(length - values.shape[0], values[0]), values])
