@@ -115,11 +115,7 @@ async def start_services(
     )
     await start(
         "planner",
-        planner_settings.PlannerSettings(
-            health_port=-1,
-            **planner_targets(world, speed=clock.speed),
-            **planner_timing(speed=clock.speed, interval_wall_s=plan_interval_wall_s),
-        ),
+        planner_settings_for(world, speed=clock.speed, interval_wall_s=plan_interval_wall_s),
         lambda context: planner_service.serve(context, clock=clock),
     )
     return stages
@@ -147,6 +143,17 @@ def predictor_settings_for(
         refit_seconds=FORECAST_REFIT_S,
         refresh_seconds=interval_s,
         observe_seconds=observe_s,
+    )
+
+
+def planner_settings_for(
+    world: WorldShape, *, speed: float, interval_wall_s: float
+) -> planner_settings.PlannerSettings:
+    """The planner's settings: the world's targets, its loop every `interval_wall_s`."""
+    return planner_settings.PlannerSettings(
+        health_port=-1,
+        **planner_targets(world, speed=speed),
+        **planner_timing(speed=speed, interval_wall_s=interval_wall_s),
     )
 
 
