@@ -95,6 +95,10 @@ def held_by_stabilization(basis: str) -> str:
     return f"{basis}; scale-down held by the stabilisation window"
 
 
+def replicas_unplaced(rest: int, additions: int) -> str:
+    return f"{rest} of {additions} new replicas fit on no node even with all training removed"
+
+
 # ---- training -------------------------------------------------------------------------------
 
 

@@ -364,53 +364,53 @@ def place_serving(
         counts, rows, serving_count, np.asarray(desired, dtype=np.int64), rest_fullness
     )
     usage = entries.fixed + node_sums(nodes, stays, serving_requests[rows], node_count)
+    rooms = _Rooms(
+        allocatable=allocatable,
+        usage=usage,
+        free_of_all=allocatable - usage - trainer_usage,
+        free_of_serving=allocatable - usage,
+    )
     stayed = np.bincount(rows, weights=stays, minlength=serving_count)
-    free_of_all = allocatable - usage - trainer_usage  # what the scheduler finds free
-    free_of_serving = allocatable - usage  # what serving can take by preempting trainers
+    additions = [desired[row] - int(stayed[row]) for row in range(serving_count)]
+    return usage, _place_additions(inputs, rooms, serving_requests, additions)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rooms:
+    """Per node, booked as replicas are placed: what the plan uses, what the scheduler finds
+    free, and what serving can take by preempting trainers."""
+
+    allocatable: FloatArray
+    usage: FloatArray
+    free_of_all: FloatArray
+    free_of_serving: FloatArray
+
+    def take(self, room: FloatArray, request: FloatArray, count: int) -> int:
+        """Pack up to `count` replicas into `room`; book them everywhere; returns the rest."""
+        nodes, placed = pack_sparse(room, request, count, self.allocatable)
+        taken = placed[:, None] * request
+        self.usage[nodes] += taken
+        self.free_of_all[nodes] -= taken
+        self.free_of_serving[nodes] -= taken
+        return count - int(placed.sum())
+
+
+def _place_additions(
+    inputs: PlanInputs, rooms: _Rooms, serving_requests: FloatArray, additions: Sequence[int]
+) -> tuple[Infeasible, ...]:
+    """Place each workload's new replicas; the ones that fit nowhere."""
     infeasible: list[Infeasible] = []
     for row, workload in enumerate(inputs.serving):
-        additions = desired[row] - int(stayed[row])
-        if additions <= 0:
+        if additions[row] <= 0:
             continue
         # Free room first (what the scheduler does), then room trainers must give back.
-        rest = additions
-        for room in (free_of_all, free_of_serving):
-            rest = _take(
-                room,
-                serving_requests[row],
-                rest,
-                allocatable=allocatable,
-                usage=usage,
-                free_of_all=free_of_all,
-                free_of_serving=free_of_serving,
-            )
+        rest = additions[row]
+        for room in (rooms.free_of_all, rooms.free_of_serving):
+            rest = rooms.take(room, serving_requests[row], rest)
             if rest <= 0:
                 break
         if rest > 0:
             infeasible.append(
-                Infeasible(
-                    workload.target,
-                    f"{rest} of {additions} new replicas fit on no node even with all "
-                    "training removed",
-                )
+                Infeasible(workload.target, reasons.replicas_unplaced(rest, additions[row]))
             )
-    return usage, tuple(infeasible)
-
-
-def _take(
-    room: FloatArray,
-    request: FloatArray,
-    count: int,
-    *,
-    allocatable: FloatArray,
-    usage: FloatArray,
-    free_of_all: FloatArray,
-    free_of_serving: FloatArray,
-) -> int:
-    """Pack up to `count` replicas into `room`; book them everywhere; returns the rest."""
-    nodes, placed = pack_sparse(room, request, count, allocatable)
-    taken = placed[:, None] * request
-    usage[nodes] += taken
-    free_of_all[nodes] -= taken
-    free_of_serving[nodes] -= taken
-    return count - int(placed.sum())
+    return tuple(infeasible)
