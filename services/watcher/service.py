@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from pydantic import Field
+from tenacity import RetryCallState
 
 from tideshift.services.cluster.connect import open_kubernetes
-from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
-from tideshift.services.common.retry import fixed
+from tideshift.services.common.clock import WALL_CLOCK, Clock
+from tideshift.services.common.retry import Stopped, fixed, retrying_async
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.watcher.snapshot import SNAPSHOT_BUCKET
@@ -55,6 +56,29 @@ class WatcherSettings(ServiceSettings):
     )
 
 
+async def _watch_until_stopped(watcher: Watcher, context: ServiceContext) -> None:
+    """Run the watcher until the service stops (returns) or the watcher fails (raises)."""
+    running = asyncio.create_task(watcher.run(context.ready))
+    stop = asyncio.create_task(context.stopping.wait())
+    try:
+        await asyncio.wait({running, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    if not context.stopping.is_set():
+        running.result()  # its error, if it failed
+        raise RuntimeError("the watcher stopped by itself")
+
+
+def _log_start_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    wait = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning("watcher start failed (%s); retrying in %.0fs", error, wait)
+
+
 async def serve(
     context: ServiceContext, *, cluster: WatcherCluster | None = None, clock: Clock = WALL_CLOCK
 ) -> None:
@@ -71,21 +95,15 @@ async def serve(
     )
     context.readiness_checks.append(lambda: [f"not watching {name}" for name in port.unwatched()])
     watcher = Watcher(port, context.bus, bucket=settings.snapshot_bucket, clock=clock)
-    while not context.stopping.is_set():
-        task = asyncio.create_task(watcher.run(context.ready))
-        stop = asyncio.create_task(context.stopping.wait())
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            stop.cancel()
-            break
-        stop.cancel()
-        error = task.exception()
-        delay = START_RETRY.delay(1)
-        log.warning("watcher start failed (%s); retrying in %.0fs", error, delay)
-        await wait_for_event(clock, context.stopping, delay)
+    retrying = retrying_async(
+        START_RETRY,
+        clock=clock,
+        stopping=context.stopping,
+        retry_on=Exception,
+        before_sleep=_log_start_retry,
+    )
+    with contextlib.suppress(Stopped):
+        await retrying(_watch_until_stopped, watcher, context)
     await port.close()
 
 
