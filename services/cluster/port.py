@@ -1,4 +1,7 @@
-"""The narrow port through which the watcher, the executor and the simulator see a cluster.
+"""The cluster port's values and errors, and `ClusterPort`: everything a backend (Kubernetes,
+the simulated cluster) offers. Each user declares the narrow part it needs beside itself (the
+watcher's `ClusterReader` and `EventRecorder`, the executor's `ScaleWriter` and
+`ClusterListing`); any backend satisfies them. Decides nothing; imports only `events`.
 
 Value types are frozen dataclasses so snapshots can be shared between tasks without copies.
 Resource quantities use plain units: cpu in cores, memory in bytes, GPUs as a count of
@@ -162,7 +165,8 @@ class ClusterError(RuntimeError):
 
 
 class ClusterPort(Protocol):
-    """List+watch nodes, pods and labelled workloads, read and set a target's scale."""
+    """All a backend offers: list+watch nodes, pods and labelled workloads, read and set a
+    target's scale, record an event. What the demo hands to every service at once."""
 
     async def list_nodes(self) -> list[Node]: ...
 
