@@ -4,9 +4,13 @@ the same decision, so every decision can be replayed."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
+from tideshift.services.planner.policy import reasons
 from tideshift.services.planner.policy.batch import (
+    BatchPlan,
     batch_room,
     hold_released_room,
     plan_batch,
@@ -16,21 +20,26 @@ from tideshift.services.planner.policy.batch import (
 )
 from tideshift.services.planner.policy.model import (
     Decision,
+    FloatArray,
     Infeasible,
     PlanInputs,
     PlanState,
-    SteadyRoom,
+    Target,
     TargetDecision,
 )
 from tideshift.services.planner.policy.packing import (
+    ClusterEntries,
     cluster_entries,
     managed_targets,
     reserve_pending_companions,
 )
 from tideshift.services.planner.policy.serving import place_serving, size_serving
-from tideshift.services.planner.policy.training import Trainers, plan_tier, tier_priorities
-
-STALE_CLUSTER = "cluster view stale: holding serving scale-down, not growing training"
+from tideshift.services.planner.policy.training import (
+    TierPlan,
+    Trainers,
+    plan_tier,
+    tier_priorities,
+)
 
 
 def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, PlanState]:
@@ -38,15 +47,13 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     # Batch jobs hold no requests: everything but step 5 plans without them.
     inputs, batch_inputs = split_batch(inputs)
     entries = cluster_entries(inputs)
-    fallbacks = [STALE_CLUSTER] if inputs.cluster_stale else []
+    fallbacks = [reasons.STALE_CLUSTER] if inputs.cluster_stale else []
 
     # 1. Serving: replicas from the forecast, scale-down only through the stabilisation
     #    window; then placed per node (free room first, then room trainers give back).
     serving = size_serving(inputs, state, now, entries.row_totals)
     fallbacks += serving.fallbacks
     usage, serving_infeasible = place_serving(inputs, entries, serving.desired)
-    decisions: list[TargetDecision] = list(serving.decisions)
-    infeasible: list[Infeasible] = list(serving_infeasible)
 
     # Without a fresh view of the cluster or of some serving demand, training must not take
     # capacity serving might need: it keeps what it has but does not grow.
@@ -60,6 +67,54 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         usage = hold_released_room(inputs, entries, usage)
     free = reserve_pending_companions(inputs, entries, inputs.cluster.allocatable - usage)
     grew_at = {target: t for target, t in state.job_grew_at.items() if target in managed}
+    training = _plan_training(inputs, entries, free, grew_at, growth_frozen=growth_frozen, now=now)
+
+    # 5. Batch jobs on what serving reserves but does not use (and what no request took):
+    #    planned after serving, so serving never waits for them, and shrunk first when
+    #    serving's usage rises.
+    batch = BatchPlan((), (), training.grew_at, {})
+    if batch_inputs.jobs:
+        batch = _plan_on_batch_room(
+            inputs,
+            batch_inputs,
+            entries,
+            state,
+            serving.desired,
+            requested=inputs.cluster.allocatable - training.free,
+            serving_requested=usage - entries.fixed,
+            grew_at=training.grew_at,
+            growth_frozen=growth_frozen,
+            now=now,
+        )
+
+    decision = Decision(
+        (*serving.decisions, *training.decisions, *batch.decisions),
+        (*serving_infeasible, *training.infeasible, *batch.infeasible),
+        tuple(fallbacks),
+        np.asarray(inputs.cluster.allocatable - training.free),
+    )
+    new_state = PlanState(
+        serving_history={k: v for k, v in serving.history.items() if k in managed},
+        serving_seen_since={k: v for k, v in serving.seen_since.items() if k in managed},
+        serving_misses={k: v for k, v in serving.misses.items() if k in managed},
+        job_grew_at=batch.grew_at,
+        batch_room=batch.steady,
+    )
+    return decision, new_state
+
+
+def _plan_training(
+    inputs: PlanInputs,
+    entries: ClusterEntries,
+    free: FloatArray,
+    grew_at: dict[Target, float],
+    *,
+    growth_frozen: bool,
+    now: float,
+) -> TierPlan:
+    """Every tier's training jobs, higher priority first, each on what the tiers above left."""
+    decisions: list[TargetDecision] = []
+    infeasible: list[Infeasible] = []
     trainers = Trainers.of(inputs, entries)
     for tier in tier_priorities(inputs):
         outcome = plan_tier(
@@ -68,51 +123,41 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         decisions += outcome.decisions
         infeasible += outcome.infeasible
         free, grew_at = outcome.free, outcome.grew_at
+    return TierPlan(tuple(decisions), tuple(infeasible), free, grew_at)
 
-    # 5. Batch jobs on what serving reserves but does not use (and what no request took):
-    #    planned after serving, so serving never waits for them, and shrunk first when
-    #    serving's usage rises.
-    batch_steady: dict[str, SteadyRoom] = {}
-    if batch_inputs.jobs:
-        requested = inputs.cluster.allocatable - free
-        # Growth only into room the forecast keeps for as long as growth waits for it.
-        busy_ahead = serving_busy(
-            inputs, serving.desired, now, beyond_s=inputs.config.batch_grow_after_s
-        )
-        busy_now = serving_busy(inputs, serving.desired, now, ahead=False)
-        serving_requested = usage - entries.fixed
-        staying = serving_staying(inputs, entries, serving.desired)
-        room_now, room_ahead = (
-            batch_room(
-                inputs, requested, serving_requested=serving_requested, staying=staying, busy=busy
-            )
-            for busy in (busy_now, busy_ahead)
-        )
-        batch = plan_batch(
-            batch_inputs,
-            room_now,
-            room_ahead=room_ahead,
-            steady=state.batch_room,
-            grew_at=grew_at,
-            growth_frozen=growth_frozen,
-            now=now,
-        )
-        decisions += batch.decisions
-        infeasible += batch.infeasible
-        grew_at = batch.grew_at
-        batch_steady = batch.steady
 
-    decision = Decision(
-        tuple(decisions),
-        tuple(infeasible),
-        tuple(fallbacks),
-        np.asarray(inputs.cluster.allocatable - free),
+def _plan_on_batch_room(
+    inputs: PlanInputs,
+    batch_inputs: PlanInputs,
+    entries: ClusterEntries,
+    state: PlanState,
+    serving_desired: Sequence[int],
+    *,
+    requested: FloatArray,
+    serving_requested: FloatArray,
+    grew_at: dict[Target, float],
+    growth_frozen: bool,
+    now: float,
+) -> BatchPlan:
+    """The batch jobs on serving's idle reservation now and, for growth, as long ahead as
+    growth waits for it (the forecast's)."""
+    busy_ahead = serving_busy(
+        inputs, serving_desired, now, beyond_s=inputs.config.batch_grow_after_s
     )
-    new_state = PlanState(
-        serving_history={k: v for k, v in serving.history.items() if k in managed},
-        serving_seen_since={k: v for k, v in serving.seen_since.items() if k in managed},
-        serving_misses={k: v for k, v in serving.misses.items() if k in managed},
-        job_grew_at=grew_at,
-        batch_room=batch_steady,
+    busy_now = serving_busy(inputs, serving_desired, now, ahead=False)
+    staying = serving_staying(inputs, entries, serving_desired)
+    room_now, room_ahead = (
+        batch_room(
+            inputs, requested, serving_requested=serving_requested, staying=staying, busy=busy
+        )
+        for busy in (busy_now, busy_ahead)
     )
-    return decision, new_state
+    return plan_batch(
+        batch_inputs,
+        room_now,
+        room_ahead=room_ahead,
+        steady=state.batch_room,
+        grew_at=grew_at,
+        growth_frozen=growth_frozen,
+        now=now,
+    )

@@ -12,6 +12,9 @@ from tideshift.services.planner.policy.model import (
     Vector,
 )
 
+# The safe-mode announcement while the watcher is silent.
+STALE_CLUSTER = "cluster view stale: holding serving scale-down, not growing training"
+
 # ---- serving --------------------------------------------------------------------------------
 
 # Leads every reason in which the safety net (observed demand, miss headroom or the panic
