@@ -134,6 +134,66 @@ KUBE_NAME = string(pattern="^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", maxLength=253)
 # Bytes with the suffixes nats-server understands (K, M, G, T with B or i, or none).
 NATS_SIZE = string(pattern="^[0-9]+([KMGT](i|B|iB)?)?$")
 PORT = integer(minimum=1, maximum=65535)
+PULL_POLICY: Schema = {"enum": ["Always", "IfNotPresent", "Never"]}
+PRIORITY_CLASSES = obj(
+    {
+        "create": BOOLEAN,
+        "serving": obj({"name": KUBE_NAME, "value": integer(maximum=1000000000)}),
+        "training": obj(
+            {
+                "name": KUBE_NAME,
+                "value": integer(maximum=1000000000),
+                "preemptionPolicy": {"enum": ["Never", "PreemptLowerPriority"]},
+            },
+        ),
+    }
+)
+NATS = obj(
+    {
+        "existingSecret": string(),
+        "secretKeys": obj({"url": string(minLength=1), "credentials": string()}),
+        "url": string(pattern="^$|^(nats|tls|ws|wss)://"),
+        "credentials": string(),
+        "bundled": obj(
+            {
+                "enabled": BOOLEAN,
+                "image": obj(
+                    {
+                        "repository": string(minLength=1),
+                        "tag": string(minLength=1),
+                        "pullPolicy": PULL_POLICY,
+                    }
+                ),
+                "port": PORT,
+                "monitorPort": PORT,
+                "mqtt": obj({"enabled": BOOLEAN, "port": PORT}),
+                "jetstream": obj({"maxMemory": NATS_SIZE, "maxFile": NATS_SIZE}),
+                "persistence": obj(
+                    {
+                        "enabled": BOOLEAN,
+                        "storageClassName": string(),
+                        "size": string(pattern="^[0-9]+(\\.[0-9]+)?([KMGTPE]i?)?$"),
+                        "whenDeleted": {"enum": ["Retain", "Delete"]},
+                    }
+                ),
+                "resources": RESOURCES,
+                "nodeSelector": STRING_MAP,
+                "tolerations": LIST_OF_OBJECTS,
+            }
+        ),
+    }
+)
+REACTIONS = obj(
+    {
+        "enabled": BOOLEAN,
+        "replicas": integer(minimum=0),
+        "script": string(),
+        "existingConfigMap": string(),
+        "scriptKey": string(pattern="^[-._a-zA-Z0-9]+$"),
+        "extraEnv": LIST_OF_OBJECTS,
+        "resources": RESOURCES,
+    }
+)
 
 
 def service_schema(service: str) -> Schema:
@@ -188,7 +248,7 @@ def build_schema() -> Schema:
                 {
                     "repository": string(minLength=1),
                     "tag": string(),
-                    "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+                    "pullPolicy": PULL_POLICY,
                 }
             ),
             "imagePullSecrets": LIST_OF_OBJECTS,
@@ -207,68 +267,10 @@ def build_schema() -> Schema:
                 {"service": obj({"enabled": BOOLEAN, "annotations": STRING_MAP})},
             ),
             "priorityClassName": string(),
-            "priorityClasses": obj(
-                {
-                    "create": BOOLEAN,
-                    "serving": obj(
-                        {"name": KUBE_NAME, "value": integer(maximum=1000000000)},
-                    ),
-                    "training": obj(
-                        {
-                            "name": KUBE_NAME,
-                            "value": integer(maximum=1000000000),
-                            "preemptionPolicy": {"enum": ["Never", "PreemptLowerPriority"]},
-                        },
-                    ),
-                }
-            ),
-            "nats": obj(
-                {
-                    "existingSecret": string(),
-                    "secretKeys": obj({"url": string(minLength=1), "credentials": string()}),
-                    "url": string(pattern="^$|^(nats|tls|ws|wss)://"),
-                    "credentials": string(),
-                    "bundled": obj(
-                        {
-                            "enabled": BOOLEAN,
-                            "image": obj(
-                                {
-                                    "repository": string(minLength=1),
-                                    "tag": string(minLength=1),
-                                    "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
-                                }
-                            ),
-                            "port": PORT,
-                            "monitorPort": PORT,
-                            "mqtt": obj({"enabled": BOOLEAN, "port": PORT}),
-                            "jetstream": obj({"maxMemory": NATS_SIZE, "maxFile": NATS_SIZE}),
-                            "persistence": obj(
-                                {
-                                    "enabled": BOOLEAN,
-                                    "storageClassName": string(),
-                                    "size": string(pattern="^[0-9]+(\\.[0-9]+)?([KMGTPE]i?)?$"),
-                                    "whenDeleted": {"enum": ["Retain", "Delete"]},
-                                }
-                            ),
-                            "resources": RESOURCES,
-                            "nodeSelector": STRING_MAP,
-                            "tolerations": LIST_OF_OBJECTS,
-                        }
-                    ),
-                }
-            ),
+            "priorityClasses": PRIORITY_CLASSES,
+            "nats": NATS,
             **{service: service_schema(service) for service in SERVICES},
-            "reactions": obj(
-                {
-                    "enabled": BOOLEAN,
-                    "replicas": integer(minimum=0),
-                    "script": string(),
-                    "existingConfigMap": string(),
-                    "scriptKey": string(pattern="^[-._a-zA-Z0-9]+$"),
-                    "extraEnv": LIST_OF_OBJECTS,
-                    "resources": RESOURCES,
-                }
-            ),
+            "reactions": REACTIONS,
         },
     }
 
