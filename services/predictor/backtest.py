@@ -95,30 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
-    if args.family is not None:
-        if not args.family_days > 0:
-            parser.error("--family-days: expected a number of days > 0")
-        series = families.generate(
-            args.family,
-            seed=args.seed,
-            duration_s=args.family_days * 86400.0,
-            interval_s=args.family_interval,
-        )
-        trace = parse_trace(
-            families.to_csv(series).splitlines(), source=f"{args.family}#{args.seed}"
-        )
-    else:
-        try:
-            with args.trace.open(encoding="utf-8") as handle:
-                trace = parse_trace(handle, source=str(args.trace))
-        except OSError as error:
-            print(
-                f"tideshift backtest: --trace: cannot read {args.trace}: {error}", file=sys.stderr
-            )
-            return EXIT_USAGE
-        except (TraceError, UnicodeDecodeError) as error:
-            print(f"tideshift backtest: --trace: {error}", file=sys.stderr)
-            return EXIT_USAGE
+    trace = _load_trace(parser, args)
+    if trace is None:
+        return EXIT_USAGE
     if args.duration is not None:
         trace = trace.head(args.duration)
     try:
@@ -132,41 +111,76 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as error:
         print(f"tideshift backtest: --warmup/--horizon: {error}", file=sys.stderr)
         return EXIT_USAGE
+    scores, choices = _score(trace, plan, args.models, quiet=args.quiet)
+    if args.json:
+        print(json.dumps(_document(trace, scores, choices, horizon_s=args.horizon), indent=2))
+    else:
+        print(format_table(trace, plan, scores, horizon_s=args.horizon))
+    return 0
 
+
+def _load_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Trace | None:
+    """The family member or trace file asked for; None (reported) when it cannot be read."""
+    if args.family is not None:
+        if not args.family_days > 0:
+            parser.error("--family-days: expected a number of days > 0")
+        series = families.generate(
+            args.family,
+            seed=args.seed,
+            duration_s=args.family_days * 86400.0,
+            interval_s=args.family_interval,
+        )
+        return parse_trace(
+            families.to_csv(series).splitlines(), source=f"{args.family}#{args.seed}"
+        )
+    try:
+        with args.trace.open(encoding="utf-8") as handle:
+            return parse_trace(handle, source=str(args.trace))
+    except OSError as error:
+        print(f"tideshift backtest: --trace: cannot read {args.trace}: {error}", file=sys.stderr)
+    except (TraceError, UnicodeDecodeError) as error:
+        print(f"tideshift backtest: --trace: {error}", file=sys.stderr)
+    return None
+
+
+def _score(
+    trace: Trace, plan: BacktestPlan, models: Sequence[str], *, quiet: bool
+) -> tuple[dict[str, Score], dict[str, object]]:
+    """Each model's score on the plan, and what each portfolio chose."""
     scores: dict[str, Score] = {}
     choices: dict[str, object] = {}
-    for name in args.models:
-        reporter = None if args.quiet else _ProgressReporter(name)
+    for name in models:
+        reporter = None if quiet else _ProgressReporter(name)
         model = build_model(name)
         scores[name] = run_backtest(trace, model, plan, clock=time.perf_counter, progress=reporter)
         if isinstance(model, Portfolio):
             choices[name] = model.choices()
         if reporter is not None:
             reporter.finish(scores[name])
+    return scores, choices
 
-    if args.json:
-        document = {
-            "models": {
-                name: {
-                    "mape": score.mape,
-                    "smape": score.smape,
-                    "pinball_q95": score.pinball_q95,
-                    "under_rate_q95": score.under_rate_q95,
-                    "seconds": round(score.seconds, 3),
-                }
-                for name, score in scores.items()
-            },
-            "default": DEFAULT_MODEL,
-            # What each portfolio chose: member weights per step ahead at the end of the run
-            # and the share of forecast steps each member led.
-            "choices": choices,
-            "trace": trace.source,
-            "horizon_s": args.horizon,
-        }
-        print(json.dumps(document, indent=2))
-    else:
-        print(format_table(trace, plan, scores, horizon_s=args.horizon))
-    return 0
+
+def _document(
+    trace: Trace, scores: dict[str, Score], choices: dict[str, object], *, horizon_s: float
+) -> dict[str, object]:
+    return {
+        "models": {
+            name: {
+                "mape": score.mape,
+                "smape": score.smape,
+                "pinball_q95": score.pinball_q95,
+                "under_rate_q95": score.under_rate_q95,
+                "seconds": round(score.seconds, 3),
+            }
+            for name, score in scores.items()
+        },
+        "default": DEFAULT_MODEL,
+        # What each portfolio chose: member weights per step ahead at the end of the run and
+        # the share of forecast steps each member led.
+        "choices": choices,
+        "trace": trace.source,
+        "horizon_s": horizon_s,
+    }
 
 
 def format_table(

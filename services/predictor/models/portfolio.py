@@ -44,6 +44,7 @@ from tideshift.services.predictor.models.base import (
     make_forecast,
     regularize,
 )
+from tideshift.services.predictor.models.portfolio_errors import SortedErrors
 
 BuildMember = Callable[[str, Mapping[str, object]], Forecaster]
 
@@ -128,7 +129,7 @@ class Portfolio:
         self._ring = np.full((1, 1), np.nan)
         self._ring_points = np.full((1, 1), np.nan)
         self._ring_cursor = np.zeros(1, dtype=np.int64)
-        self._sorted: _SortedErrors | None = None
+        self._sorted: SortedErrors | None = None
         self._scores_since_sort = 0
         self._working_levels = np.tile(_LEVELS[:, None], (1, 1))
         self._cache: tuple[int, FloatArray, FloatArray] | None = None
@@ -384,23 +385,14 @@ class Portfolio:
         a bin with too few errors borrows the pooled ones.
         """
         if self._sorted is None or self._scores_since_sort >= _RESORT_EVERY:
-            self._sorted = _SortedErrors.of(self._ring, self._ring_points)
+            self._sorted = SortedErrors.of(self._ring, self._ring_points)
             self._scores_since_sort = 0
-        table = self._sorted
-        bins = np.searchsorted(table.edges, point) + 1  # 0 is the pooled table
-        counts = table.counts[bins, columns]
-        use_pooled = counts < self.config.min_calibration
-        bins = np.where(use_pooled, 0, bins)
-        counts = table.counts[bins, columns]
-        calibrated = counts >= self.config.min_calibration
-        levels = self._working_levels[:, columns]
-        positions = levels * np.maximum(counts - 1, 0)[None, :]
-        below = np.floor(positions).astype(np.int64)
-        above = np.minimum(below + 1, np.maximum(counts - 1, 0)[None, :])
-        low = table.ordered[bins[None, :], below, columns[None, :]]
-        high = table.ordered[bins[None, :], above, columns[None, :]]
-        spreads = np.where(calibrated[None, :], low + (high - low) * (positions - below), 0.0)
-        return spreads, calibrated
+        return self._sorted.spreads(
+            point,
+            columns,
+            levels=self._working_levels[:, columns],
+            min_calibration=self.config.min_calibration,
+        )
 
     def predict(self, horizon_steps: int) -> Forecast:
         if not self._members:
@@ -450,31 +442,3 @@ class Portfolio:
 
 # Sorting the error window is the costly part of calibrating: redo it after this many scores.
 _RESORT_EVERY = 12
-
-
-@dataclass(frozen=True)
-class _SortedErrors:
-    """The error window sorted per step: table 0 pools every error, tables 1.. hold the
-    errors whose forecast fell in each level bin; unfilled cells (NaN) sort last."""
-
-    edges: FloatArray
-    ordered: FloatArray  # [table, row, step]
-    counts: NDArray[np.int64]  # [table, step]
-
-    @classmethod
-    def of(cls, errors: FloatArray, points: FloatArray) -> _SortedErrors:
-        finite = np.isfinite(errors)
-        edges = (
-            np.quantile(points[finite], [0.5]) if finite.any() else np.zeros(0, dtype=np.float64)
-        )
-        membership = np.searchsorted(edges, np.where(finite, points, 0.0))
-        tables = [errors] + [
-            np.where(finite & (membership == index), errors, np.nan)
-            for index in range(edges.shape[0] + 1)
-        ]
-        stacked = np.stack(tables)
-        return cls(
-            edges=np.asarray(edges, dtype=np.float64),
-            ordered=np.sort(stacked, axis=1),
-            counts=np.sum(np.isfinite(stacked), axis=1).astype(np.int64),
-        )
