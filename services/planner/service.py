@@ -35,7 +35,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -64,9 +64,8 @@ from tideshift.events import (
     WorkloadChanged,
 )
 from tideshift.events.models import TargetDecision as EventTargetDecision
-from tideshift.services.common.bus import Bus, TypedKV
+from tideshift.services.common.bus import Bus, TypedKV, follow
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
-from tideshift.services.common.retry import fixed
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import parse_settings
 from tideshift.services.planner import policy as pol
@@ -84,9 +83,6 @@ SKIPPED = Counter("tideshift_planner_skipped_total", "Inputs skipped as unusable
 PLAN_SECONDS = Histogram("tideshift_planner_plan_seconds", "plan() duration")
 LEADER = Gauge("tideshift_planner_leader", "1 while this planner holds the lease")
 DEGRADED = Gauge("tideshift_planner_degraded", "1 while inputs are stale")
-
-# A subscription that broke (NATS gone, reconnecting) is made again after this wait.
-RESUBSCRIBE_RETRY = fixed(1.0)
 
 
 @dataclass
@@ -155,22 +151,23 @@ class Planner:
             self.changed.set()
 
     async def _follow(self, subject: BoundSubject[T], apply: Callable[[T, float], bool]) -> None:
-        while True:  # a broken subscription is re-made; the loop never ends on bad input
+        """Apply every event on `subject` until stopping; a broken subscription is made again
+        with the bus's backoff, and one odd event is counted and skipped."""
+
+        def handle(envelope: Envelope[T]) -> None:
             try:
-                stream: AsyncIterator[Envelope[T]] = self.bus.subscribe(
-                    subject, consumer=f"planner-{self.instance}"
-                )
-                async for envelope in stream:
-                    try:
-                        self._apply(apply, envelope.data)
-                    except Exception:  # one odd event must not stop the planner
-                        SKIPPED.labels(subject.subject.model.__name__).inc()
-                        log.exception("skipped an event on %s", subject.value)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.warning("subscription to %s failed (%s); re-subscribing", subject.value, error)
-                await asyncio.sleep(RESUBSCRIBE_RETRY.delay(1))
+                self._apply(apply, envelope.data)
+            except Exception:
+                SKIPPED.labels(subject.subject.model.__name__).inc()
+                raise  # `follow` logs it and goes on with the next event
+
+        await follow(
+            lambda: self.bus.subscribe(subject, consumer=f"planner-{self.instance}"),
+            handle,
+            clock=self.clock,
+            stopping=self.stopping,
+            name=f"planner subscription to {subject.value}",
+        )
 
     async def _bootstrap(self) -> None:
         """Read the watcher's snapshot once; live events that arrive meanwhile still apply."""
@@ -205,7 +202,7 @@ class Planner:
 
     async def _lead(self, lease: Any) -> None:
         interval = self.settings.lease_ttl_seconds / 3
-        while True:
+        while not self.stopping.is_set():
             try:
                 leading = await lease.try_acquire()
             except Exception as error:
@@ -219,7 +216,9 @@ class Planner:
                     self.sent.clear()  # re-derive what to send from fresh state
                     self.changed.set()
                 await self._announce()
-            await asyncio.sleep(interval)
+            # Wall seconds whatever the planner's clock: the lease's TTL runs in NATS.
+            if await wait_for_event(WALL_CLOCK, self.stopping, interval):
+                return
 
     async def _announce(self) -> None:
         mode: Literal["normal", "degraded", "passive"] = (
