@@ -12,6 +12,8 @@ it at once when it runs above what the last plan allowed for.
 When the source is down, slow, or answers with nothing usable, it keeps publishing the last
 good model's forecast marked stale, with its upper quantiles widened the longer the outage
 lasts; it logs once per outage and recovers by itself when data returns.
+This module does the I/O and the loops; what to keep, refit and widen is decided in
+`forecasting.py` (shared with `tideshift simulate`), the settings are in `settings.py`.
 """
 
 from __future__ import annotations
@@ -26,10 +28,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tideshift.events.models import (
     DemandObserved,
@@ -39,18 +40,13 @@ from tideshift.events.models import (
     WorkloadRef,
 )
 from tideshift.events.subjects import DEMAND_OBSERVED, FORECAST, WORKLOAD_CHANGED
+from tideshift.services.common.bus import follow
 from tideshift.services.common.clock import Clock, WallClock, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
-from tideshift.services.common.settings import ServiceSettings, parse_settings
-from tideshift.services.predictor.forecasting import (
-    REFIT_S,
-    STALE_AFTER_S,
-    STALE_WIDENING,
-    STALE_WIDENING_PER_HOUR,
-    Cadence,
-    WorkloadModel,
-)
-from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS, Forecast
+from tideshift.services.common.settings import parse_settings
+from tideshift.services.predictor.forecasting import WorkloadModel
+from tideshift.services.predictor.models import Forecast
+from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
 from tideshift.services.predictor.sources import (
     MetricSource,
     MetricSourceError,
@@ -61,7 +57,6 @@ from tideshift.services.predictor.sources import (
 
 log = logging.getLogger("tideshift.predictor")
 
-DEFAULT_QUERY = 'sum(rate(http_requests_total{app="$name"}[1m]))'
 
 FORECASTS = Counter(
     "tideshift_predictor_forecasts_total", "forecasts published", ["workload", "stale"]
@@ -76,109 +71,6 @@ OBSERVATIONS = Counter(
     ["workload", "outcome"],
 )
 STALE = Gauge("tideshift_predictor_stale", "1 while a workload's forecast is stale", ["workload"])
-
-
-class WorkloadQuery(BaseModel):
-    """One serving workload to forecast and the query that measures its demand."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    namespace: str = Field(min_length=1, max_length=253)
-    name: str = Field(min_length=1, max_length=253)
-    kind: str = Field(default="Deployment", min_length=1)
-    # PromQL giving requests per second; $name and $namespace are substituted. Empty = the
-    # service's query_template.
-    query: str = ""
-    # Registry model name; empty = the service's model.
-    model: str = ""
-    # Overrides of the model's config fields.
-    model_settings: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        if value and value not in MODELS:
-            raise ValueError(f"unknown model {value!r}; expected one of {', '.join(MODELS)}")
-        return value
-
-
-class PredictorSettings(ServiceSettings):
-    """Forecasts serving demand per workload from Prometheus and publishes it on NATS."""
-
-    metric_source: Literal["prometheus", "sim"] = Field(
-        default="prometheus", description="prometheus, or sim (a synthetic diurnal rate)"
-    )
-    prometheus_url: str = Field(default="http://127.0.0.1:9090", description="Prometheus base URL")
-    workloads: list[WorkloadQuery] = Field(
-        default_factory=list,
-        description='workloads to forecast, e.g. [{"namespace": "default", "name": "web"}]',
-    )
-    query_template: str = Field(
-        default=DEFAULT_QUERY,
-        description="PromQL for requests/s of a workload ($name, $namespace substituted)",
-    )
-    model: str = Field(default=DEFAULT_MODEL, description=f"model: {', '.join(MODELS)}")
-    step_seconds: float = Field(
-        default=60.0, gt=0, description="query resolution and forecast step (clock seconds)"
-    )
-    horizon_seconds: float = Field(
-        default=3600.0, gt=0, description="how far ahead each forecast reaches (clock seconds)"
-    )
-    history_seconds: float = Field(
-        default=14 * 86400.0, gt=0, description="history fitted on (clock seconds)"
-    )
-    refit_seconds: float = Field(
-        default=REFIT_S, gt=0, description="refit cadence; updates in between (clock seconds)"
-    )
-    refresh_seconds: float | None = Field(
-        default=None, gt=0, description="clock seconds between forecasts; unset = step_seconds"
-    )
-    observe_seconds: float = Field(
-        default=10.0,
-        ge=0,
-        description="clock seconds between observed-demand messages (safety net); 0 = off",
-    )
-    query_timeout_seconds: float = Field(
-        default=10.0, gt=0, description="a slower query counts as an outage"
-    )
-    stale_after_seconds: float = Field(
-        default=STALE_AFTER_S,
-        gt=0,
-        description="no new sample for this long (clock seconds) counts as an outage",
-    )
-    stale_widening: float = Field(
-        default=STALE_WIDENING, ge=0, description="stale upper quantiles x (1 + this) at once"
-    )
-    stale_widening_per_hour: float = Field(
-        default=STALE_WIDENING_PER_HOUR,
-        ge=0,
-        description="... plus this per hour of outage (capped at 2)",
-    )
-    snapshot_bucket: str = Field(
-        default="tideshift_cluster",
-        pattern=r"^[A-Za-z0-9_-]+$",
-        description="the watcher's snapshot bucket: announced workloads at start",
-    )
-    sim_peak_rps: float = Field(default=200.0, ge=0, description="sim source: daily peak")
-    sim_trough_rps: float = Field(default=40.0, ge=0, description="sim source: nightly trough")
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        if value not in MODELS:
-            raise ValueError(f"unknown model {value!r}; expected one of {', '.join(MODELS)}")
-        return value
-
-    def cadence(self) -> Cadence:
-        return Cadence(
-            step_s=self.step_seconds,
-            horizon_s=self.horizon_seconds,
-            history_s=self.history_seconds,
-            refit_s=self.refit_seconds,
-            stale_after_s=self.stale_after_seconds,
-            stale_widening=self.stale_widening,
-            stale_widening_per_hour=self.stale_widening_per_hour,
-        )
 
 
 @dataclass
@@ -426,17 +318,14 @@ class Fleet:
         self.start(_spec_of(event), announced=True)
 
     async def follow(self) -> None:
-        while True:  # a broken subscription is made again; bad events never end the loop
-            try:
-                async for envelope in self.context.bus.subscribe(
-                    WORKLOAD_CHANGED.filter(), consumer="predictor"
-                ):
-                    self.apply(envelope.data)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.warning("workload subscription failed (%s); subscribing again", error)
-                await asyncio.sleep(1.0)
+        """Apply the watcher's workload announcements until the service stops."""
+        await follow(
+            lambda: self.context.bus.subscribe(WORKLOAD_CHANGED.filter(), consumer="predictor"),
+            lambda envelope: self.apply(envelope.data),
+            clock=self.clock,
+            stopping=self.context.stopping,
+            name="workload announcements",
+        )
 
     async def bootstrap(self) -> None:
         """The workloads announced before this predictor started, from the snapshot."""

@@ -1,0 +1,123 @@
+"""The predictor's settings: which workloads it forecasts, from which source, with which model
+and cadence (`cadence()` hands the forecasting decisions theirs)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tideshift.services.common.settings import ServiceSettings
+from tideshift.services.predictor.forecasting import (
+    REFIT_S,
+    STALE_AFTER_S,
+    STALE_WIDENING,
+    STALE_WIDENING_PER_HOUR,
+    Cadence,
+)
+from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS
+
+DEFAULT_QUERY = 'sum(rate(http_requests_total{app="$name"}[1m]))'
+
+
+class WorkloadQuery(BaseModel):
+    """One serving workload to forecast and the query that measures its demand."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253)
+    kind: str = Field(default="Deployment", min_length=1)
+    # PromQL giving requests per second; $name and $namespace are substituted. Empty = the
+    # service's query_template.
+    query: str = ""
+    # Registry model name; empty = the service's model.
+    model: str = ""
+    # Overrides of the model's config fields.
+    model_settings: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value and value not in MODELS:
+            raise ValueError(f"unknown model {value!r}; expected one of {', '.join(MODELS)}")
+        return value
+
+
+class PredictorSettings(ServiceSettings):
+    """Forecasts serving demand per workload from Prometheus and publishes it on NATS."""
+
+    metric_source: Literal["prometheus", "sim"] = Field(
+        default="prometheus", description="prometheus, or sim (a synthetic diurnal rate)"
+    )
+    prometheus_url: str = Field(default="http://127.0.0.1:9090", description="Prometheus base URL")
+    workloads: list[WorkloadQuery] = Field(
+        default_factory=list,
+        description='workloads to forecast, e.g. [{"namespace": "default", "name": "web"}]',
+    )
+    query_template: str = Field(
+        default=DEFAULT_QUERY,
+        description="PromQL for requests/s of a workload ($name, $namespace substituted)",
+    )
+    model: str = Field(default=DEFAULT_MODEL, description=f"model: {', '.join(MODELS)}")
+    step_seconds: float = Field(
+        default=60.0, gt=0, description="query resolution and forecast step (clock seconds)"
+    )
+    horizon_seconds: float = Field(
+        default=3600.0, gt=0, description="how far ahead each forecast reaches (clock seconds)"
+    )
+    history_seconds: float = Field(
+        default=14 * 86400.0, gt=0, description="history fitted on (clock seconds)"
+    )
+    refit_seconds: float = Field(
+        default=REFIT_S, gt=0, description="refit cadence; updates in between (clock seconds)"
+    )
+    refresh_seconds: float | None = Field(
+        default=None, gt=0, description="clock seconds between forecasts; unset = step_seconds"
+    )
+    observe_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="clock seconds between observed-demand messages (safety net); 0 = off",
+    )
+    query_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="a slower query counts as an outage"
+    )
+    stale_after_seconds: float = Field(
+        default=STALE_AFTER_S,
+        gt=0,
+        description="no new sample for this long (clock seconds) counts as an outage",
+    )
+    stale_widening: float = Field(
+        default=STALE_WIDENING, ge=0, description="stale upper quantiles x (1 + this) at once"
+    )
+    stale_widening_per_hour: float = Field(
+        default=STALE_WIDENING_PER_HOUR,
+        ge=0,
+        description="... plus this per hour of outage (capped at 2)",
+    )
+    snapshot_bucket: str = Field(
+        default="tideshift_cluster",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="the watcher's snapshot bucket: announced workloads at start",
+    )
+    sim_peak_rps: float = Field(default=200.0, ge=0, description="sim source: daily peak")
+    sim_trough_rps: float = Field(default=40.0, ge=0, description="sim source: nightly trough")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in MODELS:
+            raise ValueError(f"unknown model {value!r}; expected one of {', '.join(MODELS)}")
+        return value
+
+    def cadence(self) -> Cadence:
+        return Cadence(
+            step_s=self.step_seconds,
+            horizon_s=self.horizon_seconds,
+            history_s=self.history_seconds,
+            refit_s=self.refit_seconds,
+            stale_after_s=self.stale_after_seconds,
+            stale_widening=self.stale_widening,
+            stale_widening_per_hour=self.stale_widening_per_hour,
+        )
