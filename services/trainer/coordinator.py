@@ -15,9 +15,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -27,12 +27,14 @@ from tideshift.events import (
     JOB_PROGRESS,
     SHARD_TASK,
     TRAINER_MEMBERSHIP,
+    Envelope,
     JobProgress,
     ShardTask,
     TrainerMembership,
 )
 from tideshift.events.tokens import decode_token, encode_token
-from tideshift.services.common.bus import Bus, Lease, RequestFailed, TypedKV
+from tideshift.services.common.bus import Bus, Lease, RequestFailed, TypedKV, follow
+from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.trainer.busport import (
@@ -44,7 +46,7 @@ from tideshift.services.trainer.busport import (
     queued_tasks,
 )
 from tideshift.services.trainer.dataset import resolve_shards
-from tideshift.services.trainer.jobs import read_spec, sleep_unless
+from tideshift.services.trainer.jobs import poll_until, read_spec
 from tideshift.services.trainer.jobspec import JobSpec, PersistedCoordinator
 from tideshift.services.trainer.layout import DEFAULT_MAX_PIECE_BYTES
 from tideshift.services.trainer.optim import OptimizerSpec
@@ -62,6 +64,7 @@ from tideshift.services.trainer.pserver_client import StatusClient
 log = logging.getLogger("tideshift.coordinator")
 PROGRESS_EVERY_SECONDS = 2.0
 WAIT_LOG_EVERY_SECONDS = 30.0
+LEASE_POLL_SECONDS = 1.0
 
 
 class CoordinatorSettings(ServiceSettings):
@@ -112,18 +115,27 @@ class Membership:
     """Live trainers from the expiring member keys; a key that vanishes without a `left`
     event is a crash."""
 
-    def __init__(self, bus: Bus, job: str) -> None:
+    def __init__(self, bus: Bus, job: str, clock: Clock) -> None:
         self.bus = bus
         self.job = job
+        self.clock = clock
         self.known: set[str] = set()
         self.left: set[str] = set()
 
-    async def listen(self) -> None:
-        async for envelope in self.bus.subscribe(
-            TRAINER_MEMBERSHIP.filter(job=self.job), consumer=f"coordinator-{self.job}"
-        ):
-            if envelope.data.change == "left":
-                self.left.add(envelope.data.trainer)
+    async def listen(self, stopping: asyncio.Event) -> None:
+        await follow(
+            lambda: self.bus.subscribe(
+                TRAINER_MEMBERSHIP.filter(job=self.job), consumer=f"coordinator-{self.job}"
+            ),
+            self._on_change,
+            clock=self.clock,
+            stopping=stopping,
+            name=f"job {self.job}: membership events",
+        )
+
+    def _on_change(self, envelope: Envelope[TrainerMembership]) -> None:
+        if envelope.data.change == "left":
+            self.left.add(envelope.data.trainer)
 
     async def refresh(self, members: TypedKV) -> int:
         """Publish `crashed` for trainers whose key expired; returns the live count."""
@@ -151,14 +163,17 @@ class Membership:
                     trainer=trainer,
                     change="crashed",
                     reason=f"no heartbeat for {MEMBER_TTL_SECONDS:.0f}s",
-                    at=datetime.now(UTC),
+                    at=utc_now(self.clock),
                 ),
             )
 
 
 class Coordinator:
-    def __init__(self, bus: Bus, spec: JobSpec, state: CoordinatorState, jobs: TypedKV) -> None:
+    def __init__(
+        self, bus: Bus, spec: JobSpec, state: CoordinatorState, jobs: TypedKV, clock: Clock
+    ) -> None:
         self.bus = bus
+        self.clock = clock
         self.spec = spec
         self.state = state
         self.jobs = jobs
@@ -187,7 +202,7 @@ class Coordinator:
         )
 
     async def publish(self, decision: Decision) -> None:
-        now = datetime.now(UTC)
+        now = utc_now(self.clock)
         for task in decision.publish:
             await self.bus.publish_durable(
                 SHARD_TASK.at(job=self.spec.job),
@@ -234,7 +249,7 @@ class Coordinator:
                     in_flight=self.in_flight,
                     redelivered=self.state.republished,
                     trainers=self.trainers,
-                    at=datetime.now(UTC),
+                    at=utc_now(self.clock),
                 ),
             )
 
@@ -289,68 +304,93 @@ async def _load_state(
     )
 
 
-async def _lead(lease: Lease, stopping: asyncio.Event, job: str) -> bool:
-    announced = False
-    while not stopping.is_set():
-        if await lease.try_acquire():
-            return True
-        if not announced:
-            log.info("job %s: another coordinator holds the lease; waiting", job)
-            announced = True
-        if await sleep_unless(stopping, 1.0):
-            break
-    return False
+async def _lead(lease: Lease, clock: Clock, stopping: asyncio.Event, job: str) -> bool:
+    """Whether this coordinator took the lease (False: stopped first)."""
+
+    async def held() -> bool | None:
+        return await lease.try_acquire() or None
+
+    acquired = await poll_until(
+        held,
+        clock=clock,
+        stopping=stopping,
+        every=LEASE_POLL_SECONDS,
+        waiting=f"job {job}: another coordinator holds the lease; waiting",
+    )
+    return bool(acquired)
 
 
-async def run(settings: CoordinatorSettings, context: ServiceContext) -> None:
+async def run(
+    settings: CoordinatorSettings, context: ServiceContext, *, clock: Clock = WALL_CLOCK
+) -> None:
+    """The service body; the clock is the wall clock unless a caller passes its own."""
     bus, stopping = context.bus, context.stopping
     lease = await bus.lease(
         f"coordinator.{encode_token(settings.job)}",
         holder=context.instance,
         ttl_seconds=settings.lease_seconds,
     )
-    if not await _lead(lease, stopping, settings.job):
+    if not await _lead(lease, clock, stopping, settings.job):
         return
     spec, jobs = await _prepare_spec(bus, settings)
     state = await _load_state(jobs, settings, spec.num_shards)
-    coordinator = Coordinator(bus, spec, state, jobs)
-    membership = Membership(bus, spec.job)
+    coordinator = Coordinator(bus, spec, state, jobs, clock)
+    membership = Membership(bus, spec.job, clock)
     members = await bus.kv(MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
-    listener = asyncio.create_task(membership.listen())
+    listener = asyncio.create_task(membership.listen(stopping))
     context.ready.set()
-    loop = asyncio.get_running_loop()
-    last_report = 0.0
-    last_wait_log = -WAIT_LOG_EVERY_SECONDS
     try:
-        while not stopping.is_set():
-            try:
-                if not await lease.try_acquire():
-                    log.warning("job %s: lost the coordinator lease; waiting for it", spec.job)
-                    if not await _lead(lease, stopping, spec.job):
-                        break
-                decision = await coordinator.tick()
-                coordinator.trainers = await membership.refresh(members)
-                if decision.finished:
-                    summary = await coordinator.summary()
-                    await coordinator.report()
-                    log.info("job %s: finished: %s", spec.job, summary)
-                    print(json.dumps(summary), flush=True)
-                    return
-                if decision.publish or loop.time() - last_report >= PROGRESS_EVERY_SECONDS:
-                    await coordinator.report()
-                    last_report = loop.time()
-            except RequestFailed as error:
-                if loop.time() - last_wait_log >= WAIT_LOG_EVERY_SECONDS:
-                    log.info("job %s: waiting for pservers: %s", spec.job, error)
-                    last_wait_log = loop.time()
-            except Exception as error:  # NATS hiccup: the next tick re-reads everything
-                log.warning("job %s: tick failed: %s", spec.job, error)
-            await sleep_unless(stopping, settings.tick_seconds)
+        await _coordinate(
+            coordinator, membership, members, lease, settings=settings, stopping=stopping
+        )
     finally:
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await listener
         await lease.release()
+
+
+async def _coordinate(
+    coordinator: Coordinator,
+    membership: Membership,
+    members: TypedKV,
+    lease: Lease,
+    *,
+    settings: CoordinatorSettings,
+    stopping: asyncio.Event,
+) -> None:
+    """Tick until the job finishes (its summary printed) or the service stops."""
+    clock, job = coordinator.clock, coordinator.spec.job
+    last_report = last_wait_log = -math.inf
+    while not stopping.is_set():
+        try:
+            if not await lease.try_acquire():
+                log.warning("job %s: lost the coordinator lease; waiting for it", job)
+                if not await _lead(lease, clock, stopping, job):
+                    return
+            decision = await coordinator.tick()
+            coordinator.trainers = await membership.refresh(members)
+            if decision.finished:
+                await _finish(coordinator)
+                return
+            if decision.publish or clock.now() - last_report >= PROGRESS_EVERY_SECONDS:
+                await coordinator.report()
+                last_report = clock.now()
+        except RequestFailed as error:
+            if clock.now() - last_wait_log >= WAIT_LOG_EVERY_SECONDS:
+                log.info("job %s: waiting for pservers: %s", job, error)
+                last_wait_log = clock.now()
+        except Exception as error:  # NATS hiccup: the next tick re-reads everything
+            log.warning("job %s: tick failed: %s", job, error)
+        await wait_for_event(clock, stopping, settings.tick_seconds)
+
+
+async def _finish(coordinator: Coordinator) -> None:
+    """Report the finished job and print its summary as the last stdout line."""
+    summary = await coordinator.summary()
+    await coordinator.report()
+    log.info("job %s: finished: %s", coordinator.spec.job, summary)
+    print(json.dumps(summary), flush=True)
 
 
 def main(argv: Sequence[str]) -> int:

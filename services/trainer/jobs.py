@@ -1,22 +1,49 @@
 """Finding a job's spec and model layout: pservers and trainers wait for the coordinator to
-publish the spec and for the first trainer to publish the layout."""
+publish the spec and for the first trainer to publish the layout; `poll_until` is how every
+trainer service waits for something another process publishes."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from tideshift.services.common.bus import Bus
+from tideshift.services.common.clock import Clock, wait_for_event
 from tideshift.services.trainer.busport import JOBS_BUCKET, job_key
 from tideshift.services.trainer.jobspec import JobSpec, StoredLayout
 from tideshift.services.trainer.layout import Layout, LayoutError, plan, specs_from_json
 
 log = logging.getLogger("tideshift.trainer")
+R = TypeVar("R")
 SPEC_POLL_SECONDS = 0.5
 LAYOUT_POLL_SECONDS = 0.2
+
+
+async def poll_until(
+    read: Callable[[], Awaitable[R | None]],
+    *,
+    clock: Clock,
+    stopping: asyncio.Event,
+    every: float,
+    waiting: str,
+) -> R | None:
+    """`read()`'s first answer that is not None, asking every `every` seconds of `clock`
+    time; None once `stopping` is set. Logs `waiting` once, when the first answer is None."""
+    announced = False
+    while not stopping.is_set():
+        found = await read()
+        if found is not None:
+            return found
+        if not announced:
+            log.info("%s", waiting)
+            announced = True
+        if await wait_for_event(clock, stopping, every):
+            break
+    return None
 
 
 async def read_spec(bus: Bus, job: str) -> JobSpec | None:
@@ -28,26 +55,17 @@ async def read_spec(bus: Bus, job: str) -> JobSpec | None:
         return None
 
 
-async def wait_for_spec(bus: Bus, job: str, stopping: asyncio.Event) -> JobSpec | None:
+async def wait_for_spec(
+    bus: Bus, job: str, *, clock: Clock, stopping: asyncio.Event
+) -> JobSpec | None:
     """The job's spec once the coordinator wrote it, or None if stopped first."""
-    announced = False
-    while not stopping.is_set():
-        spec = await read_spec(bus, job)
-        if spec is not None:
-            return spec
-        if not announced:
-            log.info("job %s: waiting for its coordinator to publish the job spec", job)
-            announced = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), SPEC_POLL_SECONDS)
-    return None
-
-
-async def sleep_unless(stopping: asyncio.Event, seconds: float) -> bool:
-    """Sleep up to `seconds`; True if `stopping` was set meanwhile."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), seconds)
-    return stopping.is_set()
+    return await poll_until(
+        lambda: read_spec(bus, job),
+        clock=clock,
+        stopping=stopping,
+        every=SPEC_POLL_SECONDS,
+        waiting=f"job {job}: waiting for its coordinator to publish the job spec",
+    )
 
 
 async def read_layout(bus: Bus, spec: JobSpec) -> Layout | None:
@@ -65,16 +83,14 @@ async def read_layout(bus: Bus, spec: JobSpec) -> Layout | None:
         return None
 
 
-async def wait_for_layout(bus: Bus, spec: JobSpec, stopping: asyncio.Event) -> Layout | None:
+async def wait_for_layout(
+    bus: Bus, spec: JobSpec, *, clock: Clock, stopping: asyncio.Event
+) -> Layout | None:
     """The model's layout once the first trainer wrote it, or None if stopped first."""
-    announced = False
-    while not stopping.is_set():
-        layout = await read_layout(bus, spec)
-        if layout is not None:
-            return layout
-        if not announced:
-            log.info("job %s: waiting for a trainer to initialise the model", spec.job)
-            announced = True
-        if await sleep_unless(stopping, LAYOUT_POLL_SECONDS):
-            break
-    return None
+    return await poll_until(
+        lambda: read_layout(bus, spec),
+        clock=clock,
+        stopping=stopping,
+        every=LAYOUT_POLL_SECONDS,
+        waiting=f"job {spec.job}: waiting for a trainer to initialise the model",
+    )

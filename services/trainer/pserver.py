@@ -24,6 +24,7 @@ from pydantic import Field
 
 from tideshift.events.tokens import encode_token
 from tideshift.services.common.bus import Bus, Lease
+from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.trainer.busport import (
@@ -33,7 +34,7 @@ from tideshift.services.trainer.busport import (
     store_object,
 )
 from tideshift.services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
-from tideshift.services.trainer.jobs import sleep_unless, wait_for_layout, wait_for_spec
+from tideshift.services.trainer.jobs import poll_until, wait_for_layout, wait_for_spec
 from tideshift.services.trainer.jobspec import JobSpec
 from tideshift.services.trainer.layout import Layout
 from tideshift.services.trainer.messages import pack_pieces, unpack_pieces, unpack_push_part
@@ -293,21 +294,28 @@ async def _holds(lease: Lease, what: str) -> bool | None:
         return None
 
 
-async def _acquire(lease: Lease, context: ServiceContext, what: str) -> bool:
-    announced = False
-    while not context.stopping.is_set():
-        if await _holds(lease, what):
-            return True
-        if not announced:
-            log.info("%s: another pserver holds the lease; standing by", what)
-            announced = True
-        if await sleep_unless(context.stopping, lease.ttl_seconds / 5):
-            break
-    return False
+async def _acquire(lease: Lease, context: ServiceContext, clock: Clock, what: str) -> bool:
+    """Whether this pserver took the lease (False: stopped first)."""
+
+    async def held() -> bool | None:
+        return await _holds(lease, what) or None
+
+    acquired = await poll_until(
+        held,
+        clock=clock,
+        stopping=context.stopping,
+        every=lease.ttl_seconds / 5,
+        waiting=f"{what}: another pserver holds the lease; standing by",
+    )
+    return bool(acquired)
 
 
 async def _serve_while_leading(
-    server: ParameterServer, lease: Lease, settings: PServerSettings, context: ServiceContext
+    server: ParameterServer,
+    lease: Lease,
+    settings: PServerSettings,
+    context: ServiceContext,
+    clock: Clock,
 ) -> bool:
     """Serve until stopping (True) or until the lease is lost (False)."""
     bus, job, index = context.bus, server.spec.job, server.index
@@ -320,20 +328,20 @@ async def _serve_while_leading(
     context.ready.set()
     log.info("job %s: pserver %d serving %d pieces", job, index, len(server.state.owned()))
     tick = min(settings.checkpoint_seconds, settings.lease_seconds / 3)
-    last_checkpoint = time.monotonic()
+    last_checkpoint = clock.now()
     leading = True
     try:
-        while not await sleep_unless(context.stopping, tick):
+        while not await wait_for_event(clock, context.stopping, tick):
             if await _holds(lease, f"job {job} pserver {index}") is False:
                 log.error("job %s: pserver %d lost its lease; standing down", job, index)
                 leading = False
                 return False
-            if time.monotonic() - last_checkpoint >= settings.checkpoint_seconds:
+            if clock.now() - last_checkpoint >= settings.checkpoint_seconds:
                 try:
                     await server.checkpoint()
                 except Exception as error:  # a failed checkpoint is retried next time
                     log.warning("job %s: checkpoint failed: %s", job, error)
-                last_checkpoint = time.monotonic()
+                last_checkpoint = clock.now()
         return True
     finally:
         server.accepting = False
@@ -345,16 +353,19 @@ async def _serve_while_leading(
             await lease.release()
 
 
-async def run(settings: PServerSettings, context: ServiceContext) -> None:
-    bus = context.bus
-    spec = await wait_for_spec(bus, settings.job, context.stopping)
+async def run(
+    settings: PServerSettings, context: ServiceContext, *, clock: Clock = WALL_CLOCK
+) -> None:
+    """The service body; the demo passes its simulated clock."""
+    bus, stopping = context.bus, context.stopping
+    spec = await wait_for_spec(bus, settings.job, clock=clock, stopping=stopping)
     if spec is None:
         return
     if settings.index >= spec.pservers:
         raise ValueError(
             f"--index {settings.index} out of range: job {spec.job} has {spec.pservers} pservers"
         )
-    layout = await wait_for_layout(bus, spec, context.stopping)
+    layout = await wait_for_layout(bus, spec, clock=clock, stopping=stopping)
     if layout is None:
         return
     what = f"job {spec.job} pserver {settings.index}"
@@ -363,10 +374,10 @@ async def run(settings: PServerSettings, context: ServiceContext) -> None:
         holder=context.instance,
         ttl_seconds=settings.lease_seconds,
     )
-    while await _acquire(lease, context, what):
+    while await _acquire(lease, context, clock, what):
         server = ParameterServer(bus, spec, await restore(bus, spec, layout, settings.index))
         VERSION.set(server.state.ledger.applied_batches)
-        if await _serve_while_leading(server, lease, settings, context):
+        if await _serve_while_leading(server, lease, settings, context, clock):
             break
     log.info("%s stopped", what)
 

@@ -27,17 +27,17 @@ import signal
 import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from prometheus_client import Counter
+from tenacity import RetryCallState
 
 from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask, TrainerMembership
 from tideshift.events.tokens import encode_token
 from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery, RequestFailed
+from tideshift.services.common.clock import WALL_CLOCK, utc_now, wait_for_event
+from tideshift.services.common.retry import Stopped, exponential, retrying_async
 from tideshift.services.trainer.busport import (
     JOBS_BUCKET,
     MEMBER_TTL_SECONDS,
@@ -46,7 +46,7 @@ from tideshift.services.trainer.busport import (
     member_key,
     task_durable,
 )
-from tideshift.services.trainer.jobs import read_layout, read_spec
+from tideshift.services.trainer.jobs import poll_until, read_layout, read_spec
 from tideshift.services.trainer.jobspec import (
     JobSpec,
     MemberBeat,
@@ -54,17 +54,15 @@ from tideshift.services.trainer.jobspec import (
     StoredLayout,
 )
 from tideshift.services.trainer.layout import Layout, NamedArrays, check_state, describe, plan
-from tideshift.services.trainer.pserver_client import Gradient, PServerClient, PushReply
-from tideshift.services.trainer.pserver_state import MAX_OPEN_EPOCHS
+from tideshift.services.trainer.pserver_client import PServerClient
+from tideshift.services.trainer.task import BATCHES, Task
 
 log = logging.getLogger("tideshift.trainer")
 R = TypeVar("R")
-B = TypeVar("B")
 
-BATCHES = Counter("tideshift_trainer_batches_total", "Batches pushed by outcome", ["outcome"])
-SAMPLES = Counter("tideshift_trainer_samples_total", "Samples whose gradient was applied")
 POLL_SECONDS = 0.2
-RETRY_MAX_SECONDS = 1.0
+# A pserver restarting: ask again soon, then less often (it may take a few seconds).
+PSERVER_RETRY = exponential(initial=0.05, maximum=1.0)
 
 
 class JobStopped(RuntimeError):
@@ -203,7 +201,7 @@ class ElasticJob:
                     continue  # re-read: the stored layout is the one everybody uses
                 with contextlib.suppress(RequestFailed):
                     await PServerClient(self.bus, self.spec, layout).initialise(arrays)
-            await asyncio.sleep(POLL_SECONDS)
+            await WALL_CLOCK.sleep(POLL_SECONDS)
 
     def _require_client(self) -> PServerClient:
         if self.client is None:
@@ -215,17 +213,32 @@ class ElasticJob:
         client = self._require_client()
         return self._loop.run(self._retry(client.pull))
 
-    async def _retry(self, attempt: Callable[[], Coroutine[Any, Any, R]]) -> R:
-        delay = 0.05
-        while True:
-            try:
-                return await attempt()
-            except RequestFailed as error:
-                if self._past_grace():
-                    raise JobStopped(f"gave up after the grace period: {error}") from error
-                log.debug("job %s: retrying: %s", self.spec.job, error)
-                await asyncio.sleep(delay)
-                delay = min(RETRY_MAX_SECONDS, delay * 2)
+    async def _retry(self, attempt: Callable[[], Awaitable[R]]) -> R:
+        """`attempt()` until a pserver answers; JobStopped past the grace period or on close."""
+
+        def log_retry(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            log.debug("job %s: retrying: %s", self.spec.job, error)
+
+        retrying = retrying_async(
+            PSERVER_RETRY,
+            clock=WALL_CLOCK,
+            stopping=self._beat_stop,
+            retry_on=RequestFailed,
+            before_sleep=log_retry,
+            give_up=self._past_grace,
+        )
+
+        async def once() -> R:  # tenacity awaits only `async def` functions, not lambdas
+            return await attempt()
+
+        try:
+            result: R = await retrying(once)
+        except RequestFailed as error:
+            raise JobStopped(f"gave up after the grace period: {error}") from error
+        except Stopped as stopped:
+            raise JobStopped("the trainer left the job") from stopped
+        return result
 
     # -- tasks -------------------------------------------------------------------------------
 
@@ -301,7 +314,7 @@ class ElasticJob:
                     trainer=self.trainer,
                     change=change,
                     reason=reason,
-                    at=datetime.now(UTC),
+                    at=utc_now(WALL_CLOCK),
                 ),
             )
 
@@ -314,13 +327,12 @@ class ElasticJob:
         members = await self.bus.kv(MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
         key = member_key(self.spec.job, self.trainer)
         while not self._beat_stop.is_set():
-            beat = MemberBeat(job=self.spec.job, trainer=self.trainer, at=datetime.now(UTC))
+            beat = MemberBeat(job=self.spec.job, trainer=self.trainer, at=utc_now(WALL_CLOCK))
             try:
                 await members.put(key, beat)
             except Exception as error:
                 log.warning("job %s: member heartbeat failed: %s", self.spec.job, error)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._beat_stop.wait(), MEMBER_TTL_SECONDS / 3)
+            await wait_for_event(WALL_CLOCK, self._beat_stop, MEMBER_TTL_SECONDS / 3)
 
     def close(self) -> None:
         """Leave the job: announce it, drop the member key, close the bus."""
@@ -352,184 +364,24 @@ class ElasticJob:
         self.close()
 
 
-class Task:
-    """One shard of one epoch, held by this trainer until settled (acked or handed back)."""
-
-    def __init__(self, job: ElasticJob, delivery: Delivery[ShardTask]) -> None:
-        self.job = job
-        self.delivery = delivery
-        self.epoch = delivery.event.data.epoch
-        self.shard = delivery.event.data.shard
-        self.location = job.spec.shards[self.shard]
-        self.batch: int | None = None  # index of the batch being trained
-        self.last = False
-        self.pushed = True
-        self.complete = False
-        # A pserver is behind this shard's position (it restored an older checkpoint): the
-        # shard goes back to the queue and resumes at the first batch every pserver lacks.
-        self.resume = False
-        # Why no pserver would ever take this task (an epoch beyond the open ones): it is
-        # terminated, never handed back for every trainer to fail on in turn.
-        self.refused: str | None = None
-        self._heartbeat = job._loop.run(self._start_heartbeat())
-        log.info(
-            "job %s: training epoch %d shard %d (delivery %d)",
-            job.spec.job,
-            self.epoch,
-            self.shard,
-            delivery.num_delivered,
-        )
-
-    async def _start_heartbeat(self) -> asyncio.Task[None]:
-        return asyncio.create_task(self._keep_alive())
-
-    async def _keep_alive(self) -> None:
-        every = max(0.2, self.job.spec.ack_wait_seconds / 3)
-        while True:
-            await asyncio.sleep(every)
-            with contextlib.suppress(Exception):  # a missed heartbeat only risks a redelivery
-                await self.delivery.in_progress()
-
-    def pull(self) -> dict[str, np.ndarray]:
-        """The current parameters, as named arrays."""
-        return self.job.pull()
-
-    def _start(self) -> int:
-        """The first batch not yet applied on every pserver, or -1 if the shard is done."""
-        client = self.job._require_client()
-        statuses = self.job._loop.run(
-            self.job._retry(lambda: client.status(position=(self.epoch, self.shard)))
-        )
-        beyond = [s.index for s in statuses if self.epoch >= s.watermark + MAX_OPEN_EPOCHS]
-        if beyond:
-            self.refused = (
-                f"epoch {self.epoch} is beyond the epochs pservers {beyond} accept "
-                f"(watermark + {MAX_OPEN_EPOCHS})"
-            )
-            return -1
-        open_positions = [status.next_batch for status in statuses if not status.finished]
-        return min(open_positions) if open_positions else -1
-
-    def batches(self, read_shard: Callable[[str], Iterable[B]]) -> Iterator[B]:
-        """The shard's batches from its first unapplied one; push each before the next.
-
-        `read_shard(location)` is the user's reader for one shard location of the job spec.
-        Stops early (handing the rest back) when the trainer is asked to stop.
-        """
-        start = self._start()
-        if start > 0:
-            log.info("job %s: shard %d resumes at batch %d", self.job.spec.job, self.shard, start)
-        if start < 0:
-            self.complete = self.refused is None
-            return
-        iterator = iter(read_shard(self.location))
-        for _ in range(start):
-            if next(iterator, _END) is _END:
-                raise ValueError(
-                    f"{self.location}: has fewer than {start} batches, yet they were applied; "
-                    "did the shard change?"
-                )
-        current = next(iterator, _END)
-        if current is _END:  # an empty shard: finish it with an empty batch
-            self.batch, self.last, self.pushed = start, True, False
-            self.push({}, samples=0)
-            return
-        index = start
-        while current is not _END and not self.job.stopping and not self.resume:
-            following = next(iterator, _END)
-            self.batch, self.last, self.pushed = index, following is _END, False
-            yield current
-            if not self.pushed:
-                raise RuntimeError(f"batch {index} of shard {self.shard} was not pushed")
-            current, index = following, index + 1
-
-    def push(self, gradients: Mapping[str, Gradient], *, samples: int) -> str:
-        """Send this batch's gradients (dense arrays or `(indices, rows)`) once.
-
-        Returns "applied", "duplicate" (another trainer applied this batch first) or
-        "rejected" (a pserver restarted behind this shard: the shard is handed back and
-        `batches()` ends). Raises ValueError when the gradients do not fit the model.
-        """
-        if self.batch is None or self.pushed:
-            raise RuntimeError("push() once per batch, inside task.batches()")
-        client = self.job._require_client()
-        batch, last = self.batch, self.last
-        push_id = f"{encode_token(self.job.trainer)}/{uuid.uuid4().hex[:12]}"
-        replies: list[PushReply] = self.job._loop.run(
-            self.job._retry(
-                lambda: client.push(
-                    gradients,
-                    push_id=push_id,
-                    epoch=self.epoch,
-                    shard=self.shard,
-                    batch=batch,
-                    last=last,
-                )
-            )
-        )
-        self.pushed = True
-        outcomes = {reply.outcome for reply in replies}
-        if "rejected" in outcomes:
-            behind = [r for r in replies if r.outcome == "rejected" and r.next_batch < batch]
-            reasons = "; ".join(f"pserver {r.index}: {r.reason}" for r in replies if r.reason)
-            BATCHES.labels("rejected").inc()
-            if behind:
-                log.warning("job %s: resuming shard %d: %s", self.job.spec.job, self.shard, reasons)
-                self.resume = True
-                return "rejected"
-            raise ValueError(f"batch {batch} of shard {self.shard} rejected: {reasons}")
-        outcome = "applied" if "applied" in outcomes else "duplicate"
-        BATCHES.labels(outcome).inc()
-        if outcome == "applied":
-            if not self.job.applied_batches:
-                log.info(
-                    "job %s: trainer %s applied its first batch",
-                    self.job.spec.job,
-                    self.job.trainer,
-                )
-            SAMPLES.inc(samples)
-            self.job.applied_batches += 1
-            self.job.applied_samples += samples
-        if last:
-            self.complete = True
-        return outcome
-
-    async def _settle(self) -> None:
-        self._heartbeat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._heartbeat
-        try:
-            if self.refused is not None:
-                log.error("job %s: terminating a task: %s", self.job.spec.job, self.refused)
-                BATCHES.labels("poison").inc()
-                await self.delivery.term()
-            elif self.complete:
-                await self.delivery.ack()
-            else:
-                log.info(
-                    "job %s: handing back epoch %d shard %d after batch %s",
-                    self.job.spec.job,
-                    self.epoch,
-                    self.shard,
-                    "none" if self.batch is None else self.batch,
-                )
-                await self.delivery.nak()  # another trainer resumes at the first unapplied batch
-        except Exception as error:  # the queue redelivers after the ack wait instead
-            log.warning(
-                "job %s: could not settle shard %d: %s", self.job.spec.job, self.shard, error
-            )
-
-
-_END: Any = object()
-
-
 async def _wait_for(
     read: Callable[[], Coroutine[Any, Any, R | None]], timeout: float, what: str
 ) -> R:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await read()
-        if value is not None:
-            return value
-        await asyncio.sleep(POLL_SECONDS)
-    raise TimeoutError(f"{what}: nothing published within {timeout:.0f}s (is its coordinator up?)")
+    """`read()`'s first answer that is not None; TimeoutError after `timeout` seconds."""
+    # Nothing stops a trainer before it joined but this timeout.
+    polling = poll_until(
+        read,
+        clock=WALL_CLOCK,
+        stopping=asyncio.Event(),
+        every=POLL_SECONDS,
+        waiting=f"{what}: waiting for its coordinator to publish the job spec",
+    )
+    try:
+        found = await asyncio.wait_for(polling, timeout)
+    except TimeoutError:
+        found = None
+    if found is None:
+        raise TimeoutError(
+            f"{what}: nothing published within {timeout:.0f}s (is its coordinator up?)"
+        )
+    return found
