@@ -40,11 +40,9 @@ def resolve_cluster(kubeconfig: str | None) -> ClusterAccess:
         ClusterOptions,
         ClusterStartError,
         LocalCluster,
-        default_nodes,
-        load_state,
-        record_alive,
-        state_processes,
     )
+    from tideshift.services.devcluster.nodes import default_nodes
+    from tideshift.services.devcluster.processes import load_state, record_alive, state_processes
     from tideshift.services.devcluster.versions import (
         MissingBinariesError,
         cache_root,
