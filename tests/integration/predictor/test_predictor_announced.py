@@ -17,13 +17,8 @@ from tideshift.events import (
 )
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.runtime import ServiceContext
-from tideshift.services.predictor.service import (
-    Fleet,
-    PredictorSettings,
-    WallClock,
-    WorkloadQuery,
-    build_source,
-)
+from tideshift.services.predictor.service import Fleet, WallClock, build_source
+from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
 
 
 def announced(ref: WorkloadRef, change: str = "added", query: str = "") -> WorkloadChanged:

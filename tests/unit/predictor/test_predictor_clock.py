@@ -11,7 +11,8 @@ from typing import Any
 from tideshift.events.models import DemandObserved, ForecastIssued
 from tideshift.services.common.runtime import ServiceContext
 from tideshift.services.demo.clock import SimClock
-from tideshift.services.predictor.service import Fleet, PredictorSettings, WorkloadQuery
+from tideshift.services.predictor.service import Fleet
+from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
 from tideshift.services.predictor.sources import SimMetricSource
 
 START = 1_767_571_200.0  # 2026-01-05 00:00 UTC

@@ -9,11 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from tideshift.services.predictor.service import (
-    PredictorSettings,
-    WorkloadForecaster,
-    WorkloadQuery,
-)
+from tideshift.services.predictor.service import WorkloadForecaster
+from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
 from tideshift.services.predictor.sources import (
     MetricSourceError,
     Samples,

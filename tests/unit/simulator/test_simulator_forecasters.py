@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tideshift.services.predictor.service import PredictorSettings, WorkloadForecaster
+from tideshift.services.predictor.service import WorkloadForecaster
+from tideshift.services.predictor.settings import PredictorSettings
 from tideshift.services.predictor.sources import SimMetricSource
 from tideshift.services.simulator.forecasters import ModelForecaster
 
