@@ -12,6 +12,7 @@ is built on it). Imports no service.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +63,17 @@ def fixed(seconds: float) -> Backoff:
     return Backoff(initial=seconds, maximum=seconds, factor=1.0)
 
 
+def log_retries(logger: logging.Logger, what: str, *, level: int = logging.WARNING) -> BeforeSleep:
+    """A `before_sleep` that logs "`what` failed (the error); again in N s" at `level`."""
+
+    def before_sleep(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        logger.log(level, "%s failed (%s); again in %.1fs", what, error, wait)
+
+    return before_sleep
+
+
 def retrying_async(
     policy: Backoff,
     *,
@@ -75,11 +87,13 @@ def retrying_async(
     returns, retrying `retry_on` errors after the policy's waits (in `clock` time).
 
     Raises `Stopped` once `stopping` is set during a wait; re-raises the last error when
-    `give_up()` says so after a failure, and any other error at once. For example:
+    `give_up()` says so after a failure, and any other error at once. `attempt` must be an
+    `async def` function: tenacity calls anything else synchronously, so a lambda's
+    coroutine would come back unawaited. For example:
 
         retrying = retrying_async(
             exponential(initial=0.5, maximum=30), clock=clock, stopping=stopping,
-            retry_on=ConnectionError,
+            retry_on=ConnectionError, before_sleep=log_retries(log, "starting the watcher"),
         )
         try:
             watcher = await retrying(start_watcher)

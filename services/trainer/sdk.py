@@ -31,13 +31,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from tenacity import RetryCallState
 
 from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask, TrainerMembership
 from tideshift.events.tokens import encode_token
 from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery, RequestFailed
 from tideshift.services.common.clock import WALL_CLOCK, utc_now, wait_for_event
-from tideshift.services.common.retry import Stopped, exponential, retrying_async
+from tideshift.services.common.retry import Stopped, exponential, log_retries, retrying_async
 from tideshift.services.trainer.busport import (
     JOBS_BUCKET,
     MEMBER_TTL_SECONDS,
@@ -216,16 +215,14 @@ class ElasticJob:
     async def _retry(self, attempt: Callable[[], Awaitable[R]]) -> R:
         """`attempt()` until a pserver answers; JobStopped past the grace period or on close."""
 
-        def log_retry(state: RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome is not None else None
-            log.debug("job %s: retrying: %s", self.spec.job, error)
-
         retrying = retrying_async(
             PSERVER_RETRY,
             clock=WALL_CLOCK,
             stopping=self._beat_stop,
             retry_on=RequestFailed,
-            before_sleep=log_retry,
+            before_sleep=log_retries(
+                log, f"job {self.spec.job}: a pserver request", level=logging.DEBUG
+            ),
             give_up=self._past_grace,
         )
 

@@ -9,13 +9,16 @@ import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import partial
 from typing import Any, TypeVar
 
-from tenacity import RetryCallState
-
 from tideshift.services.common.clock import Clock
-from tideshift.services.common.retry import Backoff, Stopped, exponential, retrying_async
+from tideshift.services.common.retry import (
+    Backoff,
+    Stopped,
+    exponential,
+    log_retries,
+    retrying_async,
+)
 
 log = logging.getLogger("tideshift.bus")
 T = TypeVar("T")
@@ -64,7 +67,7 @@ async def follow(
         clock=clock,
         stopping=stopping,
         retry_on=Exception,
-        before_sleep=partial(_log_retry, name),
+        before_sleep=log_retries(log, name),
     )
     with contextlib.suppress(Stopped):
         while not stopping.is_set():
@@ -130,9 +133,3 @@ async def _handle_one(handle: Handle[T], item: T, name: str) -> None:
             await result
     except Exception:
         log.exception("%s: skipped an item its handler failed on", name)
-
-
-def _log_retry(name: str, state: RetryCallState) -> None:
-    error = state.outcome.exception() if state.outcome is not None else None
-    wait = state.next_action.sleep if state.next_action is not None else 0.0
-    log.warning("%s failed (%s); following again in %.1fs", name, error, wait)

@@ -4,12 +4,20 @@ time and stops when told to."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
 from tests.unit.common.fake_clock import RecordingClock
 from tideshift.services.common.clock import wait_for_event
-from tideshift.services.common.retry import Backoff, Stopped, exponential, fixed, retrying_async
+from tideshift.services.common.retry import (
+    Backoff,
+    Stopped,
+    exponential,
+    fixed,
+    log_retries,
+    retrying_async,
+)
 
 
 def test_exponential_doubles_up_to_its_cap() -> None:
@@ -110,3 +118,26 @@ async def test_wait_for_event_returns_whether_the_event_came() -> None:
     event.set()
     assert await wait_for_event(clock, event, 5.0)
     assert clock.sleeps == [5.0]  # already set: no wait at all
+
+
+async def test_log_retries_names_the_error_and_the_wait(caplog: pytest.LogCaptureFixture) -> None:
+    calls = 0
+
+    async def attempt() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("refused")
+
+    retrying = retrying_async(
+        fixed(1.5),
+        clock=RecordingClock(),
+        stopping=asyncio.Event(),
+        retry_on=ConnectionError,
+        before_sleep=log_retries(logging.getLogger("test.retry"), "connecting"),
+    )
+    with caplog.at_level(logging.WARNING, logger="test.retry"):
+        await retrying(attempt)
+    assert [record.message for record in caplog.records] == [
+        "connecting failed (refused); again in 1.5s"
+    ]
