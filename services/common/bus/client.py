@@ -50,6 +50,7 @@ REJECTED = Counter(
     "tideshift_bus_rejected_total", "Messages rejected and dead-lettered", ["consumer", "kind"]
 )
 DEAD_LETTER_PAYLOAD_CHARS = 1024
+RECONNECT_POLL_SECONDS = 0.2
 
 
 @dataclass
@@ -281,7 +282,11 @@ class Bus:
                 except (TimeoutError, nats.errors.TimeoutError):
                     continue
                 except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
-                    await asyncio.sleep(0.2)
+                    # Reconnecting: the client never gives up and the pull subscription
+                    # survives it, so fetch again shortly rather than fail the caller's
+                    # `follow` into backoff. Closed: only `close()` does that, and the
+                    # caller is stopping.
+                    await asyncio.sleep(RECONNECT_POLL_SECONDS)
                     continue
                 for msg in messages:
                     try:
