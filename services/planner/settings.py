@@ -9,14 +9,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tideshift.events import PINS_BUCKET
+from tideshift.events import PINS_BUCKET, SNAPSHOT_BUCKET
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.common.settings import ServiceSettings
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES
 from tideshift.services.planner.state import DEFAULT_COMPANION_MARKERS, StateConfig
-
-SNAPSHOT_BUCKET = "tideshift_cluster"  # the watcher's bucket (services/watcher/snapshot.py)
 
 _POLICY_FIELDS = {spec.name: spec for spec in fields(pol.PolicyConfig)}
 # PolicyConfig's nested config, exposed flat as `overcommit_margin` (OvercommitConfig's field).

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from tideshift.events import SHARD_TASK
+from tideshift.events import SHARD_TASK, TRAINER_CHECKPOINTS_BUCKET
 from tideshift.events.subjects import PSERVER_RPC
 from tideshift.events.tokens import encode_token
 from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus
 
 PServerOp = Literal["init", "params", "push", "status"]
-JOBS_BUCKET = "tideshift_trainer_jobs"  # job spec and coordinator state per job
-MEMBERS_BUCKET = "tideshift_trainer_members"  # one key per live trainer, expiring
-CHECKPOINT_BUCKET = "tideshift_trainer_checkpoints"
 MEMBER_TTL_SECONDS = 6.0
 
 
@@ -47,8 +44,8 @@ async def queued_tasks(bus: Bus, job: str) -> int:
 
 
 async def load_object(bus: Bus, name: str) -> bytes | None:
-    return await bus.get_object(CHECKPOINT_BUCKET, name)
+    return await bus.get_object(TRAINER_CHECKPOINTS_BUCKET, name)
 
 
 async def store_object(bus: Bus, name: str, data: bytes) -> None:
-    await bus.put_object(CHECKPOINT_BUCKET, name, data)
+    await bus.put_object(TRAINER_CHECKPOINTS_BUCKET, name, data)

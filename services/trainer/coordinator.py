@@ -26,6 +26,8 @@ from pydantic import Field, ValidationError
 from tideshift.events import (
     JOB_PROGRESS,
     SHARD_TASK,
+    TRAINER_JOBS_BUCKET,
+    TRAINER_MEMBERS_BUCKET,
     TRAINER_MEMBERSHIP,
     Envelope,
     JobProgress,
@@ -38,9 +40,7 @@ from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.trainer.busport import (
-    JOBS_BUCKET,
     MEMBER_TTL_SECONDS,
-    MEMBERS_BUCKET,
     job_key,
     member_prefix,
     queued_tasks,
@@ -275,7 +275,7 @@ async def _prepare_spec(bus: Bus, settings: CoordinatorSettings) -> tuple[JobSpe
             f"job {spec.job} already exists with other shards, optimiser or pservers; "
             "use a new job name or the same settings"
         )
-    jobs = await bus.kv(JOBS_BUCKET)
+    jobs = await bus.kv(TRAINER_JOBS_BUCKET)
     await jobs.put(job_key(spec.job, "spec"), spec)
     log.info("job %s: %d shards, optimiser %s", spec.job, spec.num_shards, spec.optimizer.kind)
     return spec, jobs
@@ -336,7 +336,7 @@ async def run(
     state = await _load_state(jobs, settings, spec.num_shards)
     coordinator = Coordinator(bus, spec, state, jobs, clock)
     membership = Membership(bus, spec.job, clock)
-    members = await bus.kv(MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
+    members = await bus.kv(TRAINER_MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
     listener = asyncio.create_task(membership.listen(stopping))
     context.ready.set()
     try:

@@ -11,9 +11,10 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
+from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.clock import Clock, wait_for_event
-from tideshift.services.trainer.busport import JOBS_BUCKET, job_key
+from tideshift.services.trainer.busport import job_key
 from tideshift.services.trainer.jobspec import JobSpec, StoredLayout
 from tideshift.services.trainer.layout import Layout, LayoutError, plan, specs_from_json
 
@@ -47,7 +48,7 @@ async def poll_until(
 
 
 async def read_spec(bus: Bus, job: str) -> JobSpec | None:
-    kv = await bus.kv(JOBS_BUCKET)
+    kv = await bus.kv(TRAINER_JOBS_BUCKET)
     try:
         return await kv.get(job_key(job, "spec"), JobSpec)
     except ValidationError as error:
@@ -70,7 +71,7 @@ async def wait_for_spec(
 
 async def read_layout(bus: Bus, spec: JobSpec) -> Layout | None:
     """The model's layout once a trainer initialised the job; None before."""
-    kv = await bus.kv(JOBS_BUCKET)
+    kv = await bus.kv(TRAINER_JOBS_BUCKET)
     try:
         stored = await kv.get(job_key(spec.job, "layout"), StoredLayout)
         if stored is None:

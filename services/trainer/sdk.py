@@ -32,15 +32,20 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask, TrainerMembership
+from tideshift.events import (
+    SHARD_TASK,
+    TRAINER_JOBS_BUCKET,
+    TRAINER_MEMBERS_BUCKET,
+    TRAINER_MEMBERSHIP,
+    ShardTask,
+    TrainerMembership,
+)
 from tideshift.events.tokens import encode_token
 from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery, RequestFailed
 from tideshift.services.common.clock import WALL_CLOCK, utc_now, wait_for_event
 from tideshift.services.common.retry import Stopped, exponential, log_retries, retrying_async
 from tideshift.services.trainer.busport import (
-    JOBS_BUCKET,
     MEMBER_TTL_SECONDS,
-    MEMBERS_BUCKET,
     job_key,
     member_key,
     task_durable,
@@ -194,7 +199,7 @@ class ElasticJob:
                         self.spec.pservers,
                         max_piece_bytes=self.spec.max_piece_bytes,
                     )
-                    jobs = await self.bus.kv(JOBS_BUCKET)
+                    jobs = await self.bus.kv(TRAINER_JOBS_BUCKET)
                     stored = StoredLayout(arrays=layout.to_json(), initialised_by=self.trainer)
                     await jobs.put(job_key(self.spec.job, "layout"), stored)
                     continue  # re-read: the stored layout is the one everybody uses
@@ -261,7 +266,7 @@ class ElasticJob:
         return None
 
     async def _finished(self) -> bool:
-        jobs = await self.bus.kv(JOBS_BUCKET)
+        jobs = await self.bus.kv(TRAINER_JOBS_BUCKET)
         stored = await jobs.get(job_key(self.spec.job, "state"), PersistedCoordinator)
         return stored is not None and bool(stored.state.get("finished"))
 
@@ -321,7 +326,7 @@ class ElasticJob:
 
     async def _keep_member(self) -> None:
         """Renew this trainer's member key; the coordinator reads a vanished key as a crash."""
-        members = await self.bus.kv(MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
+        members = await self.bus.kv(TRAINER_MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
         key = member_key(self.spec.job, self.trainer)
         while not self._beat_stop.is_set():
             beat = MemberBeat(job=self.spec.job, trainer=self.trainer, at=utc_now(WALL_CLOCK))
@@ -350,7 +355,7 @@ class ElasticJob:
         if self._beat is not None:
             await self._beat
         with contextlib.suppress(Exception):
-            members = await self.bus.kv(MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
+            members = await self.bus.kv(TRAINER_MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
             await members.delete(member_key(self.spec.job, self.trainer))
         await self.bus.close()
 

@@ -30,6 +30,7 @@ from prometheus_client import Counter
 
 from tideshift.events import (
     DEAD_LETTER,
+    LEASES_BUCKET,
     BoundSubject,
     DeadLetter,
     Envelope,
@@ -321,7 +322,7 @@ class Bus:
             return await self.js.create_key_value(bucket=bucket, ttl=ttl_seconds, history=history)
 
     async def lease(self, name: str, *, holder: str, ttl_seconds: float) -> Lease:
-        kv = await self._raw_kv("tideshift_leases")
+        kv = await self._raw_kv(LEASES_BUCKET)
         return Lease(kv, name, holder, ttl_seconds)
 
     async def put_object(self, bucket: str, name: str, data: bytes) -> None:
