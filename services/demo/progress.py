@@ -9,7 +9,6 @@ dataset's held-out impressions, which no trainer ever sees.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tideshift.services.common.bus import Bus
+from tideshift.services.common.clock import WALL_CLOCK, wait_for_event
 from tideshift.services.trainer.jobs import read_layout, read_spec
 from tideshift.services.trainer.model import (
     DatasetSpec,
@@ -88,8 +88,7 @@ class ProgressRecorder:
                         holdout_loss=loss,
                     )
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self.every_wall_s)
+            await wait_for_event(WALL_CLOCK, stopping, self.every_wall_s)
 
     def series(self) -> dict[str, dict[str, list[Any]]]:
         """Per job: simulated hours, samples applied per wall minute, held-out loss."""

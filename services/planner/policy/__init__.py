@@ -12,7 +12,7 @@ Kubernetes, the bus or the simulated cluster):
 * `training`: one tier's trainers kept, solved, limited and decided;
 * `batch`: jobs that opted into batch capacity, planned on what serving does not use;
 * `reasons`: the words of each decision;
-* `plan`: `plan(inputs, state, now)`, the outline of DESIGN.md's "The planner's model".
+* `plan`: `plan(inputs, state, now)`, the outline of docs/DESIGN.md's "The planner's model".
 
 Inputs come in columnar form (`ClusterView`, numpy arrays) so a plan over 5,000 nodes and
 150,000 pods stays well under 100 ms; `ClusterView.build` makes one from plain records.

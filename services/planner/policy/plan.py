@@ -1,4 +1,4 @@
-"""`plan(inputs, state, now) -> (decision, new_state)`: the planner's model (DESIGN.md, "The
+"""`plan(inputs, state, now) -> (decision, new_state)`: the planner's model (docs/DESIGN.md, "The
 planner's model") as an outline. Pure: no clock, no I/O; the same inputs, state and `now` give
 the same decision, so every decision can be replayed."""
 
