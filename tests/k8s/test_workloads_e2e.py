@@ -130,7 +130,7 @@ def loop(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 "0.5",
                 "--debounce-seconds",
                 "0.1",
-                "--min-trainer-lifetime-seconds",
+                "--min-trainer-lifetime-s",
                 "0",
             ),
         }
