@@ -40,10 +40,7 @@ from tideshift.services.devcluster.processes import (
     STATE_FILE,
     ProcessRecord,
     free_ports,
-    load_state,
     log_tail,
-    record_alive,
-    state_processes,
     terminate_processes,
     wait_for,
 )
@@ -51,8 +48,9 @@ from tideshift.services.devcluster.scheduler_profile import write_scheduler_conf
 from tideshift.services.devcluster.storage import STORAGE_CLASS, install_storage
 from tideshift.services.devcluster.versions import K8S_VERSION, require_binaries
 
-# The names the demo and tests/fixtures import from here; some moved to nodes, processes and
-# credentials and stay importable here until those callers import them from there.
+# What callers import from here; default_nodes and service_account_kubeconfig moved to nodes.py
+# and credentials.py and stay importable here until tests/fixtures/k8s.py and
+# tests/benchmarks import them from there.
 __all__ = [
     "ADMIN_KUBECONFIG",
     "ClusterOptions",
@@ -60,10 +58,7 @@ __all__ = [
     "LocalCluster",
     "NodeSpec",
     "default_nodes",
-    "load_state",
-    "record_alive",
     "service_account_kubeconfig",
-    "state_processes",
     "wait_for",
 ]
 

@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from pydantic import Field
-from tenacity import RetryCallState
 
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.common.clock import WALL_CLOCK, Clock
-from tideshift.services.common.retry import Stopped, fixed, retrying_async
+from tideshift.services.common.retry import Stopped, fixed, log_retries, retrying_async
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.watcher.snapshot import SNAPSHOT_BUCKET
@@ -73,12 +72,6 @@ async def _watch_until_stopped(watcher: Watcher, context: ServiceContext) -> Non
         raise RuntimeError("the watcher stopped by itself")
 
 
-def _log_start_retry(state: RetryCallState) -> None:
-    error = state.outcome.exception() if state.outcome is not None else None
-    wait = state.next_action.sleep if state.next_action is not None else 0.0
-    log.warning("watcher start failed (%s); retrying in %.0fs", error, wait)
-
-
 async def serve(
     context: ServiceContext, *, cluster: WatcherCluster | None = None, clock: Clock = WALL_CLOCK
 ) -> None:
@@ -100,7 +93,7 @@ async def serve(
         clock=clock,
         stopping=context.stopping,
         retry_on=Exception,
-        before_sleep=_log_start_retry,
+        before_sleep=log_retries(log, "watcher start"),
     )
     with contextlib.suppress(Stopped):
         await retrying(_watch_until_stopped, watcher, context)
