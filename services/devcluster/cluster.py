@@ -28,12 +28,11 @@ from typing import Any
 
 from tideshift.services.common.lifetime import die_with_parent
 from tideshift.services.devcluster.crds import install_crds
-from tideshift.services.devcluster.credentials import service_account_kubeconfig, write_pki
+from tideshift.services.devcluster.credentials import write_pki
 from tideshift.services.devcluster.kwok_stages import write_kwok_config
 from tideshift.services.devcluster.nodes import (
     KWOK_NODE_ANNOTATION,
     NodeSpec,
-    default_nodes,
     node_schedulable,
 )
 from tideshift.services.devcluster.processes import (
@@ -48,18 +47,12 @@ from tideshift.services.devcluster.scheduler_profile import write_scheduler_conf
 from tideshift.services.devcluster.storage import STORAGE_CLASS, install_storage
 from tideshift.services.devcluster.versions import K8S_VERSION, require_binaries
 
-# What callers import from here; default_nodes and service_account_kubeconfig moved to nodes.py
-# and credentials.py and stay importable here until tests/fixtures/k8s.py and
-# tests/benchmarks import them from there.
 __all__ = [
     "ADMIN_KUBECONFIG",
     "ClusterOptions",
     "ClusterStartError",
     "LocalCluster",
     "NodeSpec",
-    "default_nodes",
-    "service_account_kubeconfig",
-    "wait_for",
 ]
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"

@@ -1,7 +1,7 @@
 """Applying one scale command: screen it, decide, claim it, write it, record it.
 
-The per-target record in NATS KV (bucket `tideshift_executor`) makes commands idempotent
-across restarts and across several executors sharing one durable consumer:
+The per-target record in NATS KV (bucket `EXECUTOR_RECORDS_BUCKET`, events/buckets.py) makes
+commands idempotent across restarts and across several executors sharing one durable consumer:
 
 1. read the record (and its revision) and the target's current scale;
 2. a replay or a stale command ends here as a no-op;
@@ -30,7 +30,6 @@ from tideshift.services.executor.decision import AppliedRecord, Decision, decide
 
 log = logging.getLogger("tideshift.executor")
 
-RECORD_BUCKET = "tideshift_executor"
 Outcome = Literal["applied", "noop", "rejected", "failed"]
 CLAIM_ATTEMPTS = 5
 

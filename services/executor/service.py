@@ -18,7 +18,14 @@ from typing import Protocol
 from prometheus_client import Counter, Histogram
 from pydantic import Field, model_validator
 
-from tideshift.events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
+from tideshift.events import (
+    EXECUTOR_RECORDS_BUCKET,
+    SCALE_COMMAND,
+    SCALE_RESULT,
+    BoundSubject,
+    ScaleCommand,
+    ScaleResult,
+)
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import ClusterError
@@ -37,7 +44,7 @@ from tideshift.services.executor.compaction import (
     DeletionCostWriter,
     mark_scale_down_victims,
 )
-from tideshift.services.executor.executor import RECORD_BUCKET, Executor, RecordStore, ScaleWriter
+from tideshift.services.executor.executor import Executor, RecordStore, ScaleWriter
 
 log = logging.getLogger("tideshift.executor")
 
@@ -99,7 +106,7 @@ class ExecutorSettings(ServiceSettings):
         default=30.0, gt=0, description="redeliver a command not acked within this time"
     )
     record_bucket: str = Field(
-        default=RECORD_BUCKET,
+        default=EXECUTOR_RECORDS_BUCKET,
         pattern=r"^[A-Za-z0-9_-]+$",
         description="NATS KV bucket of per-target applied commands (idempotency)",
     )

@@ -11,12 +11,12 @@ from typing import Protocol
 
 from pydantic import Field
 
+from tideshift.events import SNAPSHOT_BUCKET
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.common.clock import WALL_CLOCK, Clock
 from tideshift.services.common.retry import Stopped, fixed, log_retries, retrying_async
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
-from tideshift.services.watcher.snapshot import SNAPSHOT_BUCKET
 from tideshift.services.watcher.watcher import WatchedCluster, Watcher
 
 log = logging.getLogger("tideshift.watcher")

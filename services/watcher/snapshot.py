@@ -1,7 +1,7 @@
 """The cluster snapshot as events: conversions from port objects and the KV key layout.
 
-The snapshot bucket (`tideshift_cluster` by default) holds one key per object, whose value is
-the latest `NodeChanged` or `PodChanged` for it:
+The snapshot bucket (`SNAPSHOT_BUCKET` in events/buckets.py by default) holds one key per
+object, whose value is the latest `NodeChanged` or `PodChanged` for it:
 
 * `node.<name>` for nodes,
 * `pod.<namespace>.<name>` for pods,
@@ -25,8 +25,6 @@ from tideshift.events import (
 )
 from tideshift.services.cluster.port import ChangeType, Node, Pod
 from tideshift.services.cluster.port import Resources as PortResources
-
-SNAPSHOT_BUCKET = "tideshift_cluster"
 
 
 def node_key(name: str) -> str:

@@ -22,6 +22,7 @@ from tideshift.events import (
     DEAD_LETTER,
     NODE_CHANGED,
     POD_CHANGED,
+    SNAPSHOT_BUCKET,
     WORKLOAD_CHANGED,
     DeadLetter,
     NodeChanged,
@@ -39,7 +40,6 @@ from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
 from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
 from tideshift.services.watcher.snapshot import (
-    SNAPSHOT_BUCKET,
     node_event,
     node_key,
     pod_event,

@@ -48,11 +48,8 @@ from tideshift.events import (  # noqa: E402
 from tideshift.services.cluster.adapters.http import KubeHttp  # noqa: E402
 from tideshift.services.common.bus import Bus  # noqa: E402
 from tideshift.services.common.embedded_nats import EmbeddedNats  # noqa: E402
-from tideshift.services.devcluster.cluster import (  # noqa: E402
-    ClusterOptions,
-    LocalCluster,
-    default_nodes,
-)
+from tideshift.services.devcluster.cluster import ClusterOptions, LocalCluster  # noqa: E402
+from tideshift.services.devcluster.nodes import default_nodes  # noqa: E402
 from tideshift.services.devcluster.versions import default_bin_dir  # noqa: E402
 
 WEB = WorkloadRef(NAMESPACE, "Deployment.apps", "bench-web")  # labelled: the planner's

@@ -40,7 +40,8 @@ from tideshift.events import POD_CHANGED, SCALE_COMMAND, ScaleCommand, WorkloadR
 from tideshift.services.cluster.adapters.http import KubeHttp  # noqa: E402
 from tideshift.services.common.bus import Bus  # noqa: E402
 from tideshift.services.common.embedded_nats import EmbeddedNats  # noqa: E402
-from tideshift.services.devcluster.cluster import ClusterOptions, LocalCluster, default_nodes  # noqa: E402
+from tideshift.services.devcluster.cluster import ClusterOptions, LocalCluster  # noqa: E402
+from tideshift.services.devcluster.nodes import default_nodes  # noqa: E402
 from tideshift.services.devcluster.versions import default_bin_dir  # noqa: E402
 
 NAMESPACE = "bench"

@@ -24,10 +24,10 @@ from tests.chaos.objects import create_web_deployment
 from tests.chaos.report import ChaosReport
 from tests.chaos.stored import read_stored
 from tideshift import events
+from tideshift.events import SNAPSHOT_BUCKET
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.watcher.snapshot import SNAPSHOT_BUCKET
 
 pytestmark = pytest.mark.slow
 

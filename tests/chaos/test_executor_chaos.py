@@ -32,11 +32,12 @@ from tests.chaos.proxy import HoldableRelay
 from tests.chaos.report import ChaosReport
 from tests.chaos.stored import read_stored
 from tideshift import events
+from tideshift.events import EXECUTOR_RECORDS_BUCKET
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.executor.decision import AppliedRecord
-from tideshift.services.executor.executor import RECORD_BUCKET, record_key
+from tideshift.services.executor.executor import record_key
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +107,8 @@ class Harness:
         """The executors' KV record of the target: (command key, applied)."""
 
         async def read() -> AppliedRecord | None:
-            return await (await self.bus.kv(RECORD_BUCKET)).get(record_key(target), AppliedRecord)
+            records = await self.bus.kv(EXECUTOR_RECORDS_BUCKET)
+            return await records.get(record_key(target), AppliedRecord)
 
         record = self.run(read())
         return None if record is None else (record.idempotency_key, record.applied)
@@ -118,7 +120,7 @@ class Harness:
         claim was seen before the executor marked it applied (the hold came in time)."""
 
         async def go() -> bool:
-            kv = (await self.bus.kv(RECORD_BUCKET)).raw
+            kv = (await self.bus.kv(EXECUTOR_RECORDS_BUCKET)).raw
             watcher = await kv.watch(record_key(command.target))
             try:
                 await self.bus.js.publish(

@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client, config
 
 from tests.unit.chart.chart_support import CHART, SERVICES, rbac_file_rules, run_helm, values_args
-from tideshift.services.devcluster.cluster import wait_for
+from tideshift.services.devcluster.processes import wait_for
 
 pytestmark = pytest.mark.k8s
 
