@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tideshift.events import EXECUTOR_RECORDS_BUCKET
 from tideshift.loadgen.profiles import RateProfile
 from tideshift.services.cluster.port import ClusterPort
 from tideshift.services.common.bus import Bus
@@ -26,6 +27,7 @@ from tideshift.services.executor import service as executor_service
 from tideshift.services.planner import service as planner_service
 from tideshift.services.planner import settings as planner_settings
 from tideshift.services.predictor import service as predictor_service
+from tideshift.services.predictor import settings as predictor_settings
 from tideshift.services.predictor import sources
 from tideshift.services.watcher import service as watcher_service
 
@@ -123,20 +125,24 @@ async def start_services(
 
 # The demo's executor keeps its own durable consumer and record bucket beside a real one's.
 EXECUTOR_SETTINGS = executor_service.ExecutorSettings(
-    health_port=-1, durable="tideshift-executor-demo", record_bucket="tideshift_executor_demo"
+    health_port=-1,
+    durable="tideshift-executor-demo",
+    record_bucket=f"{EXECUTOR_RECORDS_BUCKET}_demo",
 )
 
 
 def predictor_settings_for(
     world: WorldShape, *, interval_s: float, observe_s: float
-) -> predictor_service.PredictorSettings:
+) -> predictor_settings.PredictorSettings:
     """The predictor's settings: `interval_s` clock seconds between forecasts, `observe_s`
     between observed-demand messages (one per plan, so every plan has a fresh one)."""
     serving = world.serving
-    return predictor_service.PredictorSettings(
+    return predictor_settings.PredictorSettings(
         health_port=-1,
         metric_source="sim",
-        workloads=[predictor_service.WorkloadQuery(namespace=serving.namespace, name=serving.name)],
+        workloads=[
+            predictor_settings.WorkloadQuery(namespace=serving.namespace, name=serving.name)
+        ],
         step_seconds=FORECAST_STEP_S,
         horizon_seconds=FORECAST_HORIZON_S,
         history_seconds=FORECAST_HISTORY_S,
