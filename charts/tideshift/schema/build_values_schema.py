@@ -24,14 +24,14 @@ SCHEMA_PATH = CHART / "values.schema.json"
 SERVICES = ("watcher", "predictor", "planner", "executor")
 SETTINGS_CLASSES = {
     "watcher": "tideshift.services.watcher.service:WatcherSettings",
-    "predictor": "tideshift.services.predictor.service:PredictorSettings",
+    "predictor": "tideshift.services.predictor.settings:PredictorSettings",
     "planner": "tideshift.services.planner.settings:PlannerSettings",
     "executor": "tideshift.services.executor.service:ExecutorSettings",
 }
 # Settings validated in code against a registry: the schema lists the registry's names.
 REGISTRY_ENUMS = {
     ("planner", "policy"): "tideshift.services.planner.baselines:POLICIES",
-    ("predictor", "model"): "tideshift.services.predictor.service:MODELS",
+    ("predictor", "model"): "tideshift.services.predictor.models:MODELS",
 }
 # Settings the chart sets itself: NATS from the Secret, the pod name, the probe port.
 CHART_MANAGED_SETTINGS = frozenset(
