@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tideshift.events import SNAPSHOT_BUCKET
 from tideshift.services.common.settings import ServiceSettings
 from tideshift.services.predictor.forecasting import (
     REFIT_S,
@@ -97,7 +98,7 @@ class PredictorSettings(ServiceSettings):
         description="... plus this per hour of outage (capped at 2)",
     )
     snapshot_bucket: str = Field(
-        default="tideshift_cluster",
+        default=SNAPSHOT_BUCKET,
         pattern=r"^[A-Za-z0-9_-]+$",
         description="the watcher's snapshot bucket: announced workloads at start",
     )

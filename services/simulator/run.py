@@ -27,9 +27,11 @@ metrics over the step (`accounting.py`, the accountant the demo shares):
 * training share of spare: training requests / (allocatable - what serving needs at target
   utilisation for the actual demand - other pods), cpu, time-integrated.
 
-Forecasts: `oracle` reads the true future demand; `model` fits the predictor's registry model
-(default `tidal`) on the profile's history before t = 0 and updates it every interval with
-the observed demand, like the predictor service does.
+Forecasts: `oracle` reads the true future demand; `model` runs the predictor's registry model
+(default `portfolio`) through the predictor's own forecasting decisions
+(`predictor/forecasting.py`): fitted on the profile's history before t = 0, updated every
+interval with the observed demand, refitted every hour and widened while samples are missing,
+exactly as the predictor service does.
 """
 
 from __future__ import annotations

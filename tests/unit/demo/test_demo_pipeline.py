@@ -8,7 +8,7 @@ from tideshift.services.common.settings import parse_settings
 from tideshift.services.demo import pipeline
 from tideshift.services.demo.world import LENDING_JOB, JobShape, ServingShape, WorldShape
 from tideshift.services.planner import settings as planner_settings
-from tideshift.services.predictor.service import PredictorSettings
+from tideshift.services.predictor.settings import PredictorSettings
 
 
 def test_planner_targets_describe_the_world() -> None:
