@@ -144,6 +144,9 @@ class Membership:
         for token in self.known - current:
             await self._gone(token)
         self.known = current
+        # A `left` only matters until its key vanishes; one for a key already gone (the
+        # trainer joined and left between two refreshes) would otherwise be kept for ever.
+        self.left = {trainer for trainer in self.left if encode_token(trainer) in current}
         return len(current)
 
     async def _gone(self, token: str) -> None:

@@ -11,8 +11,26 @@
 Parameters are named float32/float64 arrays; a gradient is an array of the same shape or
 sparse rows `(indices, rows)`. The pservers apply the job's optimiser and every
 (epoch, shard, batch) exactly once. SIGTERM lets the current batch finish (within
-`grace_seconds`), hands the rest of the shard back to the queue and ends `tasks()`.
-Framework adapters (adapters/paddle.py, adapters/torch.py) convert models to named arrays.
+`grace_seconds`), hands the rest of the shard back to the queue and ends `tasks()`; a SIGTERM
+while `connect` still waits for the job spec exits the process with status 0. Framework
+adapters (services/trainer/paddle_adapter.py, services/trainer/torch_adapter.py) convert
+models to named arrays.
+
+The contract a training loop must keep:
+- `read_shard(location)` returns the same batches in the same order every time it is called
+  for a location: a shard resumes by batch index after a trainer leaves or a pserver rolls
+  back, so a shuffling reader would silently skip and repeat batches. Shuffle across shards
+  (the job's shard order) or with a seed fixed per location. A shard found shorter than the
+  batches already applied from it is reported as a changed shard (ValueError).
+- `samples` is the number of training examples in the batch (for an `(x, y)` tuple that is
+  `len(x)`, not `len(batch)`); it only feeds the applied-samples counters.
+- `push` returns "applied" when every pserver applied the batch, "duplicate" when any pserver
+  already held it (another trainer, or this batch before a pserver rolled back, applied it
+  first: count only "applied" to check exactly-once) and "rejected" when a pserver is behind
+  the shard (it is handed back and resumes at the first batch every pserver lacks).
+- Framework adapters' `gradients()` read the gradients and clear them for the next batch.
+- The first `initialize()` fixes the job's layout (array names, shapes, dtypes); a trainer
+  with another layout gets a LayoutError naming both and `tideshift training reset --job`.
 
 The loop is plain synchronous Python; the bus runs on an asyncio loop in a daemon thread.
 """
@@ -50,7 +68,7 @@ from tideshift.services.trainer.busport import (
     member_key,
     task_durable,
 )
-from tideshift.services.trainer.jobs import poll_until, read_layout, read_spec
+from tideshift.services.trainer.jobs import read_layout, read_spec
 from tideshift.services.trainer.jobspec import (
     JobSpec,
     MemberBeat,
@@ -65,6 +83,7 @@ log = logging.getLogger("tideshift.trainer")
 R = TypeVar("R")
 
 POLL_SECONDS = 0.2
+WAITING_EVERY_SECONDS = 5.0  # how often a trainer waiting for its coordinator says so
 # A pserver restarting: ask again soon, then less often (it may take a few seconds).
 PSERVER_RETRY = exponential(initial=0.05, maximum=1.0)
 
@@ -127,8 +146,10 @@ class ElasticJob:
     ) -> ElasticJob:
         """Join `job` (default: $TIDESHIFT_JOB) on `nats_url` (default: $TIDESHIFT_NATS_URL).
 
-        Waits up to `spec_timeout` seconds for the job's coordinator to publish the spec;
-        raises ValueError when the job or URL is not given, TimeoutError when no spec comes.
+        Waits up to `spec_timeout` seconds for the job's coordinator to publish the spec,
+        saying so at once and every few seconds (a WARNING, shown without logging set up);
+        raises ValueError when the job or URL is not given, TimeoutError when no spec comes,
+        and SystemExit(0) on SIGTERM during the wait (the process stops cleanly).
         """
         job = job or os.environ.get("TIDESHIFT_JOB")
         url = nats_url or os.environ.get("TIDESHIFT_NATS_URL")
@@ -142,14 +163,27 @@ class ElasticJob:
             or f"{socket.gethostname()}-{os.getpid()}"
         )
         loop = _Loop()
+        # Installed before the wait: a framework's own SIGTERM handler (Paddle's dumps a C++
+        # stack) must never run, however early the signal comes.
+        before_spec = asyncio.Event()
+        catch = handle_sigterm and threading.current_thread() is threading.main_thread()
+        if catch:
+            signal.signal(
+                signal.SIGTERM, lambda *_: loop.loop.call_soon_threadsafe(before_spec.set)
+            )
         try:
             bus = loop.run(Bus.connect(url, name=f"trainer-{trainer}"))
-            spec = loop.run(_wait_for(lambda: read_spec(bus, job), spec_timeout, f"job {job}"))
+            spec = loop.run(_wait_for_spec(bus, job, spec_timeout, before_spec))
         except BaseException:
             loop.stop()
             raise
+        if spec is None:
+            loop.run(bus.close(), 10)
+            loop.stop()
+            log.info("job %s: trainer %s stopped before the job spec arrived", job, trainer)
+            raise SystemExit(0)
         self = cls(loop, bus, spec, trainer, grace_seconds)
-        if handle_sigterm and threading.current_thread() is threading.main_thread():
+        if catch:
             signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
         self._beat = loop.run(self._start_membership())
         log.info("job %s: trainer %s joined", job, trainer)
@@ -366,24 +400,26 @@ class ElasticJob:
         self.close()
 
 
-async def _wait_for(
-    read: Callable[[], Coroutine[Any, Any, R | None]], timeout: float, what: str
-) -> R:
-    """`read()`'s first answer that is not None; TimeoutError after `timeout` seconds."""
-    # Nothing stops a trainer before it joined but this timeout.
-    polling = poll_until(
-        read,
-        clock=WALL_CLOCK,
-        stopping=asyncio.Event(),
-        every=POLL_SECONDS,
-        waiting=f"{what}: waiting for its coordinator to publish the job spec",
-    )
-    try:
-        found = await asyncio.wait_for(polling, timeout)
-    except TimeoutError:
-        found = None
-    if found is None:
-        raise TimeoutError(
-            f"{what}: nothing published within {timeout:.0f}s (is its coordinator up?)"
-        )
-    return found
+async def _wait_for_spec(
+    bus: Bus, job: str, timeout: float, stopping: asyncio.Event
+) -> JobSpec | None:
+    """The job's spec; None once `stopping` is set; TimeoutError after `timeout` seconds."""
+    started = time.monotonic()
+    say_at = started
+    while (spec := await read_spec(bus, job)) is None:
+        waited = time.monotonic() - started
+        if waited >= timeout:
+            raise TimeoutError(
+                f"job {job}: no job spec published within {timeout:.0f}s (is its coordinator up?)"
+            )
+        if time.monotonic() >= say_at:
+            log.warning(
+                "job %s: waiting for its coordinator to publish the job spec (%.0fs of %.0fs)",
+                job,
+                waited,
+                timeout,
+            )
+            say_at += WAITING_EVERY_SECONDS
+        if await wait_for_event(WALL_CLOCK, stopping, POLL_SECONDS):
+            return None
+    return spec
