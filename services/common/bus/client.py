@@ -50,7 +50,15 @@ RECEIVED = Counter("tideshift_bus_received_total", "Valid events received", ["co
 REJECTED = Counter(
     "tideshift_bus_rejected_total", "Messages rejected and dead-lettered", ["consumer", "kind"]
 )
+DEAD_LETTER_DISCARDS = Counter(
+    "tideshift_bus_deadletters_discarded_total",
+    "Dead letters this process wrote into a full dead-letter stream (each displaced the oldest)",
+    ["consumer"],
+)
 DEAD_LETTER_PAYLOAD_CHARS = 1024
+DEAD_LETTER_REASON_BYTES = 1024
+# A letter's payload escaped as JSON (up to 6 bytes a character), its reason, names and headers.
+LARGEST_DEAD_LETTER_BYTES = 6 * DEAD_LETTER_PAYLOAD_CHARS + DEAD_LETTER_REASON_BYTES + 2048
 RECONNECT_POLL_SECONDS = 0.2
 
 
@@ -195,19 +203,33 @@ class Bus:
 
     async def _reject(self, consumer: str, subject: str, raw: bytes, error: EventRejected) -> None:
         REJECTED.labels(consumer, error.kind).inc()
-        log.warning("%s rejected a message on %s: %s", consumer, subject, error.reason)
+        reason = one_line(error.reason, DEAD_LETTER_REASON_BYTES)
+        log.warning("%s rejected a message on %s: %s", consumer, subject, reason)
         letter = DeadLetter(
             consumer=consumer,
             original_subject=subject,
-            reason=error.reason,
+            reason=reason,
             payload=raw[:DEAD_LETTER_PAYLOAD_CHARS].decode("utf-8", errors="replace"),
             payload_bytes=len(raw),
             received_at=datetime.now(UTC),
         )
         try:
             await self.publish_durable(DEAD_LETTER.at(consumer=consumer), letter)
+            await self._count_discard(consumer)
         except (TimeoutError, nats.errors.Error) as publish_error:
             log.error("could not dead-letter a message from %s: %s", subject, publish_error)
+
+    async def _count_discard(self, consumer: str) -> None:
+        """The server drops the oldest letters silently at the stream's limits. A letter that
+        lands in a stream that has dropped some and is at its message limit, or within one
+        largest letter of its byte limit, displaced one, so it is counted here."""
+        info = await self.js.stream_info(str(DEAD_LETTER.stream))
+        limits, state = info.config, info.state
+        max_msgs, max_bytes = limits.max_msgs or -1, limits.max_bytes or -1
+        full_count = 0 < max_msgs <= state.messages
+        full_bytes = 0 < max_bytes < state.bytes + LARGEST_DEAD_LETTER_BYTES
+        if state.first_seq > 1 and (full_count or full_bytes):
+            DEAD_LETTER_DISCARDS.labels(consumer).inc()
 
     def _decode(self, raw: bytes, expected: type[T] | None) -> Envelope[T]:
         return decode(raw, expected, max_bytes=self.max_message_bytes)
@@ -356,3 +378,14 @@ class Bus:
     ) -> Callable[[], Awaitable[None]]:
         """Answer requests on `subject` with `handler`; returns a function that stops serving."""
         return await rpc.serve(self.connection, subject, handler, queue=queue)
+
+
+def one_line(text: str, limit_bytes: int) -> str:
+    """`text` on one line of at most `limit_bytes` UTF-8 bytes: a reason may quote an
+    offending value, and a dead letter must not grow with it."""
+    flat = " ".join(text.split())
+    encoded = flat.encode()
+    if len(encoded) <= limit_bytes:
+        return flat
+    marker = f"... ({len(encoded)} bytes)"
+    return encoded[: limit_bytes - len(marker)].decode(errors="ignore") + marker

@@ -22,6 +22,8 @@ class StreamSpec:
     retention: RetentionPolicy = RetentionPolicy.LIMITS
     max_age_seconds: float = 24 * 3600
     duplicate_window_seconds: float = 120
+    max_bytes: int = -1  # -1: no limit but age
+    max_msgs: int = -1
 
     @property
     def subjects(self) -> tuple[str, ...]:
@@ -35,6 +37,8 @@ class StreamSpec:
             retention=self.retention,
             max_age=self.max_age_seconds,
             duplicate_window=self.duplicate_window_seconds,
+            max_bytes=self.max_bytes,
+            max_msgs=self.max_msgs,
             storage=StorageType.FILE,
             discard=DiscardPolicy.OLD,
         )
@@ -46,7 +50,14 @@ SCALE_STREAM = StreamSpec(str(SCALE_COMMAND.stream))
 TRAINING_TASK_STREAM = StreamSpec(
     str(SHARD_TASK.stream), retention=RetentionPolicy.WORK_QUEUE, max_age_seconds=7 * 24 * 3600
 )
-DEAD_LETTER_STREAM = StreamSpec(str(DEAD_LETTER.stream), max_age_seconds=7 * 24 * 3600)
+# Bounded by size and count too, discarding the oldest: a flood of poison must not fill the
+# JetStream disk the scale commands need. 64 MiB holds ~20,000 letters of the largest kind.
+DEAD_LETTER_STREAM = StreamSpec(
+    str(DEAD_LETTER.stream),
+    max_age_seconds=7 * 24 * 3600,
+    max_bytes=64 * 1024 * 1024,
+    max_msgs=100_000,
+)
 STREAMS: tuple[StreamSpec, ...] = (SCALE_STREAM, TRAINING_TASK_STREAM, DEAD_LETTER_STREAM)
 
 
