@@ -139,6 +139,9 @@ class ScaleState:
     ready_replicas: int = 0
     min_replicas: int = 0
     max_replicas: int | None = None  # None: unbounded by the target itself
+    # The target's own `tideshift.io/role` label (serving | training): None when it has not
+    # joined Tideshift, which the executor then refuses to scale unless told otherwise.
+    role: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,9 @@ Pure: no I/O, no clock, no asyncio; the caller passes everything in.
 * Bounds: the desired count is clamped into the target's [min, max].
 * Max step: the change from the current count is limited to `max_step` (0 = no limit), so a
   bad forecast or a typo moves a target by a bounded amount per command.
+* Admission: only targets that joined Tideshift (their own `tideshift.io/role` label, or
+  listed by the operator), in the allowed namespaces if any are set, are acted on; whoever
+  can publish a command cannot make the executor scale anything else its RBAC reaches.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from tideshift.services.cluster.port import ScaleState
+from tideshift.services.cluster.port import ROLE_LABEL, ScaleState, WorkloadRef
 
 
 class AppliedRecord(BaseModel):
@@ -30,6 +33,35 @@ class AppliedRecord(BaseModel):
     issued_at: AwareDatetime
     desired: int = Field(ge=0)
     applied: bool = Field(description="False while the write may not have happened yet")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Which targets the executor may act on."""
+
+    managed_only: bool = True
+    listed: frozenset[WorkloadRef] = frozenset()  # managed without the label
+    namespaces: frozenset[str] = frozenset()  # empty: every namespace
+
+    def refuse_namespace(self, target: WorkloadRef) -> str | None:
+        """Why no command for this target's namespace is taken on, or None."""
+        if not self.namespaces or target.namespace in self.namespaces:
+            return None
+        allowed = ", ".join(sorted(self.namespaces))
+        return f"namespace {target.namespace!r} is not in allowed_namespaces ({allowed})"
+
+    def refuse(self, state: ScaleState) -> str | None:
+        """Why this target must not be scaled (namespace, not managed), or None."""
+        target = state.target
+        refusal = self.refuse_namespace(target)
+        if refusal is not None or not self.managed_only or target in self.listed:
+            return refusal
+        if state.role in ("serving", "training"):
+            return None
+        return (
+            f"not managed: {target} has no label {ROLE_LABEL}=serving|training "
+            f"and is not in managed_targets"
+        )
 
 
 @dataclass(frozen=True)

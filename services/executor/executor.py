@@ -19,14 +19,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from tideshift.events import ScaleCommand, ScaleResult, encode_token
 from tideshift.services.cluster.port import ScaleState, UnsupportedTarget, WorkloadRef
 from tideshift.services.common.bus import KVConflict, TypedKV
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
-from tideshift.services.executor.decision import AppliedRecord, Decision, decide, screen
+from tideshift.services.executor.decision import (
+    Admission,
+    AppliedRecord,
+    Decision,
+    decide,
+    screen,
+)
 
 log = logging.getLogger("tideshift.executor")
 
@@ -84,6 +90,7 @@ class Executor:
     max_step: int = 0
     dry_run: bool = False
     clock: Clock = WALL_CLOCK
+    admission: Admission = field(default_factory=Admission)
     # Runs before replicas are lowered (target, new count): marks the pods to delete first.
     before_scale_down: Callable[[WorkloadRef, int], Awaitable[object]] | None = None
 
@@ -122,13 +129,10 @@ class Executor:
     async def _attempt(self, command: ScaleCommand) -> ScaleResult | None:
         """Screen, decide, claim and apply once; None when the claim was lost to a rival."""
         target = command.target
+        state = await self._admitted_state(command)
+        if isinstance(state, ScaleResult):
+            return state
         record, revision = await self.records.get(target)
-        try:
-            state = await self.port.get_scale(target)
-        except UnsupportedTarget as error:
-            return self.result_for(command, "rejected", message=str(error))
-        except KeyError:
-            return self.result_for(command, "rejected", message=f"{target} not found")
         why_not = screen(
             idempotency_key=command.idempotency_key, issued_at=command.issued_at, record=record
         )
@@ -149,6 +153,25 @@ class Executor:
         if decision.action == "noop":
             return self._unchanged(command, state, decision.message)
         return await self._apply(command, state, decision, claim=claim, claimed=claimed)
+
+    async def _admitted_state(self, command: ScaleCommand) -> ScaleState | ScaleResult:
+        """The target's scale, or the rejection of a command the executor must not act on."""
+        target = command.target
+        # Refused before any read: a command for a namespace outside the allowed ones costs
+        # neither an apiserver request nor a record.
+        refusal = self.admission.refuse_namespace(target)
+        if refusal is not None:
+            return self.result_for(command, "rejected", message=refusal)
+        try:
+            state = await self.port.get_scale(target)
+        except UnsupportedTarget as error:
+            return self.result_for(command, "rejected", message=str(error))
+        except KeyError:
+            return self.result_for(command, "rejected", message=f"{target} not found")
+        refusal = self.admission.refuse(state)
+        if refusal is not None:
+            return self.result_for(command, "rejected", message=refusal)
+        return state
 
     def _unchanged(self, command: ScaleCommand, state: ScaleState, message: str) -> ScaleResult:
         return self.result_for(

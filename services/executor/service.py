@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from prometheus_client import Counter, Histogram
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tideshift.events import (
     EXECUTOR_RECORDS_BUCKET,
@@ -25,6 +25,7 @@ from tideshift.events import (
     BoundSubject,
     ScaleCommand,
     ScaleResult,
+    WorkloadRef,
 )
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.overcommit import OvercommitConfig
@@ -44,6 +45,7 @@ from tideshift.services.executor.compaction import (
     DeletionCostWriter,
     mark_scale_down_victims,
 )
+from tideshift.services.executor.decision import Admission
 from tideshift.services.executor.executor import Executor, RecordStore, ScaleWriter
 
 log = logging.getLogger("tideshift.executor")
@@ -115,6 +117,20 @@ class ExecutorSettings(ServiceSettings):
         description="before lowering a Deployment, mark the pods whose removal frees whole "
         "nodes with pod-deletion-cost so they go first",
     )
+    managed_only: bool = Field(
+        default=True,
+        description="act only on targets labelled tideshift.io/role (serving or training) "
+        "or listed in managed_targets; reject commands for anything else",
+    )
+    managed_targets: list[str] = Field(
+        default_factory=list,
+        description="targets managed without the label, as Kind.group/namespace/name "
+        "(e.g. Deployment.apps/shop/web)",
+    )
+    allowed_namespaces: list[str] = Field(
+        default_factory=list,
+        description="namespaces whose targets may be scaled; empty = every namespace",
+    )
     batch_resources: bool = Field(
         default=False,
         description="advertise tideshift.io/batch-cpu and batch-memory on each Node's status: "
@@ -138,6 +154,23 @@ class ExecutorSettings(ServiceSettings):
         default=NON_BATCH_MEMORY_QUERY,
         description="PromQL: memory bytes used by non-batch pods, one series per `node` label",
     )
+
+    @field_validator("managed_targets")
+    @classmethod
+    def _target_refs(cls, values: list[str]) -> list[str]:
+        for value in values:
+            try:
+                WorkloadRef.parse(value)
+            except ValueError as error:
+                raise ValueError(f"{value!r}: {error}") from None
+        return values
+
+    def admission(self) -> Admission:
+        return Admission(
+            managed_only=self.managed_only,
+            listed=frozenset(WorkloadRef.parse(value) for value in self.managed_targets),
+            namespaces=frozenset(self.allowed_namespaces),
+        )
 
     @model_validator(mode="after")
     def _prometheus_for_batch(self) -> ExecutorSettings:
@@ -294,6 +327,7 @@ async def serve(
             max_step=settings.max_step,
         )
         executor.clock = clock
+        executor.admission = settings.admission()
         advertiser = _packing(executor, port, writer, settings) if writer is not None else None
         if advertiser is not None:
             advertising = asyncio.create_task(

@@ -86,6 +86,12 @@ async def executor_on(
         await port.close()
 
 
+def joined(body: dict[str, Any], role: str = "serving") -> dict[str, Any]:
+    """The object labelled `tideshift.io/role`: it joined Tideshift, the executor may scale it."""
+    body["metadata"].setdefault("labels", {})["tideshift.io/role"] = role
+    return body
+
+
 def command(target: WorkloadRef, desired: int, key: str, issued_at: datetime = T0) -> ScaleCommand:
     return ScaleCommand(
         target=target,
@@ -116,13 +122,13 @@ def replicas_in_apiserver(admin: KubeHttp, target: WorkloadRef) -> int:
 @pytest.mark.parametrize(
     ("kind", "body", "desired", "expected"),
     [
-        ("Deployment.apps", deployment("web", 1), 3, 3),
-        ("StatefulSet.apps", statefulset("db", 1), 2, 2),
-        ("Job.batch", batch_job("batch", 1), 4, 4),
+        ("Deployment.apps", joined(deployment("web", 1)), 3, 3),
+        ("StatefulSet.apps", joined(statefulset("db", 1)), 2, 2),
+        ("Job.batch", joined(batch_job("batch", 1)), 4, 4),
         # Volcano: the job needs 3 of ps(1) + workers: workers may not go below 2.
-        ("Job.batch.volcano.sh", volcano_job("vc", workers=4, min_available=3), 0, 2),
+        ("Job.batch.volcano.sh", joined(volcano_job("vc", workers=4, min_available=3)), 0, 2),
         # PyTorchJob: within elasticPolicy [1, 4].
-        ("PyTorchJob.kubeflow.org", pytorch_job("pt", workers=2, low=1, high=4), 10, 4),
+        ("PyTorchJob.kubeflow.org", joined(pytorch_job("pt", workers=2, low=1, high=4)), 10, 4),
     ],
 )
 async def test_each_adapter_scales_a_real_object_within_its_bounds(
@@ -158,7 +164,7 @@ async def test_each_adapter_scales_a_real_object_within_its_bounds(
 async def test_volcano_scale_keeps_the_job_valid_and_other_tasks_untouched(
     admin: KubeHttp, k8s_namespace: str, executor_kubeconfig: Path, bus: Bus, unique: str
 ) -> None:
-    body = volcano_job("gang", workers=2, min_available=3)
+    body = joined(volcano_job("gang", workers=2, min_available=3))
     await asyncio.to_thread(create, admin, collection("Job.batch.volcano.sh", k8s_namespace), body)
     target = WorkloadRef(k8s_namespace, "Job.batch.volcano.sh", "gang")
     async with executor_on(bus, executor_kubeconfig, k8s_namespace, unique) as executor:
@@ -189,10 +195,27 @@ async def test_unknown_kinds_are_rejected_with_a_reason(
     assert missing.outcome == "rejected" and "not found" in missing.message
 
 
+async def test_an_object_that_did_not_join_is_rejected_and_left_alone(
+    admin: KubeHttp, k8s_namespace: str, executor_kubeconfig: Path, bus: Bus, unique: str
+) -> None:
+    # The executor's RBAC reaches every Deployment; the label, not RBAC, decides.
+    await asyncio.to_thread(
+        create, admin, collection("Deployment", k8s_namespace), deployment("stranger", 1)
+    )
+    target = WorkloadRef(k8s_namespace, "Deployment", "stranger")
+    async with executor_on(bus, executor_kubeconfig, k8s_namespace, unique) as executor:
+        result = await executor.handle(command(target, 4, "s"))
+    assert result.outcome == "rejected"
+    assert result.message.startswith(f"not managed: {target} has no label tideshift.io/role")
+    assert await asyncio.to_thread(replicas_in_apiserver, admin, target) == 1
+
+
 async def test_a_conflict_is_re_read_and_retried(
     admin: KubeHttp, k8s_namespace: str, executor_kubeconfig: Path, bus: Bus, unique: str
 ) -> None:
-    await asyncio.to_thread(create, admin, collection("Job", k8s_namespace), batch_job("cj", 1))
+    await asyncio.to_thread(
+        create, admin, collection("Job", k8s_namespace), joined(batch_job("cj", 1))
+    )
     target = WorkloadRef(k8s_namespace, "Job", "cj")
     path = f"{collection('Job', k8s_namespace)}/cj"
 
@@ -220,10 +243,12 @@ async def test_a_conflict_is_re_read_and_retried(
 async def test_annotation_bounds_and_dry_run(
     admin: KubeHttp, k8s_namespace: str, executor_kubeconfig: Path, bus: Bus, unique: str
 ) -> None:
-    body = deployment(
-        "bounded",
-        3,
-        annotations={"tideshift.io/min-replicas": "2", "tideshift.io/max-replicas": "5"},
+    body = joined(
+        deployment(
+            "bounded",
+            3,
+            annotations={"tideshift.io/min-replicas": "2", "tideshift.io/max-replicas": "5"},
+        )
     )
     await asyncio.to_thread(create, admin, collection("Deployment", k8s_namespace), body)
     target = WorkloadRef(k8s_namespace, "Deployment", "bounded")
@@ -251,7 +276,7 @@ async def test_an_executor_killed_between_apply_and_ack_does_not_apply_twice(
     unique: str,
 ) -> None:
     await asyncio.to_thread(
-        create, admin, collection("Deployment", k8s_namespace), deployment("once", 1)
+        create, admin, collection("Deployment", k8s_namespace), joined(deployment("once", 1))
     )
     target = WorkloadRef(k8s_namespace, "Deployment", "once")
     durable = f"exec-{unique}"
@@ -325,7 +350,7 @@ async def test_the_executor_role_is_denied_everything_else(
     admin: KubeHttp, k8s_namespace: str, executor_kubeconfig: Path
 ) -> None:
     await asyncio.to_thread(
-        create, admin, collection("Deployment", k8s_namespace), deployment("rbac", 1)
+        create, admin, collection("Deployment", k8s_namespace), joined(deployment("rbac", 1))
     )
     port = await asyncio.to_thread(executor_port, executor_kubeconfig, k8s_namespace)
     base = f"/apis/apps/v1/namespaces/{k8s_namespace}/deployments"

@@ -14,12 +14,12 @@ target object; the stricter of the two wins.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, JsonObject, KubeHttp
 from tideshift.services.cluster.kinds import PYTORCH_JOB, VOLCANO_JOB
-from tideshift.services.cluster.port import ScaleState, UnsupportedTarget, WorkloadRef
+from tideshift.services.cluster.port import ROLE_LABEL, ScaleState, UnsupportedTarget, WorkloadRef
 
 log = logging.getLogger("tideshift.cluster.adapters")
 
@@ -104,7 +104,9 @@ class TargetAdapter:
     def read(self, http: KubeHttp, target: WorkloadRef) -> Observed:
         obj = http.get(self.path(target))
         metadata = obj.get("metadata") or {}
-        return Observed(self.observe(target, obj), str(metadata.get("resourceVersion", "")), obj)
+        role = (metadata.get("labels") or {}).get(ROLE_LABEL)
+        state = replace(self.observe(target, obj), role=role if isinstance(role, str) else None)
+        return Observed(state, str(metadata.get("resourceVersion", "")), obj)
 
     def write(self, http: KubeHttp, target: WorkloadRef, observed: Observed, replicas: int) -> None:
         patch = self.scaled(observed.obj, replicas)

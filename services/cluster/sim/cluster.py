@@ -133,6 +133,7 @@ class SimCluster:
             ready_replicas=self.ready_count(ref),
             min_replicas=workload.min_replicas,
             max_replicas=workload.max_replicas,
+            role=workload.role,
         )
 
     def scale(self, ref: WorkloadRef, replicas: int) -> ScaleState:
