@@ -285,22 +285,35 @@ class PServerClient(StatusClient):
         shard: int,
         batch: int,
         last: bool,
+        answered: dict[int, PushReply] | None = None,
     ) -> list[PushReply]:
-        """Send the batch to every pserver (an empty update still records the batch)."""
+        """Send the batch to every pserver not yet in `answered` (an empty update still
+        records the batch), adding their replies to it; RequestFailed if one did not answer.
+
+        A retry passes the same `answered`, so a pserver that applied the batch is not asked
+        again and does not turn its own earlier push into a duplicate."""
+        answered = {} if answered is None else answered
         per_server = piece_updates(self.layout, gradients)
-        return list(
-            await asyncio.gather(
-                *(
-                    self._push_to(
-                        index,
-                        updates,
-                        push_id=push_id,
-                        epoch=epoch,
-                        shard=shard,
-                        batch=batch,
-                        last=last,
-                    )
-                    for index, updates in per_server.items()
+        pending = [index for index in per_server if index not in answered]
+        replies = await asyncio.gather(
+            *(
+                self._push_to(
+                    index,
+                    per_server[index],
+                    push_id=push_id,
+                    epoch=epoch,
+                    shard=shard,
+                    batch=batch,
+                    last=last,
                 )
-            )
+                for index in pending
+            ),
+            return_exceptions=True,
         )
+        for index, reply in zip(pending, replies, strict=True):
+            if isinstance(reply, PushReply):
+                answered[index] = reply
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        return [answered[index] for index in sorted(answered)]

@@ -32,6 +32,13 @@ SAMPLES = Counter("tideshift_trainer_samples_total", "Samples whose gradient was
 _END: Any = object()
 
 
+def push_outcome(outcomes: set[str]) -> str:
+    """A batch none of whose pservers rejected it: "applied" only if no pserver already held
+    it. After a rollback the re-push is applied on the pserver that lost the batch and refused
+    on the others; the batch was counted when first applied, so it is a duplicate now."""
+    return "duplicate" if "duplicate" in outcomes else "applied"
+
+
 class Task:
     """One shard of one epoch, held by this trainer until settled (acked or handed back)."""
 
@@ -126,15 +133,18 @@ class Task:
     def push(self, gradients: Mapping[str, Gradient], *, samples: int) -> str:
         """Send this batch's gradients (dense arrays or `(indices, rows)`) once.
 
-        Returns "applied", "duplicate" (another trainer applied this batch first) or
-        "rejected" (a pserver restarted behind this shard: the shard is handed back and
-        `batches()` ends). Raises ValueError when the gradients do not fit the model.
+        Returns "applied" (every pserver applied it), "duplicate" (a pserver already held
+        it: another trainer, or a push before a pserver rolled back, applied it first; count
+        only "applied" to check exactly-once) or "rejected" (a pserver restarted behind this
+        shard: the shard is handed back and `batches()` ends). Raises ValueError when the
+        gradients do not fit the model.
         """
         if self.batch is None or self.pushed:
             raise RuntimeError("push() once per batch, inside task.batches()")
         client = self.job._require_client()
         batch, last = self.batch, self.last
         push_id = f"{encode_token(self.job.trainer)}/{uuid.uuid4().hex[:12]}"
+        answered: dict[int, PushReply] = {}
         replies: list[PushReply] = self.job._loop.run(
             self.job._retry(
                 lambda: client.push(
@@ -144,6 +154,7 @@ class Task:
                     shard=self.shard,
                     batch=batch,
                     last=last,
+                    answered=answered,
                 )
             )
         )
@@ -158,7 +169,7 @@ class Task:
                 self.resume = True
                 return "rejected"
             raise ValueError(f"batch {batch} of shard {self.shard} rejected: {reasons}")
-        outcome = "applied" if "applied" in outcomes else "duplicate"
+        outcome = push_outcome(outcomes)
         BATCHES.labels(outcome).inc()
         if outcome == "applied":
             if not self.job.applied_batches:

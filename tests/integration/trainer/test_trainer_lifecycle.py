@@ -1,15 +1,22 @@
-"""What a user meets before the job runs: a trainer started before its coordinator says it is
-waiting, and a SIGTERM in that wait ends it with status 0, not Paddle's C++ signal dump."""
+"""What a user meets around the job: a trainer started before its coordinator says it is
+waiting, and a SIGTERM in that wait ends it with status 0, not Paddle's C++ signal dump; a
+batch one pserver already holds (as after the other rolled back) is a duplicate to the
+trainer, in the summary and on no other pserver's count."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from trainer_harness import JobHarness, wait_until
 
 from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.trainer.pserver_client import PushReply
+from tideshift.services.trainer.sdk import ElasticJob
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -43,4 +50,53 @@ async def test_a_trainer_before_its_coordinator_says_it_waits_and_exits_0_on_sig
         assert "FatalError" not in stderr and "Traceback" not in stderr, stderr
         assert "connected" not in trainer.stdout()
     finally:
+        harness.kill_all()
+
+
+def push_after_a_rollback(url: str, job_name: str) -> list[str]:
+    """Batch 0 is first applied on pserver 0 alone (what pserver 1 rolling back to a checkpoint
+    without it leaves), then pushed by the trainer; batch 1 is pushed normally."""
+    with ElasticJob.connect(job_name, nats_url=url, trainer="t-dup", handle_sigterm=False) as job:
+        job.initialize({"w": np.zeros(4, dtype=np.float32), "b": np.zeros(2)})
+        client = job.client
+        assert client is not None
+        gradient = {"w": np.ones(4, dtype=np.float32), "b": np.ones(2)}
+        outcomes = []
+        for task in job.tasks():
+            for index in task.batches(lambda location: [0, 1]):
+                if index == 0:
+                    skip_pserver_1 = {1: PushReply(1, "applied", "", 0)}
+                    only_pserver_0 = client.push(
+                        gradient, push_id="x", epoch=0, shard=0, batch=0, last=False,
+                        answered=skip_pserver_1,
+                    )  # fmt: skip
+                    job._loop.run(only_pserver_0)
+                outcomes.append(task.push(gradient, samples=1))
+        return outcomes
+
+
+async def test_a_batch_one_pserver_already_holds_is_a_duplicate_to_the_trainer(
+    nats_server: EmbeddedNats, tmp_path: Path, unique: str
+) -> None:
+    harness = JobHarness(
+        nats_server.url,
+        f"dup-{unique}",
+        tmp_path,
+        coordinator_args=[
+            "--epochs", "1", "--dataset", json.dumps(["only-shard"]), "--pservers", "2",
+            "--optimizer", json.dumps({"kind": "sgd", "learning_rate": 0.5}),
+        ],
+    )  # fmt: skip
+    try:
+        harness.pserver(0).start()
+        harness.pserver(1).start()
+        coordinator = harness.coordinator().start()
+        outcomes = await asyncio.to_thread(push_after_a_rollback, nats_server.url, harness.job)
+        assert outcomes == ["duplicate", "applied"]
+        assert await coordinator.wait(60) == 0, coordinator.tail()
+        summary = coordinator.summary()
+        assert summary["batches_applied"] == [2, 2]
+        assert summary["duplicates_refused"] == [1, 0]
+    finally:
+        await harness.stop_all()
         harness.kill_all()
