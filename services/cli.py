@@ -40,6 +40,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "loadgen": ("tideshift.loadgen.cli:main", "open-loop HTTP load generator"),
     "serve-sample": ("tideshift.loadgen.sample_app:main", "sample serving app with fixed capacity"),
+    "training": (
+        "tideshift.services.trainer.training_cli:main",
+        "a training job: status | export (its model) | reset",
+    ),
     "demo": ("tideshift.services.demo.cli:main", "a whole day and night in minutes"),
     "dev": (
         "tideshift.services.devcluster.cli:main",

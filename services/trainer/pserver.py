@@ -265,7 +265,7 @@ async def restore(bus: Bus, spec: JobSpec, layout: Layout, index: int) -> PServe
     """The last checkpoint, or an uninitialised state; raises ValueError if unusable."""
     fresh = PServerState(layout, index, spec.optimizer, Ledger(num_shards=spec.num_shards))
     payload = await load_object(bus, checkpoint_name(spec.job, index))
-    if payload is None:
+    if not payload:  # `tideshift training reset` leaves an empty one
         log.info("job %s: pserver %d has no checkpoint yet", spec.job, index)
         return fresh
     try:

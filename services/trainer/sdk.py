@@ -45,7 +45,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -75,7 +75,15 @@ from tideshift.services.trainer.jobspec import (
     PersistedCoordinator,
     StoredLayout,
 )
-from tideshift.services.trainer.layout import Layout, NamedArrays, check_state, describe, plan
+from tideshift.services.trainer.layout import (
+    ArraySpec,
+    Layout,
+    LayoutError,
+    NamedArrays,
+    check_state,
+    describe,
+    plan,
+)
 from tideshift.services.trainer.pserver_client import PServerClient
 from tideshift.services.trainer.task import BATCHES, Task
 
@@ -218,7 +226,7 @@ class ElasticJob:
         while True:
             layout = await read_layout(self.bus, self.spec)
             if layout is not None:
-                check_state(layout, arrays)
+                _check_layout(self.spec.job, layout, arrays)
                 self.layout = layout
                 self.client = PServerClient(self.bus, self.spec, layout)
                 with contextlib.suppress(RequestFailed):
@@ -398,6 +406,23 @@ class ElasticJob:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_layout(job: str, layout: Layout, arrays: dict[str, np.ndarray]) -> None:
+    """LayoutError naming both layouts and how to reset the job unless `arrays` fit it."""
+    try:
+        check_state(layout, arrays)
+    except LayoutError as error:
+
+        def text(specs: Iterable[ArraySpec]) -> str:
+            return ", ".join(f"{s.name} {s.shape} {s.dtype}" for s in specs)
+
+        raise LayoutError(
+            f"job {job}: {error}. The job holds [{text(layout.arrays)}]; this trainer has "
+            f"[{text(describe(arrays))}]. If the job's layout is the wrong one, stop its "
+            f"coordinator and pservers, run `tideshift training reset --job {job}` and start "
+            "them again"
+        ) from None
 
 
 async def _wait_for_spec(

@@ -1,0 +1,109 @@
+"""`tideshift training reset|status|export` on a real job: a wrong first layout is named with
+the job's and the trainer's layouts and the reset command; after the reset the right model
+trains, and status and export show what the pservers hold."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from trainer_harness import REPO, JobHarness
+
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.trainer.layout import LayoutError
+from tideshift.services.trainer.sdk import ElasticJob
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def model(width: int) -> dict[str, np.ndarray]:
+    return {"w": np.zeros(width, dtype=np.float32), "b": np.zeros(2)}
+
+
+def initialize(url: str, job_name: str, width: int) -> None:
+    with ElasticJob.connect(
+        job_name, nats_url=url, trainer=f"w{width}", handle_sigterm=False
+    ) as job:
+        job.initialize(model(width))
+
+
+def train(url: str, job_name: str) -> list[str]:
+    with ElasticJob.connect(job_name, nats_url=url, trainer="right", handle_sigterm=False) as job:
+        job.initialize(model(4))
+        return [
+            task.push({"w": np.ones(4, dtype=np.float32), "b": np.ones(2)}, samples=1)
+            for task in job.tasks()
+            for _ in task.batches(lambda location: [location])
+        ]
+
+
+def training(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tideshift.services.cli", "training", *args, "--nats-url", url],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+async def test_a_wrong_first_layout_is_named_reset_and_the_right_model_trained_and_exported(
+    nats_server: EmbeddedNats, tmp_path: Path, unique: str
+) -> None:
+    url = nats_server.url
+    harness = JobHarness(
+        url,
+        f"reset-{unique}",
+        tmp_path,
+        coordinator_args=[
+            "--epochs", "1", "--dataset", json.dumps(["only-shard"]), "--pservers", "2",
+            "--optimizer", json.dumps({"kind": "sgd", "learning_rate": 0.5}),
+        ],
+    )  # fmt: skip
+    job = harness.job
+    services = [harness.pserver(0), harness.pserver(1), harness.coordinator()]
+    try:
+        for service in services:
+            service.start()
+        await asyncio.to_thread(initialize, url, job, 3)
+        with pytest.raises(LayoutError) as mismatch:
+            await asyncio.to_thread(initialize, url, job, 4)
+        message = str(mismatch.value)
+        assert "w (3,) float32" in message and "w (4,) float32" in message, message
+        assert f"tideshift training reset --job {job}" in message
+
+        assert set((await harness.stop_all()).values()) == {0}
+        reset = await asyncio.to_thread(training, url, "reset", "--job", job)
+        assert reset.returncode == 0, reset.stderr
+        for service in services:
+            service.start()
+        assert await asyncio.to_thread(train, url, job) == ["applied"]
+        assert await services[2].wait(60) == 0, services[2].tail()
+
+        status = await asyncio.to_thread(training, url, "status", "--job", job)
+        assert status.returncode == 0, status.stderr
+        seen = json.loads(status.stdout)
+        assert seen["finished"] is True and seen["model"] is True
+        assert [p["batches_applied"] for p in seen["pservers"]] == [1, 1]
+
+        out = tmp_path / "model.npz"
+        export = await asyncio.to_thread(training, url, "export", "--job", job, "--out", str(out))
+        assert export.returncode == 0, export.stderr
+        with np.load(out) as exported:
+            assert np.array_equal(exported["w"], np.full(4, -0.5, dtype=np.float32))
+            assert np.allclose(exported["b"], [-0.5, -0.5])
+    finally:
+        await harness.stop_all()
+        harness.kill_all()
+
+
+def test_status_of_an_unknown_job_is_one_line_naming_it(nats_server: EmbeddedNats) -> None:
+    result = training(nats_server.url, "status", "--job", "no-such-job")
+    assert result.returncode == 1
+    # The last line: the bus still logs a WARNING when it closes (services/common/bus).
+    assert result.stderr.strip().splitlines()[-1] == (
+        "tideshift training status: job no-such-job: no job spec on the bus "
+        "(has its coordinator run?)"
+    )
