@@ -104,20 +104,32 @@ class WorkloadModel:
 
     @property
     def newest(self) -> float | None:
+        """The start of the newest interval the history holds."""
         return float(self.timestamps[-1]) if self.timestamps.shape[0] else None
+
+    @property
+    def covered_until(self) -> float | None:
+        """The end of the newest interval the history holds: the newest query's stamp."""
+        newest = self.newest
+        return None if newest is None else newest + self.cadence.step_s
 
     def window(self, now: float) -> tuple[float, float]:
         """The samples to ask for at `now`: the whole history at first, then only the new
         steps, up to the last whole step."""
         step = self.cadence.step_s
         end = math.floor(now / step) * step
-        newest = self.newest
-        start = end - self.cadence.history_s if newest is None else newest + step
+        covered = self.covered_until
+        start = end - self.cadence.history_s if covered is None else covered + step
         return min(start, end), end
 
     def absorb(self, times: FloatArray, values: FloatArray) -> int:
         """Keep the valid samples (finite, >= 0) newer than the history, within
-        `history_s` of the newest; returns how many were new."""
+        `history_s` of the newest; returns how many were new.
+
+        A rate query stamped t measures the step before t, and a forecast's value at t holds
+        for the step after t (as the planner reads it): each sample is kept at the start of
+        the step it measures, or every forecast would run one step late."""
+        times = times - self.cadence.step_s
         keep = np.isfinite(times) & np.isfinite(values) & (values >= 0)
         newest = self.newest
         if newest is not None:
@@ -141,11 +153,11 @@ class WorkloadModel:
     def unusable(self, *, fresh: int, end: float) -> str | None:
         """Why the history cannot be trusted at `end` (nothing yet, or no new sample for
         `stale_after_s`); None when it can."""
-        newest = self.newest
-        if newest is None:
+        covered = self.covered_until
+        if covered is None:
             return "no usable samples (empty, NaN or negative)"
-        if not fresh and end - newest > self.cadence.stale_after_s:
-            since = datetime.fromtimestamp(newest, tz=UTC).isoformat(timespec="seconds")
+        if not fresh and end - covered > self.cadence.stale_after_s:
+            since = datetime.fromtimestamp(covered, tz=UTC).isoformat(timespec="seconds")
             return f"no usable samples (empty, NaN or negative) since {since}"
         return None
 
@@ -192,9 +204,10 @@ class WorkloadModel:
         return lasted
 
     def behind(self, now: float) -> int:
-        """The forecast steps already past at `now`: the model stands at its last sample."""
-        newest = self.newest
-        return 0 if newest is None else max(0, math.floor((now - newest) / self.cadence.step_s))
+        """The forecast steps already past at `now`: the model's first step starts where
+        its history ends."""
+        covered = self.covered_until
+        return 0 if covered is None else max(0, math.floor((now - covered) / self.cadence.step_s))
 
     def forecast(self, now: float) -> Forecast | None:
         """The forecast to publish at `now`: from the first step not yet past, widened while

@@ -45,7 +45,18 @@ def test_absorb_keeps_valid_new_samples_within_the_history() -> None:
     model = WorkloadModel(CADENCE, "seasonal_naive_daily")
     assert model.absorb(np.array([0.0, 60.0, 120.0]), np.array([1.0, np.nan, -1.0])) == 1
     assert model.absorb(np.array([0.0, 3660.0]), np.array([5.0, 2.0])) == 1  # 0 is not new
-    np.testing.assert_array_equal(model.timestamps, [3660.0])  # 0 fell out of the hour
+    np.testing.assert_array_equal(model.timestamps, [3600.0])  # 0 fell out of the hour
+
+
+def test_a_sample_is_kept_at_the_start_of_the_step_it_measures() -> None:
+    """A rate query stamped t measures [t - step, t); the forecast's value at t holds for
+    [t, t + step): the sample stamped 3600 is the step from 3540, and the next step the
+    model forecasts is the one from 3600, in force at once."""
+    model = fitted()
+    assert model.newest == 3600.0 - 60 and model.covered_until == 3600.0
+    forecast = model.forecast(3600.0 + 10)
+    assert forecast is not None and forecast.timestamps[0] == 3600.0
+    assert model.window(3600.0 + 70) == (3660.0, 3660.0)  # the next query: no step skipped
 
 
 def test_unusable_before_any_sample_and_after_stale_after_without_new_ones() -> None:
@@ -74,7 +85,7 @@ def test_forecast_skips_past_steps() -> None:
     forecast = model.forecast(3600.0 + 150)
     assert forecast is not None
     assert model.behind(3600.0 + 150) == 2
-    assert forecast.timestamps[0] == 3600.0 + 180  # 3660 and 3720 are past
+    assert forecast.timestamps[0] == 3600.0 + 120  # 3600 and 3660 are past
     assert forecast.horizon_steps == 5
 
 

@@ -87,7 +87,9 @@ async def test_healthy_source_gives_fresh_forecasts_over_the_horizon() -> None:
     assert event is not None and not event.stale
     assert event.model == "portfolio"
     assert len(event.points) == 10
-    assert event.points[0].at.timestamp() == START + 60
+    # The sample stamped START measures the step before it: the first step forecast is the
+    # one from START (predictor/forecasting.py keeps samples at their step's start).
+    assert event.points[0].at.timestamp() == START
     assert event.workload.name == "web" and event.workload.kind == "Deployment.apps"
     assert source.queries[0] == 'sum(rate(http_requests_total{app="web"}[1m]))'
     expected = 100 + 50 * math.sin(2 * math.pi * (START + 60) / 86400)
@@ -95,7 +97,7 @@ async def test_healthy_source_gives_fresh_forecasts_over_the_horizon() -> None:
 
     clock.value += 60
     second = await loop.tick()
-    assert second is not None and second.points[0].at.timestamp() == START + 120
+    assert second is not None and second.points[0].at.timestamp() == START + 60
     assert loop.state.model is not None and loop.state.last_fit_at == START  # updated, not refitted
 
 
@@ -119,7 +121,7 @@ async def test_outage_publishes_stale_widened_forecasts_logs_once_and_recovers(
     # "nan"/"empty" only count as an outage after stale_after_seconds without data.
     assert len(stale) >= (4 if mode in {"nan", "empty"} else 7)
     last = stale[-1]
-    assert last.points[0].at.timestamp() == clock.value + 60  # still about the future
+    assert last.points[0].at.timestamp() == clock.value  # the step in force now, none past
     assert last.stale_reason
     for point in last.points:
         assert point.q50 <= point.q90 <= point.q95 <= point.q99
