@@ -15,7 +15,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    NonNegativeInt,
     field_validator,
     model_validator,
 )
@@ -23,6 +22,17 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 # A Kubernetes object name or namespace: non-empty, at most 253 characters.
 KubeName = Annotated[str, Field(min_length=1, max_length=253)]
+# A namespace is a DNS label: at most 63 characters.
+Namespace = Annotated[str, Field(min_length=1, max_length=63)]
+
+# Bounds of what the cluster can mean, so that every valid event can be planned.
+MAX_REPLICAS = 2**31 - 1  # replicas are int32 in Kubernetes
+Replicas = Annotated[int, Field(ge=0, le=MAX_REPLICAS)]
+# Below this a replica's capacity is no capacity: demand / capacity would overflow a count.
+MIN_CAPACITY_RPS = 1e-3
+MAX_RPS = 1e12  # demand and forecasts in requests/s: more is a unit mistake, not traffic
+MAX_SECONDS = 1e7  # lead times, windows and steps: about 115 days
+Rps = Annotated[float, Field(ge=0, le=MAX_RPS)]
 
 Change = Literal["added", "modified", "deleted"]
 Role = Literal["serving", "training", "other"]
@@ -48,9 +58,9 @@ class EventData(_Frozen):
 class Resources(_Frozen):
     """An amount of the resources the planner packs: cores, bytes and whole GPUs."""
 
-    cpu: float = Field(default=0.0, ge=0, description="CPU cores")
-    memory: float = Field(default=0.0, ge=0, description="memory in bytes")
-    gpu: int = Field(default=0, ge=0, description="nvidia.com/gpu devices")
+    cpu: float = Field(default=0.0, ge=0, le=1e9, description="CPU cores")
+    memory: float = Field(default=0.0, ge=0, le=2.0**63, description="memory in bytes")
+    gpu: int = Field(default=0, ge=0, le=MAX_REPLICAS, description="nvidia.com/gpu devices")
 
 
 # The API group of a kind named without one (kubectl's defaults); any other bare kind is in
@@ -77,7 +87,7 @@ class WorkloadRef:
     construction. Printed and parsed as `Kind.group/namespace/name`.
     """
 
-    namespace: KubeName
+    namespace: Namespace
     kind: Annotated[str, Field(max_length=253, description="Kind.group: Job.batch.volcano.sh")]
     name: KubeName
 
@@ -129,7 +139,7 @@ class PodChanged(EventData):
     event_name: ClassVar[str] = "cluster.pod.changed"
 
     change: Change
-    namespace: KubeName
+    namespace: Namespace
     name: KubeName
     uid: str = ""
     phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
@@ -151,13 +161,20 @@ class PodChanged(EventData):
 class ServingPolicy(_Frozen):
     """How to size a serving workload, from its `tideshift.io/*` annotations."""
 
-    capacity_rps: float = Field(gt=0, description="requests/s one replica serves at target")
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=1000, ge=1)
-    lead_time_seconds: float = Field(default=60.0, ge=0, description="pod start-up until ready")
+    capacity_rps: float = Field(
+        ge=MIN_CAPACITY_RPS, le=MAX_RPS, description="requests/s one replica serves at target"
+    )
+    min_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    max_replicas: int = Field(default=1000, ge=1, le=MAX_REPLICAS)
+    lead_time_seconds: float = Field(
+        default=60.0, ge=0, le=MAX_SECONDS, description="pod start-up until ready"
+    )
     quantile: float = Field(default=0.95, gt=0, lt=1, description="forecast quantile sized for")
     stabilization_seconds: float = Field(
-        default=300.0, ge=0, description="scale-down waits for the window's highest need"
+        default=300.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="scale-down waits for the window's highest need",
     )
     demand_query: str = Field(default="", description="PromQL of its demand; empty: default")
 
@@ -171,11 +188,15 @@ class ServingPolicy(_Frozen):
 class TrainingPolicy(_Frozen):
     """How to share capacity with a training job, from its `tideshift.io/*` annotations."""
 
-    min_replicas: int = Field(default=1, ge=1, description="fewest trainers")
-    max_replicas: int | None = Field(default=None, ge=1, description="most; None: its own")
-    gang_min: int | None = Field(default=None, ge=1, description="trainers that must run at once")
-    priority: int = 0
-    weight: float = Field(default=1.0, gt=0)
+    min_replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS, description="fewest trainers")
+    max_replicas: int | None = Field(
+        default=None, ge=1, le=MAX_REPLICAS, description="most; None: its own"
+    )
+    gang_min: int | None = Field(
+        default=None, ge=1, le=MAX_REPLICAS, description="trainers that must run at once"
+    )
+    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)
+    weight: float = Field(default=1.0, ge=1e-6, le=1e6)
     scale_task: str = Field(default="", description="Volcano: the task to scale")
     batch: bool = Field(
         default=False,
@@ -198,10 +219,10 @@ class WorkloadChanged(EventData):
     change: Change
     workload: WorkloadRef
     role: Literal["serving", "training"]
-    replicas: int = Field(ge=0, description="desired replicas in its spec (Volcano: its task's)")
-    ready_replicas: int = Field(default=0, ge=0)
-    min_replicas: int = Field(default=0, ge=0, description="its own lower bound (gang, elastic)")
-    max_replicas: int | None = Field(default=None, ge=0, description="its own upper bound")
+    replicas: Replicas = Field(description="desired replicas in its spec (Volcano: its task's)")
+    ready_replicas: Replicas = 0
+    min_replicas: Replicas = Field(default=0, description="its own lower bound (gang, elastic)")
+    max_replicas: Replicas | None = Field(default=None, description="its own upper bound")
     requests: Resources = Field(
         description="per replica, from the pod template (a batch job's: what it borrows, "
         "its tideshift.io/batch-cpu and batch-memory)"
@@ -229,7 +250,7 @@ class ScalePin(_Frozen):
     `tideshift scale --release`)."""
 
     target: WorkloadRef
-    replicas: int = Field(ge=0)
+    replicas: Replicas
     until: AwareDatetime | None = None
     reason: str = Field(default="manual override", max_length=500)
     pinned_at: AwareDatetime
@@ -239,11 +260,11 @@ class ForecastPoint(_Frozen):
     """Forecast demand (requests per second) for the step starting at `at`."""
 
     at: AwareDatetime
-    point: float = Field(ge=0)
-    q50: float = Field(ge=0)
-    q90: float = Field(ge=0)
-    q95: float = Field(ge=0)
-    q99: float = Field(ge=0)
+    point: Rps
+    q50: Rps
+    q90: Rps
+    q95: Rps
+    q99: Rps
 
     @model_validator(mode="after")
     def _quantiles_ordered(self) -> ForecastPoint:
@@ -258,7 +279,7 @@ class ForecastIssued(EventData):
     workload: WorkloadRef
     metric: str = Field(default="requests_per_second", min_length=1)
     issued_at: AwareDatetime
-    step_seconds: float = Field(gt=0)
+    step_seconds: float = Field(ge=1e-3, le=MAX_SECONDS)
     model: str = Field(min_length=1)
     points: tuple[ForecastPoint, ...] = Field(min_length=1)
     stale: bool = Field(default=False, description="re-issued from the last good fit")
@@ -272,7 +293,7 @@ class DemandObserved(EventData):
 
     workload: WorkloadRef
     metric: str = Field(default="requests_per_second", min_length=1)
-    rps: float = Field(ge=0, description="requests per second (finite, non-negative)")
+    rps: Rps = Field(description="requests per second (finite, non-negative)")
     observed_at: AwareDatetime
 
 
@@ -280,7 +301,7 @@ class ScaleCommand(EventData):
     event_name: ClassVar[str] = "scale.command"
 
     target: WorkloadRef
-    desired: int = Field(ge=0)
+    desired: Replicas
     reason: str = Field(min_length=1, max_length=2000)
     plan_id: str = Field(min_length=1, max_length=128)
     issued_at: AwareDatetime
@@ -294,9 +315,9 @@ class ScaleResult(EventData):
     target: WorkloadRef
     idempotency_key: str = Field(min_length=1, max_length=256)
     outcome: Literal["applied", "noop", "rejected", "failed"]
-    previous: NonNegativeInt | None = None
-    current: NonNegativeInt | None = None
-    desired: int = Field(ge=0)
+    previous: Replicas | None = None
+    current: Replicas | None = None
+    desired: Replicas
     message: str = ""
     dry_run: bool = False
     executed_at: AwareDatetime
@@ -307,9 +328,13 @@ class TargetDecision(_Frozen):
     """One target's part of a plan: where it is, where it should go, and why."""
 
     target: WorkloadRef
-    current: int = Field(ge=0)
-    desired: int = Field(ge=0)
+    current: Replicas
+    desired: Replicas
     reason: str
+    skipped: bool = Field(
+        default=False,
+        description="the policy could not plan it: it keeps its last decision (reason says why)",
+    )
 
 
 class PlanDecided(EventData):

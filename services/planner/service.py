@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import sys
@@ -70,6 +71,7 @@ from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import parse_settings
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
+from tideshift.services.planner.isolation import Quarantine
 from tideshift.services.planner.settings import PlannerSettings
 from tideshift.services.planner.state import PlannerState
 from tideshift.services.planner.targets import Held
@@ -83,6 +85,24 @@ SKIPPED = Counter("tideshift_planner_skipped_total", "Inputs skipped as unusable
 PLAN_SECONDS = Histogram("tideshift_planner_plan_seconds", "plan() duration")
 LEADER = Gauge("tideshift_planner_leader", "1 while this planner holds the lease")
 DEGRADED = Gauge("tideshift_planner_degraded", "1 while inputs are stale")
+UNPLANNABLE = Counter(
+    "tideshift_planner_unplannable_total", "Targets left out of a plan: the policy raised on them"
+)
+PLAN_FAILURES = Counter("tideshift_planner_plan_failures_total", "Plans that raised")
+# No plan succeeded this long: the planner is degraded and /readyz says so (a plan runs at
+# least every tick_seconds, 15 s by default, so this is several missed plans).
+PLAN_STALL_SECONDS = 120.0
+KEY_LIMIT = 256  # ScaleCommand.idempotency_key's max_length
+PLAN_ID_LIMIT = 128  # ScaleCommand.plan_id's max_length
+
+
+def idempotency_key(plan_id: str, target: pol.Target) -> str:
+    """`<plan>:<target>`, or `<plan>:sha256:<digest of target>` when that would not fit:
+    unique per target per plan for the longest legal names too."""
+    key = f"{plan_id}:{target}"
+    if len(key) <= KEY_LIMIT:
+        return key
+    return f"{plan_id}:sha256:{hashlib.sha256(str(target).encode()).hexdigest()}"
 
 
 @dataclass
@@ -100,6 +120,8 @@ class Planner:
     reasons: tuple[str, ...] = ()
     plans: int = 0
     commands: int = 0
+    # Clock time of the last plan that succeeded (the start until the first one).
+    last_plan_at: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = PlannerState(self.settings.state_config(), started_at=self.clock.now())
@@ -110,6 +132,15 @@ class Planner:
         self.sent: dict[pol.Target, tuple[int, float]] = {}
         self._pin_kv: TypedKV | None = None
         self._last_pins: dict[pol.Target, ScalePin] = {}
+        self.quarantine = Quarantine()
+        self.last_plan_at = self.clock.now()
+
+    def readiness(self) -> list[str]:
+        """Why /readyz says 503 beyond the runtime's checks: no plan succeeded for a while."""
+        silent = self.clock.now() - self.last_plan_at
+        if silent <= PLAN_STALL_SECONDS:
+            return []
+        return [f"degraded: no plan succeeded for {silent:.0f} s"]
 
     async def run(self) -> None:
         state = self.state
@@ -262,6 +293,7 @@ class Planner:
             try:
                 await self.plan_once(trigger)
             except Exception:  # a failed plan is logged and retried on the next trigger
+                PLAN_FAILURES.inc()
                 log.exception("planning failed")
             if trigger == "tick" or clock.now() >= next_tick:
                 next_tick = clock.now() + settings.tick_seconds
@@ -282,10 +314,16 @@ class Planner:
         targets = self.state.targets(await self._pins(), now)
         inputs = self.state.inputs(now, targets)
         started = time.perf_counter()
-        decision, self.policy_state = self.policy.plan(inputs, self.policy_state, now)
+        decision, self.policy_state, skipped = self.quarantine.plan(
+            self.policy, inputs, self.policy_state, now
+        )
         PLAN_SECONDS.observe(time.perf_counter() - started)
         PLANS.labels(trigger).inc()
         self.plans += 1
+        self.last_plan_at = now
+        for target, reason in skipped.items():
+            UNPLANNABLE.inc()
+            log.warning("%s %s", target, reason)
         self.state.remember_allowed(targets.serving, decision.targets)
         reasons = tuple(decision.fallbacks)
         if reasons != self.reasons:
@@ -296,30 +334,36 @@ class Planner:
             await self._announce()
         if not self.leader:
             return
-        plan_id = f"{self.instance}-{uuid.uuid4().hex[:12]}"
+        plan_id = f"{self.instance[: PLAN_ID_LIMIT - 13]}-{uuid.uuid4().hex[:12]}"
         for held in targets.held:  # once released, it is compared with where it is then
             self.sent.pop(held.target, None)
         for item in decision.targets:
             if self._differs(item, now):
                 await self._command(item, plan_id, now)
-        await self._publish_plan(decision, targets.held, plan_id, now)
+        kept = [  # a skipped target keeps its last good decision: what it is known to want
+            Held(t, r, inputs.current.get(t, 0), inputs.current.get(t, 0), reason)
+            for t, r, reason in _roles(inputs, skipped)
+        ]
+        await self._publish_plan(decision, targets.held, plan_id, now, kept)
 
     async def _command(self, item: pol.TargetDecision, plan_id: str, now: float) -> None:
-        """Publish one target's scale command and remember it as sent."""
-        command = ScaleCommand(
-            target=item.target,
-            desired=item.desired,
-            reason=item.reason[:2000],
-            plan_id=plan_id,
-            issued_at=datetime.fromtimestamp(now, UTC),
-            idempotency_key=f"{plan_id}:{item.target}",
-        )
-        subject = SCALE_COMMAND.at(
-            namespace=item.target.namespace, kind=item.target.kind, name=item.target.name
-        )
+        """Publish one target's scale command and remember it as sent; one that cannot be
+        made or sent is logged and skipped (the next plan tries again)."""
         try:
+            command = ScaleCommand(
+                target=item.target,
+                desired=item.desired,
+                reason=item.reason[:2000],
+                plan_id=plan_id,
+                issued_at=datetime.fromtimestamp(now, UTC),
+                idempotency_key=idempotency_key(plan_id, item.target),
+            )
+            subject = SCALE_COMMAND.at(
+                namespace=item.target.namespace, kind=item.target.kind, name=item.target.name
+            )
             await self.bus.publish_durable(subject, command, msg_id=command.idempotency_key)
         except Exception as error:
+            SKIPPED.labels("command").inc()
             log.warning("could not publish a command for %s: %s", item.target, error)
             return
         self.sent[item.target] = (item.desired, now)
@@ -329,10 +373,17 @@ class Planner:
         log.info("scale %s -> %d: %s", item.target, item.desired, item.reason)
 
     async def _publish_plan(
-        self, decision: pol.Decision, held: Sequence[Held], plan_id: str, now: float
+        self,
+        decision: pol.Decision,
+        held: Sequence[Held],
+        plan_id: str,
+        now: float,
+        skipped: Sequence[Held] = (),
     ) -> None:
-        """The `PlanDecided`: pinned and paused targets beside the planned ones, with why."""
-        shown: list[pol.TargetDecision | Held] = [*decision.targets, *held]
+        """The `PlanDecided`: pinned, paused and skipped targets beside the planned ones, with
+        why; skipped ones are marked so (the executor records a Warning Event on each)."""
+        shown: list[pol.TargetDecision | Held] = [*decision.targets, *held, *skipped]
+        marked = {item.target for item in skipped}
         plan = PlanDecided(
             plan_id=plan_id,
             policy=self.settings.policy,
@@ -343,6 +394,7 @@ class Planner:
                     current=max(item.current, 0),
                     desired=item.desired,
                     reason=item.reason,
+                    skipped=item.target in marked,
                 )
                 for item in shown
             ),
@@ -361,6 +413,15 @@ class Planner:
         return item.desired != item.current
 
 
+def _roles(
+    inputs: pol.PlanInputs, skipped: dict[pol.Target, str]
+) -> list[tuple[pol.Target, pol.Role, str]]:
+    """The skipped targets with their roles, in the inputs' order."""
+    roles: list[tuple[pol.Target, pol.Role]] = [(w.target, "serving") for w in inputs.serving]
+    roles += [(j.target, "training") for j in inputs.jobs]
+    return [(target, role, skipped[target]) for target, role in roles if target in skipped]
+
+
 async def serve(context: ServiceContext, *, clock: Clock = WALL_CLOCK) -> None:
     """The service body; the demo passes its simulated clock (nothing else differs)."""
     settings = context.settings
@@ -368,6 +429,7 @@ async def serve(context: ServiceContext, *, clock: Clock = WALL_CLOCK) -> None:
     planner = Planner(
         context.bus, settings, context.instance, context.stopping, context.ready, clock=clock
     )
+    context.readiness_checks.append(planner.readiness)
     await planner.run()
 
 

@@ -17,6 +17,7 @@ from tideshift.events.codec import EVENT_MODELS
 # Valid Kubernetes names: DNS-1123 subdomains (lower-case alphanumerics, '-' and '.').
 label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
 kube_name = st.lists(label, min_size=1, max_size=4).map(".".join)
+namespaces = label  # a namespace is one DNS label (at most 63 characters)
 times = st.datetimes(
     min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
 )
@@ -25,14 +26,17 @@ text = st.text(max_size=40)
 finite = st.floats(min_value=0, max_value=1e12, allow_nan=False)
 
 resources = st.builds(
-    events.Resources, cpu=finite, memory=finite, gpu=st.integers(min_value=0, max_value=16)
+    events.Resources,
+    cpu=st.floats(min_value=0, max_value=1e9),
+    memory=finite,
+    gpu=st.integers(min_value=0, max_value=16),
 )
 workload = st.builds(
     events.WorkloadRef,
     kind=st.sampled_from(
         ["Deployment", "StatefulSet.apps", "Job", "Job.batch.volcano.sh", "PyTorchJob"]
     ),
-    namespace=kube_name,
+    namespace=namespaces,
     name=kube_name,
 )
 
@@ -70,7 +74,7 @@ STRATEGIES: dict[type[events.EventData], st.SearchStrategy[events.EventData]] = 
     events.PodChanged: st.builds(
         events.PodChanged,
         change=change,
-        namespace=kube_name,
+        namespace=namespaces,
         name=kube_name,
         phase=st.sampled_from(["Pending", "Running", "Succeeded", "Failed", "Unknown"]),
         node=st.none() | kube_name,
@@ -241,7 +245,7 @@ def test_tokens_round_trip_any_string(value: str) -> None:
     assert events.decode_token(token) == value
 
 
-@given(namespace=kube_name, kind=st.sampled_from(["Deployment", "Job"]), name=kube_name)
+@given(namespace=namespaces, kind=st.sampled_from(["Deployment", "Job"]), name=kube_name)
 def test_subjects_parse_back_to_their_parameters(namespace: str, kind: str, name: str) -> None:
     bound = events.SCALE_COMMAND.at(namespace=namespace, kind=kind, name=name)
     assert bound.value.startswith("tideshift.v1.scale.command.")
