@@ -124,6 +124,39 @@ def _holidays(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     return result
 
 
+def _periodic_spikes(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A mild day curve plus spikes of a few minutes at 3-6x the base, every 1-3 h.
+
+    The period is drawn once per member; each spike's start is jittered by up to a tenth of
+    the period and its height by the height range, so the spikes come back on a schedule a
+    forecaster can learn, but never exactly.
+    """
+    rate = _daily_shape(t, rng, ratio=(1.2, 2.0))
+    period_s = rng.uniform(3600.0, 3 * 3600.0)
+    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    first = t[0] + rng.uniform(0.0, period_s)
+    for nominal in np.arange(first, t[0] + span + period_s, period_s):
+        start = nominal + rng.uniform(-0.1, 0.1) * period_s
+        height = rng.uniform(3.0, 6.0)  # the spike's rate over the base at that time
+        length_s = rng.uniform(120.0, 600.0)
+        inside = (t >= start) & (t < start + length_s)
+        rate = np.where(inside, rate * height, rate)
+    return rate
+
+
+def _steep_daily(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A narrow daily peak (8-20x the trough) under multiplicative log-normal noise."""
+    peak_hour = rng.uniform(9.0, 21.0)
+    width_h = rng.uniform(0.75, 2.0)
+    # Hours from the peak, wrapped to [-12, 12): a Gaussian bump per day.
+    offset = ((t / 3600.0 - peak_hour + 12.0) % 24.0) - 12.0
+    shape = 1.0 + (rng.uniform(8.0, 20.0) - 1.0) * np.exp(-0.5 * (offset / width_h) ** 2)
+    sigma = rng.uniform(0.15, 0.4)
+    noise = np.exp(rng.normal(-(sigma**2) / 2, sigma, t.shape[0]))
+    result: FloatArray = shape / float(np.mean(shape)) * noise
+    return result
+
+
 @dataclass(frozen=True)
 class _Family:
     shape: Callable[[FloatArray, np.random.Generator], FloatArray]
@@ -142,6 +175,10 @@ FAMILIES: dict[str, _Family] = {
     "bursty_high": _Family(_bursty, (5000, 50000), 20.0, "bursty noise at high counts"),
     "level_shifts": _Family(_level_shifts, (200, 5000), None, "the level steps up or down"),
     "holidays": _Family(_holidays, (200, 5000), None, "weekly cycle with quiet holidays"),
+    "periodic_spikes": _Family(
+        _periodic_spikes, (100, 2000), None, "spikes of a few minutes at 3-6x every 1-3 h"
+    ),
+    "steep_daily": _Family(_steep_daily, (200, 5000), None, "noisy, with a steep daily peak"),
 }
 
 

@@ -41,6 +41,34 @@ def test_daily_family_repeats_every_day_and_flash_crowds_spike() -> None:
     assert max(float(c.max() / c.mean()) for c in peaks) > 3.0
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_periodic_spikes_come_back_every_one_to_three_hours_at_three_to_six_x(seed: int) -> None:
+    series = families.generate("periodic_spikes", seed=seed, duration_s=2 * DAY, interval_s=60)
+    counts = series.counts
+    # A spike is a run of minutes well above the rolling base (the hour's median).
+    base = np.array([np.median(counts[max(0, i - 30) : i + 30]) for i in range(counts.size)])
+    high = counts > 2.5 * base
+    starts = np.flatnonzero(high[1:] & ~high[:-1]) + 1
+    assert 16 <= starts.size <= 52  # 48 h at one spike every 1-3 h
+    heights = [counts[s : s + 2].max() / base[s] for s in starts]
+    assert 2.5 < float(np.median(heights)) < 7.5
+    # Spikes last minutes, not hours: most minutes are at the base.
+    assert high.mean() < 0.15
+
+
+def test_steep_daily_peaks_sharply_each_day_under_noise() -> None:
+    for seed in range(4):
+        counts = families.generate(
+            "steep_daily", seed=seed, duration_s=4 * DAY, interval_s=600
+        ).counts
+        assert _acf(counts, 144) > 0.4
+        hourly = counts.reshape(-1, 6).mean(axis=1)
+        assert hourly.max() / np.median(hourly) > 4.0
+        # Noise: neighbouring intervals differ by more than Poisson alone would make them.
+        steps = np.abs(np.diff(counts)) / np.sqrt(counts[1:] + 1)
+        assert float(np.median(steps)) > 3.0
+
+
 def test_bursty_low_has_more_spread_than_poisson() -> None:
     counts = families.generate("bursty_low", seed=2, duration_s=7 * DAY, interval_s=60).counts
     assert counts.mean() < 20
