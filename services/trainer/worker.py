@@ -18,6 +18,7 @@ from pydantic import Field
 
 from tideshift.services.common.runtime import configure_logging
 from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.trainer.health import TrainerHealth
 from tideshift.services.trainer.model import (
     ShardData,
     gradients,
@@ -52,7 +53,7 @@ def read_batches(location: str) -> list[ShardData]:
     return read_uri(location).batches(spec.batch_size)
 
 
-def train(settings: TrainerSettings) -> dict[str, int]:
+def train(settings: TrainerSettings, health: TrainerHealth | None = None) -> dict[str, int]:
     job = ElasticJob.connect(
         settings.job,
         nats_url=settings.nats_url,
@@ -61,7 +62,11 @@ def train(settings: TrainerSettings) -> dict[str, int]:
     )
     with job:
         spec, _ = parse_uri(job.spec.shards[0])
+        if health is not None:
+            health.not_ready = "waiting for the model to be initialised"
         job.initialize(initial_state(spec.model))
+        if health is not None:
+            health.not_ready = ""
         for task in job.tasks():
             for batch in task.batches(read_batches):
                 # Demos emulate a heavier model: each batch takes its share of the shard's time.
@@ -86,9 +91,14 @@ def main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    health = TrainerHealth()
     try:
-        train(settings)
-    except (ValueError, TimeoutError, ConnectionError) as error:
+        if settings.health_port >= 0:
+            health.serve(settings.health_host, settings.health_port)
+        train(settings, health)
+    except (ValueError, TimeoutError, ConnectionError, OSError) as error:
         print(f"tideshift run trainer: {error}", file=sys.stderr)
         return 1
+    finally:
+        health.stop()
     return 0

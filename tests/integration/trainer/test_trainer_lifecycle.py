@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -99,4 +102,49 @@ async def test_a_batch_one_pserver_already_holds_is_a_duplicate_to_the_trainer(
         assert summary["duplicates_refused"] == [1, 0]
     finally:
         await harness.stop_all()
+        harness.kill_all()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:  # not listening yet
+        return 0, str(error)
+
+
+async def test_the_example_trainer_serves_health_while_it_waits_for_its_coordinator(
+    nats_server: EmbeddedNats, tmp_path: Path, unique: str
+) -> None:
+    port = free_port()
+    harness = JobHarness(nats_server.url, f"health-{unique}", tmp_path)
+    harness.trainer_args = ["--health-port", str(port), "--health-host", "127.0.0.1"]
+    trainer = harness.trainer("t-health").start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        async def alive() -> bool:
+            return (await asyncio.to_thread(get, f"{base}/healthz"))[0] == 200
+
+        await wait_until(alive, timeout=60, what="the trainer's /healthz")
+
+        async def says_it_waits() -> bool:
+            return "waiting for its coordinator" in trainer.stderr_path.read_text()
+
+        await wait_until(says_it_waits, timeout=90, what="the trainer's waiting message")
+        status, text = await asyncio.to_thread(get, f"{base}/readyz")
+        assert (status, text) == (503, "not ready: waiting for the job spec\n")
+        status, text = await asyncio.to_thread(get, f"{base}/metrics")
+        assert status == 200 and "tideshift_trainer_batches_total" in text
+        trainer.signal(signal.SIGTERM)
+        assert await trainer.wait(30) == 0, trainer.tail()
+    finally:
         harness.kill_all()
