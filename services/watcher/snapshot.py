@@ -9,10 +9,15 @@ object, whose value is the latest `NodeChanged` or `PodChanged` for it:
 
 each name encoded with `tideshift.events.encode_token` (dots in names become `_2E`). A planner that
 starts late reads every key once and then follows the live subjects. Pure: no I/O.
+
+Changes are ordered by the apiserver's resourceVersion (`VersionOrder`), never by a clock: a
+watcher's or a producer's clock can be wrong, the apiserver's counter cannot go back.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from tideshift.events import (
@@ -23,7 +28,7 @@ from tideshift.events import (
     WorkloadRef,
     encode_token,
 )
-from tideshift.services.cluster.port import ChangeType, Node, Pod
+from tideshift.services.cluster.port import ChangeType, Node, Pod, Workload
 from tideshift.services.cluster.port import Resources as PortResources
 
 
@@ -86,3 +91,66 @@ def same_state(
     return type(before) is type(after) and before.model_dump(exclude=ignore) == after.model_dump(
         exclude=ignore
     )
+
+
+def version_number(resource_version: str) -> int | None:
+    """The resourceVersion as a number, None when it cannot be ordered.
+
+    An etcd-backed apiserver stamps every write with the store's one revision counter, so a
+    larger version is a later state of the cluster; versions are compared as integers, as
+    Kubernetes' own comparable-resource-version check does. "" (the simulated cluster) and
+    anything non-numeric are not ordered: such changes are taken in arrival order.
+    """
+    return int(resource_version) if resource_version.isdecimal() else None
+
+
+@dataclass
+class VersionOrder:
+    """Per key, the newest resourceVersion taken: an older change is dropped, and a deletion
+    wins over any add at or before its version (a replayed or late add cannot bring a deleted
+    object back). Deletions are remembered as tombstones, at most `tombstone_limit` of them
+    (the oldest forgotten first), so a flood of deleted names cannot grow it without bound;
+    live keys are bounded by what the cluster holds."""
+
+    tombstone_limit: int = 10_000
+    live: dict[str, int] = field(default_factory=dict)
+    tombstones: OrderedDict[str, int] = field(default_factory=OrderedDict)
+
+    def admit(self, key: str, change: ChangeType, resource_version: str) -> bool:
+        """Whether this change is newer than what was taken for `key` (and record it)."""
+        version = version_number(resource_version)
+        deleted_at = self.tombstones.get(key)
+        if version is not None:
+            newest = max(self.live.get(key, -1), -1 if deleted_at is None else deleted_at)
+            stale = version < newest or (change != "deleted" and deleted_at == version)
+            if stale:
+                return False
+        if change == "deleted":
+            self.live.pop(key, None)
+            if version is not None:
+                self.tombstones[key] = version
+                self.tombstones.move_to_end(key)
+                while len(self.tombstones) > self.tombstone_limit:
+                    self.tombstones.popitem(last=False)
+            return True
+        self.tombstones.pop(key, None)
+        if version is None:
+            self.live.pop(key, None)
+        else:
+            self.live[key] = version
+        return True
+
+
+def older(resource_version: str, than: str) -> bool:
+    """Whether a state is known to be earlier than another (both versions ordered)."""
+    version, other = version_number(resource_version), version_number(than)
+    return version is not None and other is not None and version < other
+
+
+def object_key(obj: Node | Pod | Workload) -> str:
+    """The snapshot key of a port object."""
+    if isinstance(obj, Node):
+        return node_key(obj.name)
+    if isinstance(obj, Workload):
+        return workload_key(obj.ref)
+    return pod_key(obj.namespace, obj.name)

@@ -40,8 +40,11 @@ from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
 from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
 from tideshift.services.watcher.snapshot import (
+    VersionOrder,
     node_event,
     node_key,
+    object_key,
+    older,
     pod_event,
     pod_key,
     same_state,
@@ -57,6 +60,11 @@ FAILURES = Counter(
 SNAPSHOT_OBJECTS = Gauge("tideshift_watcher_snapshot_objects", "Objects in the snapshot")
 INVALID_POLICIES = Counter(
     "tideshift_watcher_invalid_policies_total", "Labelled workloads skipped for bad annotations"
+)
+STALE = Counter(
+    "tideshift_watcher_stale_total",
+    "Changes dropped as older than the state already taken (by resourceVersion)",
+    ["resource"],
 )
 INVALID_POLICY_REASON = "TideshiftInvalidPolicy"
 
@@ -115,6 +123,7 @@ class Watcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._reported: dict[str, str] = {}  # workload -> the invalid-policy message last recorded
+        self.order = VersionOrder()
 
     # -- conversion and publishing -------------------------------------------------------
 
@@ -182,6 +191,11 @@ class Watcher:
 
     async def handle(self, change: ClusterChange) -> None:
         """Publish one change and queue its snapshot update; never raises on bad input."""
+        obj = change.obj
+        if not self.order.admit(object_key(obj), change.type, obj.resource_version):
+            STALE.labels(type(obj).__name__.lower()).inc()
+            log.info("dropping %s %s: older than the state taken", change.type, object_key(obj))
+            return
         try:
             key, event = self._event(change.type, change.obj)
         except InvalidPolicy as error:
@@ -261,18 +275,12 @@ class Watcher:
             await asyncio.gather(*(read(key) for key in keys[start : start + self.kv_concurrency]))
         return current
 
-    async def reconcile(self) -> int:
-        """List the cluster, publish what differs from the snapshot, fix the snapshot.
-
-        Returns how many differences were found.
-        """
-        self.snapshot = await self.bus.kv(self.bucket)
-        nodes = await self.port.list_nodes()
-        pods = await self.port.list_pods()
-        workloads = await self.port.list_workloads()
-        stored = await self._read_snapshot()
+    async def _listed(
+        self, objects: list[Node | Pod | Workload], stored: dict[str, ClusterEvent]
+    ) -> dict[str, ClusterEvent]:
+        """The listed objects as events by key (a workload whose policy cannot be read keeps
+        its stored one: it is not a deletion)."""
         listed: dict[str, ClusterEvent] = {}
-        objects: list[Node | Pod | Workload] = [*nodes, *pods, *workloads]
         for obj in objects:
             try:
                 key, event = self._event("added", obj)
@@ -288,10 +296,28 @@ class Watcher:
                 log.warning("cannot convert a listed object: %s", error)
                 continue
             listed[key] = event
+        return listed
+
+    async def reconcile(self) -> int:
+        """List the cluster, publish what differs from the snapshot, fix the snapshot.
+
+        Returns how many differences were found.
+        """
+        self.snapshot = await self.bus.kv(self.bucket)
+        nodes = await self.port.list_nodes()
+        pods = await self.port.list_pods()
+        workloads = await self.port.list_workloads()
+        stored = await self._read_snapshot()
+        listed = await self._listed([*nodes, *pods, *workloads], stored)
         differences = 0
         for key, listed_event in listed.items():
             old = stored.get(key)
+            self.order.admit(key, "added", listed_event.resource_version)
             if old is not None and same_state(old, listed_event):
+                continue
+            if old is not None and older(listed_event.resource_version, old.resource_version):
+                # Another watcher already stored a later state: keep it, do not go back.
+                self.order.admit(key, "added", old.resource_version)
                 continue
             event = listed_event
             if old is not None:
@@ -303,6 +329,7 @@ class Watcher:
             if key in listed:
                 continue
             differences += 1
+            self.order.admit(key, "deleted", old.resource_version)
             await self._publish_quietly(
                 old.model_copy(update={"change": "deleted", "observed_at": utc_now(self.clock)})
             )

@@ -38,7 +38,7 @@ from tideshift.services.cluster.port import ClusterChange, Pod
 from tideshift.services.common.bus import Bus
 from tideshift.services.devcluster.nodes import NodeSpec
 from tideshift.services.watcher.snapshot import node_key, pod_key
-from tideshift.services.watcher.watcher import Watcher
+from tideshift.services.watcher.watcher import STALE, Watcher
 
 pytestmark = pytest.mark.k8s
 WAIT = 60.0
@@ -412,5 +412,56 @@ async def test_periodic_resync_relists_without_publishing_unchanged_objects(
             await eventually(lambda: ("added", "new") in recorder.pods(), "pod 'new'")
         assert ("added", "steady") not in recorder.pods()
         assert recorder.pods().count(("added", "new")) == 1
+    finally:
+        await port.close()
+
+
+async def test_a_late_add_older_than_the_deletion_does_not_bring_a_pod_back(
+    admin: KubeHttp, k8s_namespace: str, watcher_kubeconfig: Path, bus: Bus, unique: str
+) -> None:
+    """The apiserver's resourceVersions order the pod's states: its deletion wins over a
+    replay of its older add (a stale relist, a second watcher), whatever the clocks say."""
+    pods_path = f"/api/v1/namespaces/{k8s_namespace}/pods"
+    port = await asyncio.to_thread(watcher_port, watcher_kubeconfig, k8s_namespace)
+    watcher = Watcher(port, bus, bucket=f"snap_{unique}")
+    events: list[Any] = []
+    ready = asyncio.Event()
+    try:
+        async with (
+            running(
+                collect(
+                    bus.subscribe(POD_CHANGED.filter(namespace=k8s_namespace), consumer="t"),
+                    events,
+                )
+            ),
+            running(watcher.run(ready)),
+        ):
+            await asyncio.wait_for(ready.wait(), WAIT)
+            await asyncio.to_thread(create, admin, pods_path, bare_pod("brief"))
+            seen = await eventually(
+                lambda: [p for p in port.pods.cache.values() if p.name == "brief"], "the pod"
+            )
+            as_added = seen[0]
+            await asyncio.to_thread(
+                admin.json, "DELETE", f"{pods_path}/brief", body={"gracePeriodSeconds": 0}
+            )
+            await eventually(
+                lambda: any(e.data.change == "deleted" for e in events), "the pod's deletion"
+            )
+            stale_before = counter(STALE, "pod")
+            await watcher.handle(ClusterChange("added", as_added))
+            await watcher.handle(ClusterChange("modified", as_added))
+            assert counter(STALE, "pod") == stale_before + 2
+            await watcher.flushed()
+            assert watcher.snapshot is not None
+            assert await watcher.snapshot.get(pod_key(k8s_namespace, "brief"), PodChanged) is None
+            # Recreated under the same name: a later version, taken as a new pod.
+            await asyncio.to_thread(create, admin, pods_path, bare_pod("brief"))
+            await eventually(
+                lambda: [e for e in events if e.data.change == "added"][1:], "the new pod"
+            )
+        changes = [e.data.change for e in events if e.data.name == "brief"]
+        assert changes.count("deleted") == 1 and changes[-1] in {"added", "modified"}
+        assert changes.index("deleted") < len(changes) - 1
     finally:
         await port.close()
