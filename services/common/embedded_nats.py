@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -22,13 +23,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any, BinaryIO
 
+from tideshift.services.common.bus.permissions import ROLES, authorization
 from tideshift.services.common.lifetime import die_with_parent
 from tideshift.services.common.ports import free_port, port_in_use
 
 
 class NatsServerError(RuntimeError):
     pass
+
+
+class StoreNotWritable(NatsServerError):
+    """The store directory cannot be created or written: an input error, not a crash."""
 
 
 def find_nats_server() -> Path:
@@ -55,6 +62,10 @@ class EmbeddedNats:
     store_dir: Path | None = None
     host: str = "127.0.0.1"
     max_payload: int = 8 * 1024 * 1024
+    # Off by default: the embedded server listens on loopback only and dies with its parent.
+    # On, every role of `permissions.ROLES` gets a generated password (`passwords`).
+    auth: bool = False
+    passwords: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
 
@@ -83,12 +94,17 @@ class EmbeddedNats:
         if self.store_dir is None:
             self._tempdir = tempfile.TemporaryDirectory(prefix="tideshift-nats-")
             self.store_dir = Path(self._tempdir.name)
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        config = self.store_dir / "nats-server.conf"
-        config.write_text(self._config())
-        log = (self.store_dir / "nats-server.log").open("ab")
+        if self.auth:
+            self.passwords = {role: secrets.token_urlsafe(24) for role in ROLES}
+        try:
+            log = self._write_files(self.store_dir)
+        except OSError as error:
+            raise StoreNotWritable(
+                f"store {self.store_dir}: cannot write there ({error.strerror or error}); "
+                "choose a writable directory"
+            ) from None
         self._process = subprocess.Popen(
-            [str(find_nats_server()), "-c", str(config)],
+            [str(find_nats_server()), "-c", str(self.store_dir / "nats-server.conf")],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -98,10 +114,29 @@ class EmbeddedNats:
         self._wait_healthy(timeout)
         return self
 
+    def _write_files(self, store: Path) -> BinaryIO:
+        """The config (0600: it may hold passwords) and the opened log."""
+        store.mkdir(parents=True, exist_ok=True)
+        config = store / "nats-server.conf"
+        config.touch(mode=0o600)
+        config.chmod(0o600)
+        config.write_text(self._config())
+        if self.auth:
+            credentials = store / "credentials.env"
+            credentials.touch(mode=0o600)
+            credentials.chmod(0o600)
+            credentials.write_text(
+                "".join(
+                    f"TIDESHIFT_NATS_PASSWORD_{role.upper()}={password}\n"
+                    for role, password in self.passwords.items()
+                )
+            )
+        return (store / "nats-server.log").open("ab")
+
     def _config(self) -> str:
         assert self.store_dir is not None  # set by start()
         # JSON is valid nats-server config syntax and quotes paths safely.
-        body = {
+        body: dict[str, Any] = {
             "server_name": f"tideshift-{self.port}",
             "host": self.host,
             "port": self.port,
@@ -110,6 +145,8 @@ class EmbeddedNats:
             "jetstream": {"store_dir": str(self.store_dir / "jetstream")},
             "mqtt": {"host": self.host, "port": self.mqtt_port},
         }
+        if self.auth:
+            body["authorization"] = authorization(self.passwords)
         return json.dumps(body, indent=2)
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -178,6 +215,11 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--monitor-port", type=int, default=8222, help="HTTP monitor port")
     parser.add_argument("--store", type=Path, default=None, help="JetStream store directory")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="require a login: generate a password per role (written to <store>/credentials.env)",
+    )
     args = parser.parse_args(argv)
     for flag in ("port", "mqtt_port", "monitor_port"):
         if not 0 <= getattr(args, flag) <= 65535:
@@ -191,9 +233,13 @@ def main(argv: Sequence[str]) -> int:
         monitor_port=args.monitor_port,
         store_dir=store,
         host=args.host,
+        auth=args.auth,
     )
     try:
         server.start()
+    except StoreNotWritable as error:
+        print(f"tideshift nats: invalid --store: {error}", file=sys.stderr)
+        return 2
     except NatsServerError as error:
         print(f"tideshift nats: {error}", file=sys.stderr)
         return 1
@@ -201,6 +247,10 @@ def main(argv: Sequence[str]) -> int:
     print(f"MQTT     {server.mqtt_url}", flush=True)
     print(f"monitor  {server.monitor_url}", flush=True)
     print(f"store    {store}", flush=True)
+    if args.auth:
+        print(
+            f"logins   {store / 'credentials.env'} (one password per role, mode 0600)", flush=True
+        )
     print("Ctrl-C to stop. Watch events with: tideshift events tail", flush=True)
     stop = False
 

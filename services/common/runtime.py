@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tideshift.services.common.bus import Bus
+from tideshift.services.common.bus import Bus, NatsAuthError
 from tideshift.services.common.embedded_nats import EmbeddedNats, NatsServerError
 from tideshift.services.common.settings import ServiceSettings
 
@@ -117,6 +117,7 @@ async def _serve(
     name: str,
     settings: ServiceSettings,
     body: Callable[[ServiceContext], Coroutine[Any, Any, None]],
+    password: str | None,
 ) -> int:
     embedded: EmbeddedNats | None = None
     url = settings.nats_url
@@ -132,6 +133,8 @@ async def _serve(
         url,
         name=f"{name}-{instance}",
         credentials=settings.nats_credentials,
+        user=settings.nats_user,
+        password=password,
         max_message_bytes=settings.max_message_bytes,
     )
     context = ServiceContext(name=name, settings=settings, bus=bus, instance=instance)
@@ -174,8 +177,14 @@ def run_service(
     """Run a service body to completion; the process exit code."""
     configure_logging(settings.log_level)
     try:
-        return asyncio.run(_serve(name, settings, body))
-    except NatsServerError as error:
+        password = settings.nats_secret()
+    except ValueError as error:
+        print(f"tideshift {name}: {error}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(name, settings, body, password))
+    except (NatsServerError, NatsAuthError) as error:
+        # A refused login cannot succeed by retrying: say so at once.
         print(f"tideshift {name}: {error}", file=sys.stderr)
         return 1
     except OSError as error:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 S = TypeVar("S", bound="ServiceSettings")
@@ -42,6 +43,16 @@ class ServiceSettings(BaseSettings):
     nats_credentials: str | None = Field(
         default=None, description="path to a NATS .creds file (from a Secret in Kubernetes)"
     )
+    nats_user: str | None = Field(
+        default=None,
+        description="NATS user of this service's role (watcher, planner, ...; see the README)",
+    )
+    nats_password: SecretStr | None = Field(
+        default=None, description="its password (prefer --nats-password-file)"
+    )
+    nats_password_file: Path | None = Field(
+        default=None, description="file holding the password (a mounted Secret in Kubernetes)"
+    )
     instance: str = Field(default="", description="this replica's name; default host-pid")
     health_host: str = Field(default="0.0.0.0", description="address of /healthz and /metrics")
     health_port: int = Field(
@@ -54,6 +65,22 @@ class ServiceSettings(BaseSettings):
     max_message_bytes: int = Field(
         default=1024 * 1024, gt=0, description="events larger than this are dead-lettered"
     )
+
+    def nats_secret(self) -> str | None:
+        """The NATS password, from the setting or read from its file (stripped of the newline
+        a Secret file often ends with)."""
+        if self.nats_password is not None and self.nats_password_file is not None:
+            raise ValueError("give --nats-password or --nats-password-file, not both")
+        if self.nats_password is not None:
+            return self.nats_password.get_secret_value()
+        if self.nats_password_file is None:
+            return None
+        try:
+            return self.nats_password_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(
+                f"--nats-password-file {self.nats_password_file}: cannot read it ({error})"
+            ) from None
 
 
 def _flag(field: str) -> str:

@@ -4,6 +4,7 @@ the streams derived from the events' subjects, typed KV and leases, objects and 
 Imports the events contract and, of the services, only the clock and retry policies."""
 
 from tideshift.services.common.bus.client import Bus, Delivery
+from tideshift.services.common.bus.connect import NatsAuthError
 from tideshift.services.common.bus.follow import RESUBSCRIBE, StreamEnded, follow
 from tideshift.services.common.bus.kv import KVConflict, Lease, TypedKV
 from tideshift.services.common.bus.rpc import RequestFailed
@@ -25,6 +26,7 @@ __all__ = [
     "Delivery",
     "KVConflict",
     "Lease",
+    "NatsAuthError",
     "RequestFailed",
     "StreamEnded",
     "StreamSpec",

@@ -39,6 +39,7 @@ from tideshift.events import (
 )
 from tideshift.events.codec import decode, encode
 from tideshift.services.common.bus import objects, rpc
+from tideshift.services.common.bus.connect import open_connection
 from tideshift.services.common.bus.kv import Lease, TypedKV
 from tideshift.services.common.bus.streams import STREAMS, StreamSpec
 
@@ -49,6 +50,10 @@ PUBLISHED = Counter("tideshift_bus_published_total", "Events published", ["subje
 RECEIVED = Counter("tideshift_bus_received_total", "Valid events received", ["consumer"])
 REJECTED = Counter(
     "tideshift_bus_rejected_total", "Messages rejected and dead-lettered", ["consumer", "kind"]
+)
+PERMISSION_VIOLATIONS = Counter(
+    "tideshift_bus_permission_violations_total",
+    "Operations the NATS server refused for lack of permission (a misconfigured identity)",
 )
 DEAD_LETTER_DISCARDS = Counter(
     "tideshift_bus_deadletters_discarded_total",
@@ -105,39 +110,26 @@ class Bus:
         *,
         name: str,
         credentials: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
         max_message_bytes: int = 1024 * 1024,
         connect_timeout: float = 30.0,
     ) -> Bus:
-        """Connect (ConnectionError after `connect_timeout`); once up, reconnect for ever."""
+        """Connect (ConnectionError after `connect_timeout`); once up, reconnect for ever.
 
-        async def on_disconnect() -> None:
-            log.warning("disconnected from NATS %s; reconnecting", url)
-
-        async def on_reconnect() -> None:
-            log.info("reconnected to NATS %s", url)
-
-        async def on_error(error: Exception) -> None:
-            log.warning("NATS error: %s", error)
-
-        try:
-            connection = await asyncio.wait_for(
-                nats.connect(
-                    url,
-                    name=name,
-                    user_credentials=credentials,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    allow_reconnect=True,
-                    disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect,
-                    error_cb=on_error,
-                ),
-                connect_timeout,
-            )
-        except (TimeoutError, nats.errors.NoServersError, OSError) as error:
-            raise ConnectionError(
-                f"no NATS server answered at {url} within {connect_timeout:.0f}s"
-            ) from error
+        A server that refuses the credentials raises `NatsAuthError` at once: retrying a
+        wrong password until the timeout would only hide it. A `user` gets its own inbox
+        prefix, which its NATS permissions allow (`permissions.inbox_prefix`).
+        """
+        connection = await open_connection(
+            url,
+            name=name,
+            credentials=credentials,
+            user=user,
+            password=password,
+            timeout=connect_timeout,
+            on_permission_violation=PERMISSION_VIOLATIONS.inc,
+        )
         source = f"tideshift/{name}/{socket.gethostname()}/{os.getpid()}"
         return cls(connection, source=source, max_message_bytes=max_message_bytes)
 
