@@ -5,6 +5,8 @@
         --optimizer '{"kind": "adam", "learning_rate": 0.01}'
     tideshift run pserver --job mlp
     TIDESHIFT_NATS_URL=nats://127.0.0.1:4222 TIDESHIFT_JOB=mlp python mlp.py train
+    tideshift training export --job mlp --out model.npz   # the trained model, from the pservers
+    python mlp.py evaluate --model model.npz --holdout /data/blobs/holdout.npz
 
 The data: four classes, each a Gaussian cloud around its own centre in 16 dimensions, with
 overlap, so the best possible accuracy is below 100 % and a linear model is not enough.
@@ -75,6 +77,12 @@ def evaluate(net: paddle.nn.Layer, features: np.ndarray, labels: np.ndarray) -> 
     return float(loss), accuracy
 
 
+def load_exported(net: paddle.nn.Layer, path: Path) -> None:
+    """Load `tideshift training export`'s .npz: its names are the layer's parameter names."""
+    with np.load(path) as exported:
+        net.set_state_dict({name: paddle.to_tensor(exported[name]) for name in exported.files})
+
+
 def train(job: ElasticJob) -> None:
     net = build()
     model = PaddleModel(net)
@@ -97,9 +105,19 @@ def main() -> None:
     make.add_argument("--samples", type=int, default=2000, help="samples per shard")
     run = commands.add_parser("train", help="join the job as one elastic trainer")
     run.add_argument("--job", help="job name (default: $TIDESHIFT_JOB)")
+    check = commands.add_parser("evaluate", help="loss and accuracy of an exported model")
+    check.add_argument("--model", type=Path, required=True, help="from tideshift training export")
+    check.add_argument("--holdout", type=Path, required=True, help="holdout.npz from prepare")
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.out, shards=args.shards, samples=args.samples)
+        return
+    if args.command == "evaluate":
+        net = build()
+        load_exported(net, args.model)
+        with np.load(args.holdout) as holdout:
+            loss, accuracy = evaluate(net, holdout["features"], holdout["labels"])
+        print(f"holdout loss {loss:.4f} accuracy {accuracy:.3f}")
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with ElasticJob.connect(args.job) as job:

@@ -3,6 +3,7 @@ coordinator processes, a real nats-server. Small jobs (seconds of compute)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from tideshift.services.trainer.model import (
     read_uri,
     shard_uri,
 )
+from tideshift.services.trainer.training_cli import export_model
 
 paddle = pytest.importorskip("paddle")
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -114,12 +116,14 @@ async def test_paddle_mlp_classifier_learns_the_classes(
         assert await coordinator.wait(240) == 0, coordinator.tail()
         for trainer in trainers:
             assert await trainer.wait(60) == 0, trainer.tail()
-        client = await client_of(bus, harness.job)
         with np.load(tmp_path / "blobs" / "holdout.npz") as holdout:
             features, labels = holdout["features"], holdout["labels"]
         net = mlp.build()
         untrained_loss, _ = mlp.evaluate(net, features, labels)
-        mlp.PaddleModel(net).load(await client.pull())
+        # Out as a user takes it: the SDK's export to .npz, then Layer.set_state_dict.
+        exported = tmp_path / "model.npz"
+        await asyncio.to_thread(export_model, harness.job, nats_server.url, exported)
+        mlp.load_exported(net, exported)
         loss, accuracy = mlp.evaluate(net, features, labels)
         assert loss < untrained_loss / 2
         assert accuracy > 0.8
