@@ -7,12 +7,12 @@ STAMP  := $(VENV)/.installed
 # finder: they see `tideshift` through this tree of symlinks to events/, services/, loadgen/.
 LINT_ROOT := $(VENV)/lint-root
 
-.PHONY: demo test lint install system-deps k8s-binaries
+.PHONY: demo test lint install system-deps k8s-binaries image image-deps image-base
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,report]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -33,6 +33,57 @@ system-deps:
 k8s-binaries:
 	bash tests/cluster/build.sh
 
+# The services image, built with podman (which builds the Dockerfile itself) where there is no
+# Docker: `make image`. With Docker: `docker build -t tideshift:dev .` is all it takes.
+IMAGE      ?= localhost/tideshift:dev
+# Docker Hub's python:3.11-slim when reachable (BASE_IMAGE=python:3.11-slim); by default a
+# Debian 12 stand-in made with mmdebstrap, kept in podman's image store between runs.
+LOCAL_BASE := localhost/tideshift-base:bookworm
+BASE_IMAGE ?= $(LOCAL_BASE)
+export CONTAINERS_CONF ?= $(CURDIR)/tests/image/containers.conf
+# Opt-in, for networks behind a TLS-intercepting proxy: the host's CA bundle (the one in
+# PIP_CERT) is mounted into the build's RUN steps only, never into the image.
+BUILD_CA   ?= $(PIP_CERT)
+CA_MOUNT   := $(if $(BUILD_CA),--volume $(BUILD_CA):/etc/ssl/certs/ca-certificates.crt:ro)
+IMAGE_PKGS := podman buildah mmdebstrap runc uidmap fuse-overlayfs slirp4netns \
+              containernetworking-plugins
+
+# Debian packages that build and run the image; crun is left out (runc runs where it cannot).
+image-deps:
+	@command -v podman >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1 || { \
+	  echo "installing Debian packages: $(IMAGE_PKGS)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    $(IMAGE_PKGS) >/dev/null; }
+
+# A python:3.11-slim stand-in: Debian 12's Python 3.11 with a venv first on PATH (Debian's own
+# pip refuses to install, PEP 668). The merged-usr hook keeps usrmerge and perl out (-50 MB).
+image-base: image-deps
+	@podman image exists $(LOCAL_BASE) || { \
+	  set -e; tar=$$(mktemp --suffix=.tar); trap 'rm -f "$$tar"' EXIT; \
+	  mmdebstrap --quiet --variant=minbase --mode=root \
+	    --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+	    --aptopt='APT::Install-Recommends "false"' \
+	    --dpkgopt='path-exclude=/usr/share/doc/*' \
+	    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+	    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+	    --dpkgopt='path-exclude=/usr/share/locale/*' \
+	    --include=python3,python3-venv,passwd,ca-certificates \
+	    --customize-hook='chroot "$$1" python3 -m venv /opt/venv' \
+	    --customize-hook='rm -rf "$$1"/var/lib/apt/lists/* "$$1"/var/cache/apt/* "$$1"/var/log/*.log' \
+	    bookworm "$$tar" http://deb.debian.org/debian; \
+	  podman import --quiet \
+	    --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+	    --change 'ENV LANG=C.UTF-8' \
+	    --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
+	    --change 'CMD ["python3"]' "$$tar" $(LOCAL_BASE) >/dev/null; }
+
+# Layers stay in podman's store: a rebuild after a source change redoes only the app wheel.
+image: $(if $(filter $(LOCAL_BASE),$(BASE_IMAGE)),image-base,image-deps)
+	podman build --quiet $(CA_MOUNT) --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
+	@podman image ls $(IMAGE)
+
 lint: $(STAMP) $(LINT_ROOT)/tideshift
 	@# pytest imports test modules by basename (no __init__.py): two files of one name abort collection.
 	@dupes=$$(find tests -name 'test_*.py' -printf '%f\n' | sort | uniq -d); \
@@ -47,7 +98,7 @@ lint: $(STAMP) $(LINT_ROOT)/tideshift
 	$(BIN)/python .ci/check_sizes.py
 
 # Lint and tests both run, so one report shows every failure; either failing fails the target.
-test: $(STAMP) system-deps k8s-binaries
+test: $(STAMP) system-deps k8s-binaries image
 	@status=0; \
 	$(MAKE) --no-print-directory lint || status=1; \
 	$(BIN)/pytest -ra --ignore=tests/benchmarks || status=1; \
