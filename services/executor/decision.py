@@ -4,7 +4,11 @@ Pure: no I/O, no clock, no asyncio; the caller passes everything in.
 
 * Replays: a command whose idempotency key is the one last applied to the target is a no-op.
 * Stale commands: one issued before the last command recorded for the target is a no-op
-  (a newer decision has already been made; applying the older one would undo it).
+  (a newer decision has already been made; applying the older one would undo it). Issue
+  times are the issuer's clock: one further ahead of the executor's than `MAX_SKEW` is
+  recorded as `now + MAX_SKEW` (`clamp_issued_at`), so a command stamped in year 9999
+  cannot make every later command look older than it for ever; it holds them off for the
+  skew at most.
 * Bounds: the desired count is clamped into the target's [min, max].
 * Max step: the change from the current count is limited to `max_step` (0 = no limit), so a
   bad forecast or a typo moves a target by a bounded amount per command.
@@ -16,12 +20,20 @@ Pure: no I/O, no clock, no asyncio; the caller passes everything in.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from tideshift.services.cluster.port import ROLE_LABEL, ScaleState, WorkloadRef
+
+# How far ahead of the executor's clock an issuer's may run before its stamps are clamped.
+MAX_SKEW = timedelta(seconds=30)
+
+
+def clamp_issued_at(issued_at: datetime, now: datetime) -> datetime:
+    """The issue time, never later than `now + MAX_SKEW`."""
+    return min(issued_at, now + MAX_SKEW)
 
 
 class AppliedRecord(BaseModel):

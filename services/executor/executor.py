@@ -30,6 +30,7 @@ from tideshift.services.executor.decision import (
     Admission,
     AppliedRecord,
     Decision,
+    clamp_issued_at,
     decide,
     screen,
 )
@@ -143,7 +144,7 @@ class Executor:
             return self._dry_run(command, state, decision)
         claim = AppliedRecord(
             idempotency_key=command.idempotency_key,
-            issued_at=command.issued_at,
+            issued_at=clamp_issued_at(command.issued_at, utc_now(self.clock)),
             desired=command.desired,
             applied=decision.action == "noop",
         )

@@ -12,7 +12,7 @@ import pytest
 from tideshift.events import ScaleCommand
 from tideshift.services.cluster.port import ScaleState, WorkloadRef
 from tideshift.services.common.settings import parse_settings
-from tideshift.services.executor.decision import Admission, AppliedRecord
+from tideshift.services.executor.decision import MAX_SKEW, Admission, AppliedRecord
 from tideshift.services.executor.executor import Executor
 from tideshift.services.executor.service import ExecutorSettings
 
@@ -53,6 +53,17 @@ class FakeRecords:
     async def put(self, target: WorkloadRef, record: AppliedRecord, revision: int | None) -> int:
         self.kept[target] = record
         return (revision or 0) + 1
+
+
+@dataclass
+class FixedClock:
+    at: float
+
+    def now(self) -> float:
+        return self.at
+
+    async def sleep(self, seconds: float) -> None:
+        self.at += seconds
 
 
 def command(target: WorkloadRef, desired: int = 5) -> ScaleCommand:
@@ -156,3 +167,12 @@ def test_a_malformed_managed_target_is_one_line_naming_the_field(
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "managed_targets" in error or "managed-targets" in error
     assert "Kind.group/namespace/name" in error
+
+
+async def test_a_far_future_command_is_recorded_at_the_clamped_time() -> None:
+    records = FakeRecords()
+    clock = FixedClock(T0.timestamp())
+    executor = Executor(FakeScales(LABELLED), records, clock=clock)  # type: ignore[arg-type]
+    future = command(WEB).model_copy(update={"issued_at": datetime(9999, 1, 1, tzinfo=UTC)})
+    assert (await executor.handle(future)).outcome == "applied"
+    assert records.kept[WEB].issued_at == T0 + MAX_SKEW

@@ -7,7 +7,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tideshift.services.cluster.port import ScaleState, WorkloadRef
-from tideshift.services.executor.decision import AppliedRecord, decide, screen
+from tideshift.services.executor.decision import (
+    MAX_SKEW,
+    AppliedRecord,
+    clamp_issued_at,
+    decide,
+    screen,
+)
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 TARGET = WorkloadRef("ns", "Deployment", "web")
@@ -80,3 +86,15 @@ def test_decide_clamps_and_limits_the_step(
 def test_negative_max_step_is_refused() -> None:
     with pytest.raises(ValueError, match="max_step"):
         decide(3, state(1), max_step=-1)
+
+
+def test_a_far_future_stamp_is_clamped_to_the_skew() -> None:
+    year_9999 = datetime(9999, 1, 1, tzinfo=UTC)
+    assert clamp_issued_at(year_9999, T0) == T0 + MAX_SKEW
+    assert clamp_issued_at(T0, T0) == T0
+    # Recorded clamped, it holds later commands off for the skew only.
+    last = record("future", clamp_issued_at(year_9999, T0))
+    soon = T0 + timedelta(seconds=1)
+    assert screen(idempotency_key="b", issued_at=soon, record=last) is not None
+    later = T0 + MAX_SKEW + timedelta(seconds=1)
+    assert screen(idempotency_key="c", issued_at=later, record=last) is None
