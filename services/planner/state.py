@@ -5,8 +5,9 @@ argument; imports no asyncio, nats, kubernetes or services.common, and reads no 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from tideshift.events import (
     DemandObserved,
@@ -24,6 +25,33 @@ from tideshift.services.planner.targets import TargetBook, Targets
 # Pods of a training job whose name contains one of these are its fixed helpers (parameter
 # servers, coordinators), not trainers, unless they carry the tideshift.io/companion label.
 DEFAULT_COMPANION_MARKERS = ("pserver", "-ps-", "coordinator", "master")
+
+# Forecasts, demand readings and results kept for targets the planner does not manage (yet: a
+# forecast may come before its workload's announcement); beyond this the oldest are dropped,
+# so names nobody announced cannot grow the state without bound.
+UNTRACKED_LIMIT = 1000
+# Deleted nodes remembered (so an older snapshot entry cannot bring one back); the oldest go.
+DELETED_NODES_LIMIT = 10_000
+
+# Clocks of our own services may disagree by this much: a stamp up to it ahead is kept as is.
+FUTURE_SKEW_S = 5.0
+
+V = TypeVar("V")
+E = TypeVar("E", NodeChanged, PodChanged, WorkloadChanged)
+
+
+def clamped(event: E, now: float) -> E:
+    """The event with an `observed_at` more than FUTURE_SKEW_S ahead of `now` taken as that.
+
+    Clamped rather than refused: the observation itself is true, only the producer's clock is
+    ahead; but a stamp from the future would make every later (real) observation look older
+    and lose, so none may be ahead by more than the skew clocks are allowed.
+    """
+    if event.observed_at.timestamp() <= now + FUTURE_SKEW_S:
+        return event
+    return event.model_copy(
+        update={"observed_at": datetime.fromtimestamp(now + FUTURE_SKEW_S, UTC)}
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +100,8 @@ class PlannerState:
     # What each target is known to want (replicas), from our commands and executor results.
     known: dict[pol.Target, int] = field(default_factory=dict)
     confirmed: dict[pol.Target, int] = field(default_factory=dict)  # executor results only
+    # Nodes deleted, oldest first (their `node_seen` entries are kept only for these).
+    deleted_nodes: dict[str, None] = field(default_factory=dict)
     # Unix seconds of the last node or pod event (from the start until the first one).
     last_cluster_event: float = field(init=False)
     companion_markers: dict[pol.Target, tuple[str, ...]] = field(init=False)
@@ -83,13 +113,18 @@ class PlannerState:
         self.book = TargetBook(self.config.serving, self.config.jobs)
 
     def apply_node(self, event: NodeChanged, now: float) -> bool:
+        event = clamped(event, now)
         previous = self.node_seen.get(event.name)
         if previous is not None and previous > event.observed_at:
             return False  # something newer was applied already (live event vs snapshot)
+        self.node_seen.pop(event.name, None)  # re-inserted last: the dict is oldest first
         self.node_seen[event.name] = event.observed_at
         if event.change == "deleted":
             self.table.remove_node(event.name)
+            self.deleted_nodes[event.name] = None
+            _trim(self.deleted_nodes, DELETED_NODES_LIMIT, self.node_seen)
         else:
+            self.deleted_nodes.pop(event.name, None)
             amount = event.allocatable
             self.table.upsert_node(
                 event.name,
@@ -100,6 +135,7 @@ class PlannerState:
         return True
 
     def apply_pod(self, event: PodChanged, now: float) -> bool:
+        event = clamped(event, now)
         key = (event.namespace, event.name)
         previous = self.pod_seen.get(key)
         if previous is not None and previous > event.observed_at:
@@ -130,13 +166,14 @@ class PlannerState:
 
     def apply_workload(self, event: WorkloadChanged, now: float) -> bool:
         target = event.workload
-        if not self.book.apply(event):
+        if not self.book.apply(clamped(event, now)):
             return False
         if event.change == "deleted":
-            self.known.pop(target, None)
-            self.confirmed.pop(target, None)
-            self.observed.pop(target, None)
-            self.allowed_rps.pop(target, None)
+            for table in (self.known, self.confirmed, self.observed, self.allowed_rps):
+                table.pop(target, None)
+            self.forecasts.pop(target, None)
+            if target not in self.book.static_targets():
+                self.companion_markers.pop(target, None)
         else:
             self.known[target] = event.replicas  # its spec, as the watcher last saw it
             if event.role == "training" and target not in self.book.static_targets():
@@ -144,16 +181,21 @@ class PlannerState:
         return True
 
     def apply_forecast(self, event: ForecastIssued, now: float) -> bool:
-        self.forecasts[event.workload] = forecast_of(event)
+        forecast = forecast_of(event)
+        if forecast.issued_at > now + FUTURE_SKEW_S:  # else it would never age (see `clamped`)
+            forecast = replace(forecast, issued_at=now + FUTURE_SKEW_S)
+        self._keep(self.forecasts, event.workload, forecast)
         return True
 
     def apply_observed(self, event: DemandObserved, now: float) -> bool:
         """Keep the newest observation; one above what the last plan allowed plans at once."""
-        target, at = event.workload, event.observed_at.timestamp()
+        # A reading stamped in the future is taken as now (see `clamped`): else later true
+        # readings would count as older and it would pin its workload until that future.
+        target, at = event.workload, min(event.observed_at.timestamp(), now + FUTURE_SKEW_S)
         previous = self.observed.get(target)
         if previous is not None and previous[1] >= at:
             return False  # out of order: a newer one is kept already
-        self.observed[target] = (event.rps, at)
+        self._keep(self.observed, target, (event.rps, at))
         fresh = now - at <= self.config.observed_max_age_s
         allowed = self.allowed_rps.get(target)
         return fresh and allowed is not None and event.rps > allowed
@@ -162,13 +204,25 @@ class PlannerState:
         """What the executor did; a result plans nothing by itself."""
         target = event.target
         if event.outcome in ("applied", "noop") and event.current is not None:
-            self.known[target] = event.current
-            self.confirmed[target] = event.current
+            self._keep(self.known, target, event.current)
+            self._keep(self.confirmed, target, event.current)
         elif event.outcome in ("rejected", "failed"):
             # Forget what we asked for, so a later plan re-issues it (after resend_seconds).
             self.known.pop(target, None)
             self.confirmed.pop(target, None)
         return False
+
+    def _keep(self, table: dict[pol.Target, V], target: pol.Target, value: V) -> None:
+        """`table[target] = value`, with at most UNTRACKED_LIMIT entries for targets that are
+        not ours (the oldest such go first; re-inserted so the dict stays oldest first)."""
+        table.pop(target, None)
+        table[target] = value
+        if len(table) <= UNTRACKED_LIMIT:
+            return
+        ours = self.book.static_targets() | self.book.announced.keys()
+        untracked = [key for key in table if key not in ours]
+        for key in untracked[: len(untracked) - UNTRACKED_LIMIT]:
+            del table[key]
 
     def remember_allowed(
         self, serving: tuple[pol.ServingWorkload, ...], decided: Sequence[pol.TargetDecision]
@@ -200,3 +254,11 @@ class PlannerState:
             cluster_stale=now - self.last_cluster_event > self.config.cluster_silence_s,
             observed_rps=self.observed_rps(now),
         )
+
+
+def _trim(deleted: dict[str, None], limit: int, seen: dict[str, datetime]) -> None:
+    """Forget the oldest deleted names beyond `limit` (and when they were seen)."""
+    while len(deleted) > limit:
+        name = next(iter(deleted))
+        del deleted[name]
+        seen.pop(name, None)
