@@ -7,7 +7,6 @@ kwok runs no containers, so the processes run here, as the pods would in a real 
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import signal
@@ -22,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from kubernetes import client
 
+from tests.image.chart_pods import container_environment, installed_deployments
 from tests.unit.chart.chart_support import CHART, SERVICES, run_helm, values_args
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port
@@ -35,37 +33,16 @@ WAIT = 90.0
 KUBERNETES_SERVICES = ("watcher", "executor")
 
 
-def installed_deployments(kubeconfig: Path, release: str, namespace: str) -> dict[str, Any]:
-    manifest = run_helm(
-        "get", "manifest", release, "-n", namespace, env={"KUBECONFIG": str(kubeconfig)}
-    ).stdout
-    return {
-        doc["metadata"]["labels"]["app.kubernetes.io/component"]: doc
-        for doc in yaml.safe_load_all(manifest)
-        if doc and doc["kind"] == "Deployment"
-    }
-
-
 def process_environment(
     deployment: dict[str, Any], *, api: Any, namespace: str, health_port: int, home: Path
 ) -> dict[str, str]:
-    """The container's environment as the kubelet would resolve it."""
-    core = client.CoreV1Api(api)
+    """The container's environment as the kubelet would resolve it, on top of this host's."""
     env = {
         name: value
         for name, value in os.environ.items()
         if not name.startswith("TIDESHIFT_") and name != "KUBECONFIG"
     }
-    for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        elif "secretKeyRef" in item["valueFrom"]:
-            ref = item["valueFrom"]["secretKeyRef"]
-            secret = core.read_namespaced_secret(ref["name"], namespace)
-            env[item["name"]] = base64.b64decode(secret.data[ref["key"]]).decode()
-        else:
-            assert item["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-            env[item["name"]] = f"{deployment['metadata']['name']}-local"
+    env.update(container_environment(deployment, api=api, namespace=namespace))
     # Many processes share this host: a free port stands in for the pod's own 8080.
     env["TIDESHIFT_HEALTH_PORT"] = str(health_port)
     env["TIDESHIFT_HEALTH_HOST"] = "127.0.0.1"

@@ -1,0 +1,189 @@
+"""Every chart service runs from the image, exactly as its rendered Deployment runs it.
+
+The chart is installed into the local control plane (whose kwok nodes run no containers), and
+each Deployment's container is then run with podman: the image, command and args, the
+environment resolved from the chart's Secret, the pod's user and group, a read-only root
+filesystem, the dropped capabilities, no privilege escalation and the /tmp emptyDir. The
+watcher and executor act as their chart ServiceAccount through a TokenRequest kubeconfig
+mounted read-only. Containers share the host's loopback, so each gets its own health port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.requirements import missing_dependency
+from tests.image.chart_pods import container_environment, installed_deployments
+from tests.unit.chart.chart_support import CHART, SERVICES, run_helm, values_args
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.common.ports import free_port
+
+pytestmark = pytest.mark.k8s
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("TIDESHIFT_IMAGE", "localhost/tideshift:dev")
+WAIT = 120.0
+KUBECONFIG_IN_CONTAINER = "/var/run/secrets/tideshift/kubeconfig"
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.setdefault("CONTAINERS_CONF", str(REPO / "tests" / "image" / "containers.conf"))
+    return subprocess.run(
+        ["podman", *args], env=env, capture_output=True, text=True, check=check, timeout=120
+    )
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    if shutil.which("podman") is None:
+        missing_dependency("podman not found: `make image-deps` installs it (Debian)")
+    if podman("image", "exists", IMAGE, check=False).returncode != 0:
+        missing_dependency(f"image {IMAGE} not built: run `make image`")
+    return IMAGE
+
+
+def run_arguments(deployment: dict[str, Any], env: dict[str, str], mounts: list[str]) -> list[str]:
+    """`podman run` options equivalent to the pod spec (those a container runtime applies)."""
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    pod_security, security = pod["securityContext"], container["securityContext"]
+    args = [
+        "--network",
+        "host",
+        "--user",
+        f"{pod_security['runAsUser']}:{pod_security['runAsGroup']}",
+    ]
+    if security.get("readOnlyRootFilesystem"):
+        args.append("--read-only")
+    for capability in security["capabilities"]["drop"]:
+        args += ["--cap-drop", capability]
+    if security.get("allowPrivilegeEscalation") is False:
+        args += ["--security-opt", "no-new-privileges"]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        assert "emptyDir" in volume, f"volume {mount['name']}: only emptyDir is run here"
+        size = volume["emptyDir"]["sizeLimit"].replace("Mi", "m")
+        args += ["--tmpfs", f"{mount['mountPath']}:rw,size={size},mode=1777"]
+    for mount in mounts:
+        args += ["--volume", mount]
+    for name, value in env.items():
+        args += ["--env", f"{name}={value}"]
+    if "command" in container:
+        args += ["--entrypoint", container["command"][0]]
+    return args
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def container(name: str, image: str, options: list[str], args: list[str]) -> Iterator[str]:
+    podman("run", "--detach", "--name", name, *options, image, *args)
+    try:
+        yield name
+    finally:
+        podman("stop", "--time", "40", name, check=False)
+        podman("rm", "--force", name, check=False)
+
+
+def logs(name: str) -> str:
+    answer = podman("logs", name, check=False)
+    return answer.stdout + answer.stderr
+
+
+def state(name: str) -> tuple[bool, int]:
+    answer = podman("inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", name)
+    running, code = answer.stdout.split()
+    return running == "true", int(code)
+
+
+def test_every_service_runs_from_the_image_as_the_chart_runs_it(
+    image: str, k8s_cluster: Any, k8s_namespace: str, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    release = f"ts-{uuid.uuid4().hex[:6]}"
+    repository, tag = image.rsplit(":", 1)
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "nats": {"bundled": {"enabled": False}, "url": nats_server.url},
+        "predictor": {
+            "config": {"metric_source": "sim", "workloads": [{"namespace": "shop", "name": "web"}]}
+        },
+        "planner": {
+            "config": {
+                "serving": [{"namespace": "shop", "name": "web", "cpu": 0.5, "capacity_rps": 40}]
+            }
+        },
+    }
+    kube_env = {"KUBECONFIG": str(k8s_cluster.kubeconfig)}
+    run_helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        k8s_namespace,
+        *values_args(values, tmp_path),
+        env=kube_env,
+    )
+    try:
+        deployments = installed_deployments(k8s_cluster.kubeconfig, release, k8s_namespace)
+        assert set(deployments) == set(SERVICES)
+        names = {service: f"{release}-{service}" for service in SERVICES}
+        ports = {service: free_port("127.0.0.1") for service in SERVICES}
+        with contextlib.ExitStack() as stack:
+            api = stack.enter_context(k8s_cluster.api_client())
+            for service in SERVICES:
+                deployment = deployments[service]
+                pod = deployment["spec"]["template"]["spec"]
+                assert pod["containers"][0]["image"] == image
+                env = container_environment(deployment, api=api, namespace=k8s_namespace)
+                env["TIDESHIFT_HEALTH_PORT"] = str(ports[service])
+                mounts = []
+                if pod["automountServiceAccountToken"]:
+                    config = k8s_cluster.service_account_kubeconfig(
+                        k8s_namespace,
+                        pod["serviceAccountName"],
+                        tmp_path / f"{service}.kubeconfig",
+                        create=False,
+                    )
+                    config.chmod(0o444)
+                    mounts.append(f"{config}:{KUBECONFIG_IN_CONTAINER}:ro")
+                    env["KUBECONFIG"] = KUBECONFIG_IN_CONTAINER
+                options = run_arguments(deployment, env, mounts)
+                args = pod["containers"][0]["args"]
+                stack.enter_context(container(names[service], image, options, args))
+            deadline = time.monotonic() + WAIT
+            pending = set(SERVICES)
+            while pending and time.monotonic() < deadline:
+                for service in sorted(pending):
+                    running, code = state(names[service])
+                    assert running, f"{service} exited {code}:\n{logs(names[service])}"
+                    if ready(ports[service]):
+                        pending.discard(service)
+                time.sleep(0.5)
+            tails = {s: logs(names[s])[-3000:] for s in sorted(pending)}
+            assert not pending, f"not ready within {WAIT:.0f}s: {tails}"
+            for service in SERVICES:
+                podman("stop", "--time", "40", names[service])
+            codes = {service: state(names[service])[1] for service in SERVICES}
+        assert codes == dict.fromkeys(SERVICES, 0), "every service drains and exits 0 on SIGTERM"
+    finally:
+        run_helm("uninstall", release, "-n", k8s_namespace, env=kube_env, check=False)
