@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tideshift.services.simulator import measures as msr
 from tideshift.services.simulator.run import PolicyResult
 from tideshift.services.simulator.scenario import Scenario
 
@@ -35,7 +36,80 @@ def format_table(results: Sequence[PolicyResult]) -> str:
             f"{r.training_share_of_spare:>7.1%} {r.pending_mean_s:>9.1f} {r.pending_p95_s:>9.1f} "
             f"{r.trainer_churn:>6d} {f'{r.jobs_started}/{r.jobs_total}':>9} {r.wall_s:>6.1f}"
         )
+    return "\n\n".join(["\n".join(lines), _measures_table(results), *_jobs_table(results)])
+
+
+def _measures_table(results: Sequence[PolicyResult]) -> str:
+    """Where the cluster's cpu went, work weighted by what trainers hold, over-provisioning."""
+    header = (
+        f"{'policy':<10} {'train cpu':>9} {'serve rsv':>9} {'serve use':>9} {'util gpu':>8} "
+        f"{'train work':>11} {'wtd work':>11}  over-provisioning: capacity/demand mean, p95"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        gpu = r.utilization.get("gpu")
+        shares = r.cpu_shares
+        over = "  ".join(
+            f"{name} {spread['mean']:.2f}, {spread['p95']:.2f}"
+            for name, spread in r.over_provisioning.items()
+        )
+        lines.append(
+            f"{r.name:<10} {shares.get('training', 0):>9.1%} "
+            f"{shares.get('serving_reserved', 0):>9.1%} {shares.get('serving_used', 0):>9.1%} "
+            f"{(f'{gpu:.1%}' if gpu is not None else '-'):>8} {r.training_work:>11.0f} "
+            f"{r.weighted_work:>11.0f}  {over}"
+        )
     return "\n".join(lines)
+
+
+def _jobs_table(results: Sequence[PolicyResult]) -> list[str]:
+    """JCT and queueing per policy and job group (unfinished jobs count up to the end)."""
+    if not any(o.finished_at is not None for r in results for o in r.job_outcomes):
+        return []
+    header = (
+        f"{'policy':<10} {'group':<12} {'done':>7} {'jct mean':>9} {'jct p50':>8} "
+        f"{'jct p95':>8} {'queue mean':>10} {'queue p50':>9} {'queue p95':>9} {'makespan':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        times = msr.job_times(r.job_outcomes, r.end_s)
+        rows = [("all", times), *times["groups"].items()]
+        for group, row in rows:
+            jct, queue = row["jct_s"], row["queueing_s"]
+            makespan = f"{times['makespan_s']:>9.0f}" if group == "all" else ""
+            done = f"{row['finished']}/{row['total']}"
+            lines.append(
+                f"{r.name:<10} {group:<12} {done:>7} "
+                f"{jct['mean']:>9.0f} {jct['p50']:>8.0f} {jct['p95']:>8.0f} "
+                f"{queue['mean']:>10.0f} {queue['p50']:>9.0f} {queue['p95']:>9.0f} {makespan}"
+            )
+    return ["\n".join(lines)]
+
+
+def plot_jct(results: Sequence[PolicyResult], scenario: Scenario, out_dir: Path) -> Path | None:
+    """Job completion time CDF per policy (unfinished jobs at the run's end), or None when no
+    job has finite work."""
+    if not any(o.finished_at is not None for r in results for o in r.job_outcomes):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for r in results:
+        jct = np.sort([(o.finished_at or r.end_s) - o.arrival for o in r.job_outcomes]) / 3600.0
+        axis.step(jct, np.arange(1, jct.size + 1) / jct.size, where="post", label=r.name)
+    axis.set_xlabel("job completion time (h; unfinished jobs counted to the end)")
+    axis.set_ylabel("share of jobs")
+    axis.set_title(f"{scenario.name} - job completion time CDF")
+    axis.legend(loc="lower right")
+    figure.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{scenario.name}-jct-cdf.png"
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
 
 
 def plot(result: PolicyResult, scenario: Scenario, out_dir: Path) -> Path:

@@ -23,6 +23,7 @@ metrics over the step (`accounting.py`, the accountant the demo shares):
   runs (gang and parameter servers ready), none for `restart_cost_s` after its trainer set
   changes (`training.py`, the demo's model too); jobs with `work` finish and leave;
 * job pending time: arrival until the job first runs (jobs that never run count until the end);
+  over-provisioning, cpu shares, JCT and weighted work: `measures.py`;
 * trainer churn: trainer pods started plus trainer pods stopped while their job went on;
 * training share of spare: training requests / (allocatable - what serving needs at target
   utilisation for the actual demand - other pods), cpu, time-integrated.
@@ -36,7 +37,6 @@ exactly as the predictor service does.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +50,7 @@ from tideshift.services.cluster.port import WorkloadRef
 from tideshift.services.cluster.sim import SimWorkload
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import Policy, make_policy
+from tideshift.services.simulator import measures as msr
 from tideshift.services.simulator.accounting import Accountant, Sample, trainer_churn
 from tideshift.services.simulator.forecasters import make_forecaster
 from tideshift.services.simulator.lending import LendingCluster, serving_busy
@@ -74,6 +75,10 @@ class _JobRun:
     progress: JobProgress = field(default_factory=JobProgress)
     finished_at: float | None = None
 
+    def outcome(self) -> msr.JobOutcome:
+        p = self.progress
+        return msr.JobOutcome(self.group.name_prefix, self.arrival, p.started_at, self.finished_at)
+
 
 @dataclass
 class PolicyResult:
@@ -95,6 +100,11 @@ class PolicyResult:
     jobs_finished: int
     jobs_total: int
     wall_s: float
+    over_provisioning: dict[str, dict[str, float]] = field(default_factory=dict)
+    cpu_shares: dict[str, float] = field(default_factory=dict)
+    job_outcomes: list[msr.JobOutcome] = field(default_factory=list)
+    end_s: float = 0.0
+    weighted_work: float = 0.0
     series: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
@@ -111,6 +121,10 @@ class PolicyResult:
             "pending_mean_s": round(self.pending_mean_s, 1),
             "pending_p95_s": round(self.pending_p95_s, 1),
             "trainer_churn": self.trainer_churn,
+            "weighted_work": round(self.weighted_work, 1),
+            "over_provisioning": self.over_provisioning,
+            "cpu_shares": {k: round(v, 4) for k, v in self.cpu_shares.items()},
+            "jobs": msr.job_times(self.job_outcomes, self.end_s),
         }
 
 
@@ -150,17 +164,13 @@ class _Run:
             restart_cost_s=scenario.training.restart_cost_s,
         )
         self.accounts = Accountant()
+        self.measures = msr.StepMeasures(tuple(spec.name for spec in scenario.serving))
         self.next_plan = 0.0
         self.plan_every = self.policy.cadence_s or scenario.plan_interval_s
         self.series_every = max(scenario.step_s, scenario.duration_s / 1500)
         self.next_series = 0.0
-        self.series: dict[str, Any] = {
-            "t": [],
-            "demand": [],
-            "capacity": [],
-            "util_cpu": [],
-            "trainers": {},
-        }
+        series_keys = ("t", "demand", "capacity", "util_cpu")
+        self.series: dict[str, Any] = {key: [] for key in series_keys} | {"trainers": {}}
 
     def _start_cluster(self) -> LendingCluster:
         scenario = self.scenario
@@ -295,13 +305,20 @@ class _Run:
             for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
         )
         lent_cpu = cluster.lent_cpu() if cluster.batch_use else 0.0
+        serving_used = self._serving_used_cpu(demands)
+        self.measures.add(
+            demands,
+            capacities,
+            alloc_cpu=self.alloc.cpu,
+            cpu=(training_cpu, serving_cpu, serving_used),
+        )
         self.accounts.add(
             now,
             now + step,
             Sample(
                 allocatable=self.alloc_vector,
                 requested=requested,
-                used_cpu=bound.cpu - serving_cpu + self._serving_used_cpu(demands) + lent_cpu,
+                used_cpu=bound.cpu - serving_cpu + serving_used + lent_cpu,
                 lent_cpu=lent_cpu,
                 stranded=self._stranded(),
                 demand_rps=tuple(demands),
@@ -376,7 +393,7 @@ class _Run:
 
     def result(self, wall_s: float) -> PolicyResult:
         duration = self.scenario.duration_s
-        accounts, jobs = self.accounts, self.jobs
+        accounts, jobs, alloc = self.accounts, self.jobs, self.alloc_vector
         pending = sorted(
             (run.progress.started_at if run.progress.started_at is not None else duration)
             - run.arrival
@@ -395,21 +412,23 @@ class _Run:
             batch_evictions=self.cluster.batch_evictions,
             training_work=sum(run.progress.work for run in jobs),
             pending_mean_s=float(np.mean(pending)) if pending else 0.0,
-            pending_p95_s=_p95(pending),
+            pending_p95_s=msr.p95(pending),
             trainer_churn=trainer_churn(counters.pods_bound, counters.pods_stopped),
             training_share_of_spare=accounts.training_share_of_spare,
             jobs_started=sum(1 for run in jobs if run.progress.started_at is not None),
             jobs_finished=sum(1 for run in jobs if run.finished_at is not None),
             jobs_total=len(jobs),
             wall_s=wall_s,
+            over_provisioning=self.measures.over_provisioning(),
+            cpu_shares=self.measures.cpu_shares(),
+            job_outcomes=[run.outcome() for run in jobs],
+            end_s=duration,
+            weighted_work=sum(
+                run.progress.work * msr.dominant_cores(run.group.trainer.vector(), alloc)
+                for run in jobs
+            ),
             series=self.series,
         )
-
-
-def _p95(ordered: Sequence[float]) -> float:
-    if not ordered:
-        return 0.0
-    return float(ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)])
 
 
 def run_policy(

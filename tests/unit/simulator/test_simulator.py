@@ -141,7 +141,13 @@ def test_simulate_json_has_exactly_the_documented_keys(
             "pending_mean_s",
             "pending_p95_s",
             "trainer_churn",
+            "weighted_work",
+            "over_provisioning",
+            "cpu_shares",
+            "jobs",
         }
+        assert set(metrics["over_provisioning"]) == {"web"}
+        assert set(metrics["cpu_shares"]) == {"training", "serving_reserved", "serving_used"}
         assert set(metrics["utilization"]) == {"cpu", "memory"}
         assert set(metrics["stranded"]) == {"cpu"}
         # serving's idle reservation is counted: used cpu is below requested cpu
