@@ -12,9 +12,11 @@ dead-lettering; this module is for scripts that only need to listen.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, TypeVar, overload
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -24,6 +26,7 @@ from tideshift.events.codec import DEFAULT_MAX_BYTES, Envelope, EventRejected, d
 from tideshift.events.models import EventData
 from tideshift.events.subjects import ROOT, BoundSubject
 
+log = logging.getLogger("tideshift.events")
 T = TypeVar("T", bound=EventData)
 RejectHandler = Callable[[str, bytes, EventRejected], None]
 
@@ -39,26 +42,38 @@ class EventClient:
         *,
         name: str = "tideshift-events-client",
         credentials: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
         timeout: float = 10.0,
     ) -> EventClient:
         """Connect, reconnecting for ever once connected; ConnectionError if never reached.
 
-        `credentials` is the path of a NATS .creds file, for servers with authentication.
+        `credentials` is the path of a NATS .creds file; `user`/`password` the login of a
+        server with users (the read-only `reaction` user of Tideshift's bundled NATS).
         """
+
+        async def quiet(error: Exception) -> None:
+            # nats-py's default prints a traceback per failed attempt; one line is enough.
+            log.debug("NATS: %s", error)
+
         try:
             connection = await asyncio.wait_for(
                 nats.connect(
                     url,
                     name=name,
                     user_credentials=credentials,
+                    user=user,
+                    password=password,
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=1,
+                    error_cb=quiet,
                 ),
                 timeout,
             )
         except (TimeoutError, nats.errors.NoServersError, OSError) as error:
+            where = urlsplit(url)  # the host and port only: a URL may carry a password
             raise ConnectionError(
-                f"no NATS server answered at {url} within {timeout:.0f}s"
+                f"no NATS server answered at {where.hostname}:{where.port} within {timeout:.0f}s"
             ) from error
         return cls(connection)
 

@@ -8,12 +8,14 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from tideshift.events import Envelope, EventData, EventRejected, decode, mqtt_topic_filter
 from tideshift.events.asyncapi import asyncapi_document
 from tideshift.events.client import EventClient
 from tideshift.events.subjects import ROOT
+from tideshift.services.common.bus.connect import redact
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_MQTT_URL = "mqtt://127.0.0.1:1883"
@@ -23,9 +25,24 @@ def _report_rejection(subject: str, raw: bytes, error: EventRejected) -> None:
     print(f"# skipped a message on {subject}: {error.reason}", file=sys.stderr, flush=True)
 
 
-async def _tail_nats(url: str, pattern: str, limit: int | None) -> None:
+def _url_problem(flag: str, url: str, schemes: set[str]) -> str | None:
+    """Why `url` is not a server address (one line), or None."""
+    parsed = urlparse(url)
+    try:
+        port_ok = parsed.port is None or parsed.port > 0
+    except ValueError:
+        port_ok = False
+    if parsed.scheme in schemes and parsed.hostname and port_ok:
+        return None
+    expected = f"{sorted(schemes)[0]}://host:port (scheme one of {', '.join(sorted(schemes))})"
+    return f"invalid {flag} {redact(url)!r}: expected {expected}"
+
+
+async def _tail_nats(url: str, pattern: str, limit: int | None, login: _Login) -> None:
     seen = 0
-    async with await EventClient.connect(url, name="tideshift-events-tail") as client:
+    async with await EventClient.connect(
+        url, name="tideshift-events-tail", user=login.user, password=login.password
+    ) as client:
         async for event in client.subscribe(pattern, on_reject=_report_rejection):
             print(event.to_json(), flush=True)
             seen += 1
@@ -33,14 +50,18 @@ async def _tail_nats(url: str, pattern: str, limit: int | None) -> None:
                 return
 
 
-async def _tail_mqtt(url: str, pattern: str, limit: int | None) -> None:
+async def _tail_mqtt(url: str, pattern: str, limit: int | None, login: _Login) -> None:
     import aiomqtt
 
     parsed = urlparse(url)
     topic = mqtt_topic_filter(pattern)
     seen = 0
     async with aiomqtt.Client(
-        parsed.hostname or "127.0.0.1", port=parsed.port or 1883, identifier=f"tail-{os.getpid()}"
+        parsed.hostname or "127.0.0.1",
+        port=parsed.port or 1883,
+        identifier=f"tail-{os.getpid()}",
+        username=login.user,
+        password=login.password,
     ) as client:
         await client.subscribe(topic, qos=0)
         async for message in client.messages:
@@ -54,6 +75,14 @@ async def _tail_mqtt(url: str, pattern: str, limit: int | None) -> None:
             seen += 1
             if limit is not None and seen >= limit:
                 return
+
+
+@dataclass(frozen=True)
+class _Login:
+    """A NATS/MQTT user of a server with authentication (`tideshift nats --auth`)."""
+
+    user: str | None
+    password: str | None
 
 
 def main(argv: Sequence[str]) -> int:
@@ -70,6 +99,12 @@ def main(argv: Sequence[str]) -> int:
     tail.add_argument("--nats-url", default=os.environ.get("TIDESHIFT_NATS_URL", DEFAULT_NATS_URL))
     tail.add_argument("--mqtt-url", default=os.environ.get("TIDESHIFT_MQTT_URL", DEFAULT_MQTT_URL))
     tail.add_argument("--count", type=int, default=None, help="exit after this many events")
+    tail.add_argument(
+        "--nats-user",
+        default=os.environ.get("TIDESHIFT_NATS_USER"),
+        help="login of a server with users, e.g. reaction (the password from "
+        "TIDESHIFT_NATS_PASSWORD, never a flag)",
+    )
     commands.add_parser("schema", help="print the AsyncAPI 3.0 document of every event")
     args = parser.parse_args(argv)
 
@@ -80,15 +115,24 @@ def main(argv: Sequence[str]) -> int:
         parser.error("--count must be a positive number of events")
     if not args.pattern.startswith(ROOT.split(".")[0]):
         parser.error(f"pattern must be a Tideshift subject such as {ROOT}.>, got {args.pattern!r}")
+    problem = (
+        _url_problem("--mqtt-url", args.mqtt_url, {"mqtt", "tcp"})
+        if args.mqtt
+        else _url_problem("--nats-url", args.nats_url, {"nats", "tls", "ws", "wss"})
+    )
+    if problem:
+        print(f"tideshift events tail: {problem}", file=sys.stderr)
+        return 2
+    login = _Login(args.nats_user, os.environ.get("TIDESHIFT_NATS_PASSWORD"))
     try:
         if args.mqtt:
-            asyncio.run(_tail_mqtt(args.mqtt_url, args.pattern, args.count))
+            asyncio.run(_tail_mqtt(args.mqtt_url, args.pattern, args.count, login))
         else:
-            asyncio.run(_tail_nats(args.nats_url, args.pattern, args.count))
+            asyncio.run(_tail_nats(args.nats_url, args.pattern, args.count, login))
     except KeyboardInterrupt:
         return 0
     except OSError as error:
-        url = args.mqtt_url if args.mqtt else args.nats_url
+        url = redact(args.mqtt_url if args.mqtt else args.nats_url)
         print(
             f"tideshift events tail: cannot reach {url}: {error}. Start a server with "
             "`tideshift nats` or pass --nats-url/--mqtt-url.",

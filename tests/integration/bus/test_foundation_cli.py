@@ -158,6 +158,47 @@ def test_events_tail_says_what_to_do_when_nats_is_down() -> None:
     )
     assert result.returncode == 1
     assert "tideshift nats" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("url", ["garbage", "nats://:4222", "nats://host:99999", "http://h:1"])
+def test_events_tail_refuses_a_malformed_url_in_one_line(url: str) -> None:
+    result = subprocess.run(
+        [*TIDESHIFT, "events", "tail", f"--nats-url={url}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"tideshift events tail: invalid --nats-url {url!r}: expected nats://host:port "
+        "(scheme one of nats, tls, ws, wss)"
+    ]
+
+
+def test_nats_command_refuses_an_unwritable_store_in_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = subprocess.run(
+        [
+            *TIDESHIFT,
+            "nats",
+            f"--store={blocker / 'store'}",
+            "--port=0",
+            "--mqtt-port=0",
+            "--monitor-port=0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"tideshift nats: invalid --store: store {blocker / 'store'}")
+    assert "choose a writable directory" in lines[0]
 
 
 SERVICE = textwrap.dedent(
