@@ -30,12 +30,15 @@ DEFAULT_COMPANION_MARKERS = ("pserver", "-ps-", "coordinator", "master")
 # forecast may come before its workload's announcement); beyond this the oldest are dropped,
 # so names nobody announced cannot grow the state without bound.
 UNTRACKED_LIMIT = 1000
-# Deleted nodes remembered (so an older snapshot entry cannot bring one back); the oldest go.
+# Deleted nodes and pods remembered (so an older add, e.g. from the snapshot, cannot bring
+# one back: a deletion wins); beyond these the oldest are forgotten.
 DELETED_NODES_LIMIT = 10_000
+DELETED_PODS_LIMIT = 50_000
 
 # Clocks of our own services may disagree by this much: a stamp up to it ahead is kept as is.
 FUTURE_SKEW_S = 5.0
 
+K = TypeVar("K")
 V = TypeVar("V")
 E = TypeVar("E", NodeChanged, PodChanged, WorkloadChanged)
 
@@ -102,6 +105,7 @@ class PlannerState:
     confirmed: dict[pol.Target, int] = field(default_factory=dict)  # executor results only
     # Nodes deleted, oldest first (their `node_seen` entries are kept only for these).
     deleted_nodes: dict[str, None] = field(default_factory=dict)
+    deleted_pods: dict[tuple[str, str], None] = field(default_factory=dict)
     # Unix seconds of the last node or pod event (from the start until the first one).
     last_cluster_event: float = field(init=False)
     companion_markers: dict[pol.Target, tuple[str, ...]] = field(init=False)
@@ -140,6 +144,7 @@ class PlannerState:
         previous = self.pod_seen.get(key)
         if previous is not None and previous > event.observed_at:
             return False
+        self.pod_seen.pop(key, None)  # re-inserted last: the dict is oldest first
         self.pod_seen[key] = event.observed_at
         gone = event.change == "deleted" or event.phase in ("Succeeded", "Failed", "Unknown")
         if gone or event.deleting:
@@ -154,7 +159,10 @@ class PlannerState:
                 replica=not self._is_companion(event),
             )
         if event.change == "deleted":
-            self.pod_seen.pop(key, None)
+            self.deleted_pods[key] = None
+            _trim(self.deleted_pods, DELETED_PODS_LIMIT, self.pod_seen)
+        else:
+            self.deleted_pods.pop(key, None)
         self.last_cluster_event = now
         return True
 
@@ -256,7 +264,7 @@ class PlannerState:
         )
 
 
-def _trim(deleted: dict[str, None], limit: int, seen: dict[str, datetime]) -> None:
+def _trim(deleted: dict[K, None], limit: int, seen: dict[K, datetime]) -> None:
     """Forget the oldest deleted names beyond `limit` (and when they were seen)."""
     while len(deleted) > limit:
         name = next(iter(deleted))

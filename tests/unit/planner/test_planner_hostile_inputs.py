@@ -10,6 +10,7 @@ from tideshift.events import (
     ForecastIssued,
     ForecastPoint,
     NodeChanged,
+    PodChanged,
     Resources,
     ScaleResult,
     WorkloadChanged,
@@ -20,6 +21,7 @@ from tideshift.services.planner.baselines import make_policy
 from tideshift.services.planner.settings import PlannerSettings
 from tideshift.services.planner.state import (
     DELETED_NODES_LIMIT,
+    DELETED_PODS_LIMIT,
     FUTURE_SKEW_S,
     UNTRACKED_LIMIT,
     PlannerState,
@@ -145,3 +147,26 @@ def test_deleted_nodes_are_forgotten_beyond_a_limit() -> None:
         )
     assert len(state.node_seen) == DELETED_NODES_LIMIT
     assert len(state.deleted_nodes) == DELETED_NODES_LIMIT
+
+
+def test_a_deleted_pod_stays_deleted_against_an_older_add_and_tombstones_are_bounded() -> None:
+    state = new_state()
+
+    def pod(name: str, change: str, when: float) -> PodChanged:
+        return PodChanged(
+            change=change,
+            namespace="shop",
+            name=name,
+            phase="Running",
+            node="n1",
+            requests=Resources(cpu=1.0),
+            observed_at=at(when),
+        )
+
+    state.apply_pod(pod("p", "added", NOW), NOW)
+    state.apply_pod(pod("p", "deleted", NOW + 2), NOW + 2)
+    assert not state.apply_pod(pod("p", "modified", NOW + 1), NOW + 3)  # the snapshot, late
+    assert len(state.table) == 0
+    for i in range(DELETED_PODS_LIMIT + 100):
+        state.apply_pod(pod(f"gone-{i}", "deleted", NOW), NOW)
+    assert len(state.pod_seen) == len(state.deleted_pods) == DELETED_PODS_LIMIT
