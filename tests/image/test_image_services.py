@@ -26,7 +26,9 @@ import pytest
 
 from tests.fixtures.requirements import missing_dependency
 from tests.image.chart_pods import container_environment, installed_deployments
+from tests.k8s.cluster_objects import collection, create, pod_template, wait_until
 from tests.unit.chart.chart_support import CHART, SERVICES, run_helm, values_args
+from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port
 
@@ -36,6 +38,32 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("TIDESHIFT_IMAGE", "localhost/tideshift:dev")
 WAIT = 120.0
 KUBECONFIG_IN_CONTAINER = "/var/run/secrets/tideshift/kubeconfig"
+# The labelled Deployment the pipeline sizes: 150 rps of simulated demand, 100 rps a replica.
+START_REPLICAS = 12
+SERVING = {
+    "tideshift.io/capacity-rps": "100",
+    "tideshift.io/min-replicas": "1",
+    "tideshift.io/max-replicas": "26",
+    "tideshift.io/lead-time-seconds": "0",
+    "tideshift.io/stabilization-seconds": "1",
+}
+
+
+def serving_deployment(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "labels": {"tideshift.io/role": "serving"},
+            "annotations": SERVING,
+        },
+        "spec": {
+            "replicas": START_REPLICAS,
+            "selector": {"matchLabels": {"app": name}},
+            "template": pod_template({"app": name}),
+        },
+    }
 
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -125,13 +153,14 @@ def test_every_service_runs_from_the_image_as_the_chart_runs_it(
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "nats": {"bundled": {"enabled": False}, "url": nats_server.url},
         "predictor": {
-            "config": {"metric_source": "sim", "workloads": [{"namespace": "shop", "name": "web"}]}
-        },
-        "planner": {
             "config": {
-                "serving": [{"namespace": "shop", "name": "web", "cpu": 0.5, "capacity_rps": 40}]
+                "metric_source": "sim",
+                "sim_peak_rps": 150,
+                "sim_trough_rps": 150,
+                "workloads": [{"namespace": k8s_namespace, "name": "web"}],
             }
         },
+        "planner": {"config": {"tick_seconds": 1}},
     }
     kube_env = {"KUBECONFIG": str(k8s_cluster.kubeconfig)}
     run_helm(
@@ -181,7 +210,18 @@ def test_every_service_runs_from_the_image_as_the_chart_runs_it(
                 time.sleep(0.5)
             tails = {s: logs(names[s])[-3000:] for s in sorted(pending)}
             assert not pending, f"not ready within {WAIT:.0f}s: {tails}"
+            # The pipeline, end to end: the watcher announces the labelled Deployment, the
+            # predictor forecasts it, the planner sizes it and the executor scales it down.
+            admin = KubeHttp(api)
+            create(admin, collection("Deployment", k8s_namespace), serving_deployment("web"))
+            path = f"/apis/apps/v1/namespaces/{k8s_namespace}/deployments/web"
+            wait_until(
+                lambda: admin.json("GET", path)["spec"]["replicas"] < START_REPLICAS,
+                timeout=WAIT,
+                what=f"web scaled down from {START_REPLICAS} by the executor's container",
+            )
             for service in SERVICES:
+                assert ready(ports[service]), f"{service} still ready after scaling"
                 podman("stop", "--time", "40", names[service])
             codes = {service: state(names[service])[1] for service in SERVICES}
         assert codes == dict.fromkeys(SERVICES, 0), "every service drains and exits 0 on SIGTERM"
