@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter
 
+from tideshift.services.cluster.adapters.events import EventWriter
 from tideshift.services.cluster.adapters.http import KubeHttp, status_of
 from tideshift.services.cluster.adapters.packing import KubernetesPackingWriter
 from tideshift.services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
@@ -44,7 +44,6 @@ from tideshift.services.cluster.conversions import (
     workload_from_object,
 )
 from tideshift.services.cluster.informer import Informer, OwnerCache, WatchTuning
-from tideshift.services.cluster.kinds import API_VERSION
 from tideshift.services.cluster.port import (
     ClusterChange,
     ClusterError,
@@ -90,6 +89,7 @@ class KubernetesClusterPort:
         adapters: Mapping[str, TargetAdapter] | None = None,
         conflict_retries: int = 5,
         before_write: Callable[[WorkloadRef, int], None] | None = None,
+        event_component: str = "tideshift",
     ) -> None:
         self.api_client = api_client
         self.http = KubeHttp(api_client)
@@ -134,6 +134,7 @@ class KubernetesClusterPort:
         self._watching = False
         self._recent_reads: dict[WorkloadRef, tuple[float, Observed]] = {}
         self._recent_lock = threading.Lock()
+        self.events = EventWriter(self.http, component=event_component)
 
     @classmethod
     def from_kubeconfig(
@@ -193,35 +194,17 @@ class KubernetesClusterPort:
             return await asyncio.to_thread(self._list_workloads)
         return [w for informer in self.workloads for w in informer.cache.values()]
 
-    def _record_event(self, target: Workload, reason: str, message: str) -> None:
-        now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-        ref = target.ref
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{ref.name[:200]}.", "namespace": ref.namespace},
-            "involvedObject": {
-                "apiVersion": API_VERSION.get(ref.kind, ""),
-                "kind": ref.plain_kind,
-                "name": ref.name,
-                "namespace": ref.namespace,
-                "uid": target.uid,
-                "resourceVersion": target.resource_version,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning",
-            "source": {"component": "tideshift-watcher"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+    def _record_event(self, target: Workload | WorkloadRef, reason: str, message: str) -> None:
         try:
-            self.http.json("POST", f"/api/v1/namespaces/{ref.namespace}/events", body=body)
+            self.events.record(target, reason, message)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            ref = target.ref if isinstance(target, Workload) else target
             raise _classified(ref, "record an event on", error) from error
 
-    async def record_event(self, target: Workload, *, reason: str, message: str) -> None:
+    async def record_event(
+        self, target: Workload | WorkloadRef, *, reason: str, message: str
+    ) -> None:
+        """A Warning Event on the target; repeats within a window raise its count."""
         await asyncio.to_thread(self._record_event, target, reason, message)
 
     async def watch(self) -> AsyncIterator[ClusterChange]:

@@ -198,7 +198,9 @@ class ClusterPort(Protocol):
         Raises as `get_scale` does."""
         ...
 
-    async def record_event(self, target: Workload, *, reason: str, message: str) -> None:
+    async def record_event(
+        self, target: Workload | WorkloadRef, *, reason: str, message: str
+    ) -> None:
         """Leave a warning on the object for its owner to see (`kubectl describe`)."""
         ...
 

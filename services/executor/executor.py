@@ -41,6 +41,16 @@ Outcome = Literal["applied", "noop", "rejected", "failed"]
 CLAIM_ATTEMPTS = 5
 
 
+REFUSED_REASON = "TideshiftRefused"  # a command for a target that did not join Tideshift
+FAILED_REASON = "TideshiftScaleFailed"  # a command the cluster would not carry out
+
+
+class EventRecorder(Protocol):
+    async def record_event(self, target: WorkloadRef, *, reason: str, message: str) -> None:
+        """A Warning Event on the target (repeats within a window raise its count)."""
+        ...
+
+
 class ScaleWriter(Protocol):
     """A target's scale, read and written: all the executor asks of a cluster for a command."""
 
@@ -92,6 +102,8 @@ class Executor:
     dry_run: bool = False
     clock: Clock = WALL_CLOCK
     admission: Admission = field(default_factory=Admission)
+    # Where refused and failed commands are told to the target's owner (none: logs only).
+    events: EventRecorder | None = None
     # Runs before replicas are lowered (target, new count): marks the pods to delete first.
     before_scale_down: Callable[[WorkloadRef, int], Awaitable[object]] | None = None
 
@@ -171,8 +183,19 @@ class Executor:
             return self.result_for(command, "rejected", message=f"{target} not found")
         refusal = self.admission.refuse(state)
         if refusal is not None:
+            await self.warn(target, REFUSED_REASON, refusal)
             return self.result_for(command, "rejected", message=refusal)
         return state
+
+    async def warn(self, target: WorkloadRef, reason: str, message: str) -> None:
+        """A Warning Event on the target; failing to write it costs a log line, not the
+        command."""
+        if self.events is None:
+            return
+        try:
+            await self.events.record_event(target, reason=reason, message=message)
+        except Exception as error:
+            log.warning("cannot record an event on %s: %s", target, error)
 
     def _unchanged(self, command: ScaleCommand, state: ScaleState, message: str) -> ScaleResult:
         return self.result_for(

@@ -46,7 +46,13 @@ from tideshift.services.executor.compaction import (
     mark_scale_down_victims,
 )
 from tideshift.services.executor.decision import Admission
-from tideshift.services.executor.executor import Executor, RecordStore, ScaleWriter
+from tideshift.services.executor.executor import (
+    FAILED_REASON,
+    EventRecorder,
+    Executor,
+    RecordStore,
+    ScaleWriter,
+)
 
 log = logging.getLogger("tideshift.executor")
 
@@ -77,9 +83,9 @@ class PackingWriter(DeletionCostWriter, NodeResourceWriter, Protocol):
     """The scheduler hints a real cluster takes: deletion costs, Node extended resources."""
 
 
-class ExecutorCluster(ScaleWriter, ClusterListing, Protocol):
-    """What the executor needs of a cluster: scales to write, nodes and pods to pack, and
-    its connections to release when it stops."""
+class ExecutorCluster(ScaleWriter, ClusterListing, EventRecorder, Protocol):
+    """What the executor needs of a cluster: scales to write, nodes and pods to pack, events
+    to tell a target's owner, and its connections to release when it stops."""
 
     async def close(self) -> None: ...
 
@@ -215,6 +221,7 @@ async def process(
             return None
         log.error("%s for %s failed: %s", command.idempotency_key, command.target, error)
         result = executor.result_for(command, "failed", message=f"{type(error).__name__}: {error}")
+        await executor.warn(command.target, FAILED_REASON, f"{command.idempotency_key}: {error}")
     subject = SCALE_RESULT.at(
         namespace=command.target.namespace, kind=command.target.kind, name=command.target.name
     )
@@ -328,6 +335,7 @@ async def serve(
         )
         executor.clock = clock
         executor.admission = settings.admission()
+        executor.events = port
         advertiser = _packing(executor, port, writer, settings) if writer is not None else None
         if advertiser is not None:
             advertising = asyncio.create_task(

@@ -17,6 +17,7 @@ from tideshift.services.common.clock import WALL_CLOCK, Clock
 from tideshift.services.common.retry import Stopped, fixed, log_retries, retrying_async
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.watcher.skipped import follow_skipped
 from tideshift.services.watcher.watcher import WatchedCluster, Watcher
 
 log = logging.getLogger("tideshift.watcher")
@@ -47,6 +48,10 @@ class WatcherSettings(ServiceSettings):
     )
     resync_seconds: float = Field(
         default=300.0, gt=0, description="full relist period, seconds (publishes differences)"
+    )
+    skipped_events: bool = Field(
+        default=True,
+        description="record a Warning Event (TideshiftSkipped) on each target a plan skips",
     )
     snapshot_bucket: str = Field(
         default=SNAPSHOT_BUCKET,
@@ -95,9 +100,20 @@ async def serve(
         retry_on=Exception,
         before_sleep=log_retries(log, "watcher start"),
     )
-    with contextlib.suppress(Stopped):
-        await retrying(_watch_until_stopped, watcher, context)
-    await port.close()
+    warning = (
+        asyncio.create_task(follow_skipped(port, context.bus, context.stopping))
+        if settings.skipped_events
+        else None
+    )
+    try:
+        with contextlib.suppress(Stopped):
+            await retrying(_watch_until_stopped, watcher, context)
+    finally:
+        if warning is not None:
+            warning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await warning
+        await port.close()
 
 
 def main(argv: Sequence[str]) -> int:

@@ -35,6 +35,7 @@ from tideshift.services.cluster.port import (
     Node,
     Pod,
     Workload,
+    WorkloadRef,
 )
 from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
@@ -90,7 +91,9 @@ class ClusterReader(Protocol):
 
 
 class EventRecorder(Protocol):
-    async def record_event(self, target: Workload, *, reason: str, message: str) -> None:
+    async def record_event(
+        self, target: Workload | WorkloadRef, *, reason: str, message: str
+    ) -> None:
         """Leave a warning on the object for its owner to see (`kubectl describe`)."""
         ...
 

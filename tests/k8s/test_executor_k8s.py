@@ -204,10 +204,19 @@ async def test_an_object_that_did_not_join_is_rejected_and_left_alone(
     )
     target = WorkloadRef(k8s_namespace, "Deployment", "stranger")
     async with executor_on(bus, executor_kubeconfig, k8s_namespace, unique) as executor:
-        result = await executor.handle(command(target, 4, "s"))
-    assert result.outcome == "rejected"
-    assert result.message.startswith(f"not managed: {target} has no label tideshift.io/role")
+        executor.events = executor.port  # type: ignore[assignment]
+        results = [await executor.handle(command(target, 4, f"s{i}")) for i in range(3)]
+    for result in results:
+        assert result.outcome == "rejected"
+        assert result.message.startswith(f"not managed: {target} has no label tideshift.io/role")
     assert await asyncio.to_thread(replicas_in_apiserver, admin, target) == 1
+    # Told to the owner once, with the repeats counted (with the executor's own RBAC).
+    events = await asyncio.to_thread(admin.get, f"/api/v1/namespaces/{k8s_namespace}/events")
+    refused = [e for e in events["items"] if e["reason"] == "TideshiftRefused"]
+    assert len(refused) == 1
+    assert refused[0]["count"] == 3 and refused[0]["type"] == "Warning"
+    assert refused[0]["involvedObject"]["name"] == "stranger"
+    assert "tideshift.io/role" in refused[0]["message"]
 
 
 async def test_a_conflict_is_re_read_and_retried(

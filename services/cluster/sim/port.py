@@ -4,6 +4,7 @@ synchronous methods, and its changes as a watch stream."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 
 from tideshift.services.cluster.port import (
@@ -22,7 +23,8 @@ class SimClusterPort:
 
     def __init__(self, cluster: SimCluster) -> None:
         self.cluster = cluster
-        self.events: list[tuple[WorkloadRef, str, str]] = []  # record_event's, in order
+        # record_event's, in order; the latest only, so a long demo's memory stays bounded
+        self.events: deque[tuple[WorkloadRef, str, str]] = deque(maxlen=1000)
 
     async def list_nodes(self) -> list[Node]:
         return self.cluster.nodes()
@@ -34,8 +36,11 @@ class SimClusterPort:
         """None: simulated workloads are named in the settings, not labelled."""
         return []
 
-    async def record_event(self, target: Workload, *, reason: str, message: str) -> None:
-        self.events.append((target.ref, reason, message))
+    async def record_event(
+        self, target: Workload | WorkloadRef, *, reason: str, message: str
+    ) -> None:
+        ref = target.ref if isinstance(target, Workload) else target
+        self.events.append((ref, reason, message))
 
     async def watch(self) -> AsyncIterator[ClusterChange]:
         queue: asyncio.Queue[ClusterChange] = asyncio.Queue()
