@@ -383,3 +383,50 @@ def test_a_batch_opt_in_is_optional_in_the_contract_and_lends_no_gpus() -> None:
     schema = asyncapi_document()["components"]["schemas"]["TrainingPolicy"]
     assert schema["properties"]["batch"]["default"] is False
     assert "batch" not in schema.get("required", [])
+
+
+def _workload_changed(**changes: object) -> dict[str, object]:
+    body: dict[str, object] = {
+        "change": "added",
+        "workload": {"kind": "Deployment", "namespace": "shop", "name": "web"},
+        "role": "serving",
+        "replicas": 1,
+        "requests": {"cpu": 1.0},
+        "serving": {"capacity_rps": 10.0},
+        "observed_at": "2026-01-01T00:00:00Z",
+    }
+    body.update(changes)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"serving": {"capacity_rps": 5e-324}}, "serving.capacity_rps: Input should be greater"),
+        ({"serving": {"capacity_rps": 5e-324}}, "0.001"),
+        ({"replicas": 2**31}, "replicas: Input should be less than or equal to 2147483647"),
+        ({"serving": {"capacity_rps": 1, "max_replicas": 2**40}}, "serving.max_replicas"),
+        ({"requests": {"cpu": 1e300}}, "requests.cpu: Input should be less than or equal"),
+        ({"serving": {"capacity_rps": 1, "lead_time_seconds": 1e300}}, "lead_time_seconds"),
+        ({"workload": {"kind": "Job", "namespace": "n" * 64, "name": "a"}}, "workload.namespace"),
+    ],
+)
+def test_values_the_cluster_cannot_mean_are_refused_naming_the_field_and_bound(
+    changes: dict[str, object], fragment: str
+) -> None:
+    data = _workload_changed(**changes)
+    event = events.encode(events.WorkloadChanged.model_validate(_workload_changed()), source="t")
+    body = json.loads(event)
+    body["data"] = data
+    with pytest.raises(events.EventRejected) as caught:
+        events.decode(json.dumps(body).encode())
+    assert caught.value.kind == "invalid"
+    assert fragment in caught.value.reason
+    assert "\n" not in caught.value.reason
+
+
+def test_the_longest_legal_names_are_accepted_and_round_trip() -> None:
+    ref = events.WorkloadRef(kind="Deployment", namespace="n" * 63, name=("a." * 127)[:252] + "z")
+    command = VALID_COMMAND.model_copy(update={"target": ref, "desired": 2**31 - 1})
+    decoded = events.decode(events.encode(command, source="t"))
+    assert decoded.data == command
