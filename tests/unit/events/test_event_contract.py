@@ -428,5 +428,5 @@ def test_values_the_cluster_cannot_mean_are_refused_naming_the_field_and_bound(
 def test_the_longest_legal_names_are_accepted_and_round_trip() -> None:
     ref = events.WorkloadRef(kind="Deployment", namespace="n" * 63, name=("a." * 127)[:252] + "z")
     command = VALID_COMMAND.model_copy(update={"target": ref, "desired": 2**31 - 1})
-    decoded = events.decode(events.encode(command, source="t"))
+    decoded = events.decode(events.encode(command, source="t"), events.ScaleCommand)
     assert decoded.data == command
