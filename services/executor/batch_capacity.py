@@ -9,6 +9,7 @@ bind there at any moment."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Mapping
@@ -159,7 +160,16 @@ class BatchAdvertiser:
                 continue
             self.advertised[node.name] = amounts
             ADVERTISED.labels(node.name).set(cpu)
+        self._forget_all_but({node.name for node in nodes})
         return dict(self.advertised)
+
+    def _forget_all_but(self, names: set[str]) -> None:
+        """Drop what was advertised on nodes gone or no longer schedulable (and their gauge
+        series): what is kept per node name stays bounded by the cluster's nodes."""
+        for name in [name for name in self.advertised if name not in names]:
+            del self.advertised[name]
+            with contextlib.suppress(KeyError):
+                ADVERTISED.remove(name)
 
     async def run(
         self, interval_s: float, stopping: asyncio.Event, *, clock: Clock = WALL_CLOCK

@@ -147,3 +147,29 @@ def test_usage_sums_series_per_node() -> None:
         {"metric": {"node": "n0"}, "value": [0, "0.5"]},
     ]
     assert parse_by_node(reply, "q") == {"n0": 2.0}
+
+
+class ChangingNodes:
+    """Our ClusterListing port: a different set of nodes on every listing (nodes come, go)."""
+
+    def __init__(self) -> None:
+        self.round = 0
+
+    async def list_nodes(self) -> list[Node]:
+        self.round += 1
+        return [Node(f"r{self.round}-n{i}", Resources(4.0, 16 * GIB)) for i in range(100)]
+
+    async def list_pods(self) -> list[Pod]:
+        return []
+
+
+def test_what_was_advertised_on_deleted_nodes_is_forgotten() -> None:
+    from tideshift.services.executor.batch_capacity import ADVERTISED
+
+    advertiser = BatchAdvertiser(ChangingNodes(), Recorder(), Usage({}), OvercommitConfig())
+    for _ in range(50):  # 5,000 distinct node names over time
+        current = asyncio.run(advertiser.advertise_once())
+    assert len(current) == 100 and len(advertiser.advertised) == 100
+    assert set(advertiser.advertised) == {f"r50-n{i}" for i in range(100)}
+    series = {sample.labels["node"] for sample in ADVERTISED.collect()[0].samples}
+    assert not any(name.startswith("r1-") for name in series)
