@@ -35,7 +35,16 @@ REGISTRY_ENUMS = {
 }
 # Settings the chart sets itself: NATS from the Secret, the pod name, the probe port.
 CHART_MANAGED_SETTINGS = frozenset(
-    {"nats_url", "nats_credentials", "instance", "health_host", "health_port"}
+    {
+        "nats_url",
+        "nats_credentials",
+        "nats_user",
+        "nats_password",
+        "nats_password_file",
+        "instance",
+        "health_host",
+        "health_port",
+    }
 )
 Schema = dict[str, Any]
 # The settings classes are imported from this checkout, whatever the current directory.
