@@ -69,13 +69,19 @@ def plan_inputs(
     )
 
 
+# Rows of removed nodes and of owners with no live pod are dropped once there are this many
+# (and more than the live ones): names from outside cannot grow the table without bound.
+COMPACT_AFTER = 1024
+
+
 class ClusterTable:
     """The cluster as growable columnar arrays, updated one object at a time.
 
     The planner service applies each node/pod event in O(1) and takes a `ClusterView` per
     plan with a few array copies, instead of rebuilding 150,000 records every time. Rows of
     removed pods are recycled; a node that is removed (or only known from a pod's binding so
-    far) keeps its row with zero allocatable.
+    far) keeps its row with zero allocatable until the rows of removed nodes no live pod is
+    bound to are dropped together (as are owners no live pod has).
     """
 
     def __init__(self, pod_capacity: int = 1024) -> None:
@@ -84,6 +90,7 @@ class ClusterTable:
         self._allocatable = np.zeros((16, 3))
         self._owner_row: dict[Target, int] = {}
         self._owners: list[Target] = []
+        self._removed: set[str] = set()  # names of removed nodes that still have a row
         self._pod_row: dict[tuple[str, str], int] = {}
         self._free_rows: list[int] = []
         self._size = 0
@@ -111,12 +118,43 @@ class ClusterTable:
     def upsert_node(
         self, name: str, allocatable: tuple[float, float, float], *, schedulable: bool
     ) -> None:
-        self._allocatable[self._node(name)] = allocatable if schedulable else (0.0, 0.0, 0.0)
+        row = self._node(name)  # first: it may grow (replace) the array assigned into
+        self._allocatable[row] = allocatable if schedulable else (0.0, 0.0, 0.0)
+        self._removed.discard(name)
 
     def remove_node(self, name: str) -> None:
         row = self._node_row.get(name)
         if row is not None:
             self._allocatable[row] = 0.0
+            self._removed.add(name)
+            if len(self._removed) > max(COMPACT_AFTER, len(self._node_names) // 2):
+                self._compact_nodes()
+
+    def _compact_nodes(self) -> None:
+        """Drop the rows of removed nodes no live pod is bound to; pods follow their rows."""
+        size = self._size
+        bound = self._pod_node[:size][self._pod_live[:size]]
+        held = set(bound[bound >= 0].tolist())
+        keep = [r for r, n in enumerate(self._node_names) if n not in self._removed or r in held]
+        new_row = np.full(len(self._node_names) + 1, -1, dtype=np.int64)  # [-1] stays -1
+        new_row[keep] = np.arange(len(keep))
+        self._pod_node[:size] = new_row[self._pod_node[:size]]
+        self._node_names = [self._node_names[row] for row in keep]
+        self._node_row = {name: row for row, name in enumerate(self._node_names)}
+        self._allocatable[: len(keep)] = self._allocatable[keep]
+        self._allocatable[len(keep) :] = 0.0
+        self._removed &= self._node_row.keys()
+
+    def _compact_owners(self) -> None:
+        """Drop the owners no live pod has; pods follow their rows."""
+        size = self._size
+        owned = self._pod_owner[:size][self._pod_live[:size]]
+        keep = sorted(set(owned[owned >= 0].tolist()))
+        new_row = np.full(len(self._owners) + 1, -1, dtype=np.int64)  # [-1] stays -1
+        new_row[keep] = np.arange(len(keep))
+        self._pod_owner[:size] = new_row[self._pod_owner[:size]]
+        self._owners = [self._owners[row] for row in keep]
+        self._owner_row = {owner: row for row, owner in enumerate(self._owners)}
 
     def upsert_pod(
         self,
@@ -138,6 +176,8 @@ class ClusterTable:
         else:
             owner_row = self._owner_row.get(owner)
             if owner_row is None:
+                if len(self._owners) > max(COMPACT_AFTER, 2 * len(self._pod_row)):
+                    self._compact_owners()
                 owner_row = self._owner_row[owner] = len(self._owners)
                 self._owners.append(owner)
             self._pod_owner[row] = owner_row

@@ -170,3 +170,41 @@ def test_a_deleted_pod_stays_deleted_against_an_older_add_and_tombstones_are_bou
     for i in range(DELETED_PODS_LIMIT + 100):
         state.apply_pod(pod(f"gone-{i}", "deleted", NOW), NOW)
     assert len(state.pod_seen) == len(state.deleted_pods) == DELETED_PODS_LIMIT
+
+
+def test_the_cluster_table_forgets_deleted_nodes_and_owners_no_pod_has() -> None:
+    state = new_state()
+    state.apply_node(
+        NodeChanged(change="added", name="keep", allocatable=Resources(cpu=8), observed_at=at(NOW)),
+        NOW,
+    )
+    web_pod = PodChanged(
+        change="added",
+        namespace="shop",
+        name="web-0",
+        phase="Running",
+        node="keep",
+        owner=WEB,
+        requests=Resources(cpu=1.0),
+        observed_at=at(NOW),
+    )
+    state.apply_pod(web_pod, NOW)
+    for i in range(20_000):
+        name = f"n{i}"
+        for change in ("added", "deleted"):
+            node = NodeChanged(
+                change=change, name=name, allocatable=Resources(cpu=8), observed_at=at(NOW)
+            )
+            state.apply_node(node, NOW)
+        owner = WorkloadRef(kind="Deployment", namespace="x", name=f"w{i}")
+        pod = web_pod.model_copy(update={"name": f"p{i}", "owner": owner, "node": name})
+        state.apply_pod(pod, NOW)
+        state.apply_pod(pod.model_copy(update={"change": "deleted"}), NOW)
+    view = state.table.view()
+    assert len(view.node_names) <= 2 * 1024 + 2
+    assert len(view.owners) <= 2 * 1024 + 2
+    # The live pod still counts on its node, for its owner.
+    keep = view.node_names.index("keep")
+    assert view.pod_node.tolist() == [keep]
+    assert [view.owners[row] for row in view.pod_owner.tolist()] == [WEB]
+    assert view.allocatable[keep, 0] == 8.0
