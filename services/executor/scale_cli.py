@@ -8,6 +8,11 @@ ScaleCommand on JetStream, applied by an executor (bounds, max step and idempote
 included), answered by a ScaleResult, which is printed. Exit codes: 0 applied, no-op or
 released, 1 rejected or failed, 2 bad arguments, 3 no result within --timeout (the command
 stays queued and will still be applied).
+
+With cluster access (`--kubeconfig` or `$KUBECONFIG`) the target is read first: one that did
+not join Tideshift (no `tideshift.io/role` label) is refused here with the executor's own
+words, before anything is pinned or sent. A target the executor lists in `managed_targets`
+is unknown here: `--no-check` sends it anyway.
 """
 
 from __future__ import annotations
@@ -32,8 +37,11 @@ from tideshift.events import (
     WorkloadRef,
     encode_token,
 )
+from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.kinds import ALIASES, normalise_kind
+from tideshift.services.cluster.port import ClusterError, UnsupportedTarget
 from tideshift.services.common.bus import Bus
+from tideshift.services.executor.decision import Admission
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -71,6 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the result (default 30)"
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="check the target joined Tideshift before sending (default: $KUBECONFIG)",
+    )
+    parser.add_argument("--context", help="kubeconfig context for the check")
+    parser.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="send without reading the target (e.g. one listed in the executor's managed_targets)",
     )
     return parser
 
@@ -165,9 +185,34 @@ async def _first_with_key(results: object, key: str) -> ScaleResult:
     raise RuntimeError("result subscription ended")
 
 
+async def managed_refusal(kubeconfig: str, context: str | None, target: WorkloadRef) -> str | None:
+    """Why the executor would refuse this target (not labelled), as the cluster says; None if
+    it would take it or the cluster cannot tell (the executor checks again anyway)."""
+    try:
+        port = await open_kubernetes(kubeconfig, context=context)
+    except Exception as error:  # an unreadable kubeconfig: the check is advisory
+        print(f"tideshift scale: not checked ({kubeconfig}: {error})", file=sys.stderr)
+        return None
+    try:
+        state = await port.get_scale(target)
+    except KeyError:
+        return f"{target} not found"
+    except (UnsupportedTarget, ClusterError) as error:
+        print(f"tideshift scale: not checked ({error})", file=sys.stderr)
+        return None
+    finally:
+        await port.close()
+    return Admission().refuse(state)
+
+
 async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
     # Reconnect chatter is for services' logs; this command reports failures itself.
     logging.getLogger("tideshift.bus").setLevel(logging.ERROR)
+    if args.check and args.kubeconfig and not args.release:
+        refusal = await managed_refusal(args.kubeconfig, args.context, target)
+        if refusal is not None:
+            print(f"tideshift scale: {refusal}; nothing sent", file=sys.stderr)
+            return 1
     try:
         bus = await Bus.connect(
             args.nats_url,

@@ -32,6 +32,7 @@ from tideshift.events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, Workload
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
 from tideshift.services.cluster.kubernetes import SCALE_CONFLICTS, KubernetesClusterPort
 from tideshift.services.common.bus import Bus
+from tideshift.services.executor import scale_cli
 from tideshift.services.executor.executor import Executor, RecordStore
 from tideshift.services.executor.service import consume
 
@@ -385,3 +386,19 @@ async def test_the_executor_role_is_denied_everything_else(
             assert denied.value.status == 403, (method, path)
     finally:
         await port.close()
+
+
+def test_tideshift_scale_refuses_an_unlabelled_target_before_sending(
+    k8s_cluster: Any, admin: KubeHttp, k8s_namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    create(admin, collection("Deployment", k8s_namespace), deployment("outsider", 1))
+    create(admin, collection("Deployment", k8s_namespace), joined(deployment("member", 1)))
+    # No NATS at this address: a command that got past the check could not be sent.
+    common = ["-n", k8s_namespace, "--replicas", "3", "--timeout", "2"]
+    common += ["--kubeconfig", str(k8s_cluster.kubeconfig), "--nats-url", "nats://127.0.0.1:9"]
+    assert scale_cli.main(["deployment/outsider", *common]) == 1
+    refused = capsys.readouterr().err
+    assert "not managed: Deployment.apps/" in refused and "nothing sent" in refused
+    assert scale_cli.main(["deployment/member", *common]) == 1  # checked, then no bus
+    assert "not managed" not in capsys.readouterr().err
+    assert replicas_in_apiserver(admin, WorkloadRef(k8s_namespace, "Deployment", "outsider")) == 1
