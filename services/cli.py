@@ -84,6 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _resolve(SUBCOMMANDS[name][0])(rest)
     except KeyboardInterrupt:
         return 130
+    except OSError as error:
+        # A path the user named that cannot be opened is their input error, not our bug; any
+        # other OSError (no filename) still shows its traceback.
+        if error.filename is None or isinstance(error, BrokenPipeError):
+            raise
+        print(f"tideshift {name}: {error.filename}: {error.strerror}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

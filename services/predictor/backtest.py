@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from tideshift.loadgen import families
 from tideshift.loadgen.traces import TraceError
@@ -24,6 +26,11 @@ from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS, build_mod
 from tideshift.services.predictor.models.portfolio import Portfolio
 
 EXIT_USAGE = 2
+# A generated family stays in memory: at most ten years, at most five million points.
+MAX_FAMILY_DAYS = 3660.0
+MAX_FAMILY_POINTS = 5_000_000
+# A trace line is two numbers; anything much longer is not a trace (and is never read whole).
+MAX_LINE_CHARS = 4096
 
 
 def _duration(text: str) -> float:
@@ -122,8 +129,13 @@ def main(argv: Sequence[str]) -> int:
 def _load_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Trace | None:
     """The family member or trace file asked for; None (reported) when it cannot be read."""
     if args.family is not None:
-        if not args.family_days > 0:
-            parser.error("--family-days: expected a number of days > 0")
+        if not 0 < args.family_days <= MAX_FAMILY_DAYS:
+            parser.error(f"--family-days: expected a number of days > 0 and <= {MAX_FAMILY_DAYS:g}")
+        if args.family_days * 86400.0 / args.family_interval > MAX_FAMILY_POINTS:
+            parser.error(
+                f"--family-interval: expected at most {MAX_FAMILY_POINTS:,} points over "
+                "--family-days; raise the interval or generate fewer days"
+            )
         series = families.generate(
             args.family,
             seed=args.seed,
@@ -134,13 +146,36 @@ def _load_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Tr
             families.to_csv(series).splitlines(), source=f"{args.family}#{args.seed}"
         )
     try:
+        if args.trace.exists() and not args.trace.is_file():
+            # A device such as /dev/zero never ends; a directory has no lines.
+            raise TraceError(f"{args.trace}: expected a regular CSV file")
         with args.trace.open(encoding="utf-8") as handle:
-            return parse_trace(handle, source=str(args.trace))
+            return parse_trace(_bounded_lines(handle, str(args.trace)), source=str(args.trace))
     except OSError as error:
         print(f"tideshift backtest: --trace: cannot read {args.trace}: {error}", file=sys.stderr)
-    except (TraceError, UnicodeDecodeError) as error:
+    except TraceError as error:
         print(f"tideshift backtest: --trace: {error}", file=sys.stderr)
+    except UnicodeDecodeError as error:
+        print(
+            f"tideshift backtest: --trace: {args.trace}: expected UTF-8 text; invalid byte at "
+            f"offset {error.start}",
+            file=sys.stderr,
+        )
     return None
+
+
+def _bounded_lines(handle: TextIO, source: str) -> Iterator[str]:
+    """The file's lines, refusing one longer than MAX_LINE_CHARS before reading it whole."""
+    for number in itertools.count(1):
+        line = handle.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_CHARS:
+            raise TraceError(
+                f"{source} line {number}: expected a line of at most {MAX_LINE_CHARS} characters",
+                line=number,
+            )
+        yield line
 
 
 def _score(

@@ -3,9 +3,10 @@ and cadence (`cadence()` hands the forecasting decisions theirs)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tideshift.events import SNAPSHOT_BUCKET
 from tideshift.services.common.settings import ServiceSettings
@@ -21,12 +22,17 @@ from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS
 DEFAULT_QUERY = 'sum(rate(http_requests_total{app="$name"}[1m]))'
 
 
+# 14 days at 60 s is 20,160 points; a forecast of a day at 60 s is 1,440.
+MAX_HISTORY_POINTS = 200_000
+MAX_HORIZON_POINTS = 20_000
+
+
 class WorkloadQuery(BaseModel):
     """One serving workload to forecast and the query that measures its demand."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    namespace: str = Field(min_length=1, max_length=253)
+    namespace: str = Field(min_length=1, max_length=63)
     name: str = Field(min_length=1, max_length=253)
     kind: str = Field(default="Deployment", min_length=1)
     # PromQL giving requests per second; $name and $namespace are substituted. Empty = the
@@ -104,6 +110,24 @@ class PredictorSettings(ServiceSettings):
     )
     sim_peak_rps: float = Field(default=200.0, ge=0, description="sim source: daily peak")
     sim_trough_rps: float = Field(default=40.0, ge=0, description="sim source: nightly trough")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _finite(cls, value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"expected a finite number, got {value}")
+        return value
+
+    @field_validator("horizon_seconds", "history_seconds", mode="after")
+    @classmethod
+    def _bounded_points(cls, value: float, info: ValidationInfo) -> float:
+        # Each workload keeps history_seconds / step_seconds points and forecasts
+        # horizon_seconds / step_seconds: both are bounded so its memory and CPU are.
+        step = info.data.get("step_seconds")
+        limit = MAX_HISTORY_POINTS if info.field_name == "history_seconds" else MAX_HORIZON_POINTS
+        if step and value / step > limit:
+            raise ValueError(f"expected at most {limit:,} steps of step_seconds ({step:g} s)")
+        return value
 
     @field_validator("model")
     @classmethod

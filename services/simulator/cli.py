@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from tideshift.loadgen.profiles import RateProfile
 from tideshift.services.planner.baselines import POLICIES
-from tideshift.services.simulator.report import format_table, plot
-from tideshift.services.simulator.run import run_policy
+from tideshift.services.simulator.report import format_table, plot, plot_jct
+from tideshift.services.simulator.run import PolicyResult, run_policy
 from tideshift.services.simulator.scenario import (
+    MAX_DURATION_S,
     Scenario,
     ScenarioError,
     load_scenario,
@@ -55,6 +61,35 @@ def load_profiles(
     return [spec.traffic.profile(base, override) for spec in scenario.serving]
 
 
+def _check_writable(parser: argparse.ArgumentParser, out: Path) -> None:
+    """Fail before simulating, not after: a run can take minutes."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--out: expected a writable directory; {out}: {exc.strerror}")
+    if not os.access(out, os.W_OK | os.X_OK):
+        parser.error(f"--out: expected a writable directory; {out} is not writable")
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: an undefined figure (e.g. a ratio over nothing) is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _plot_jct(
+    results: list[PolicyResult], scenario: Scenario, out: Path | None, say: Callable[[str], None]
+) -> None:
+    """The policies' job completion times side by side, when asked for plots and jobs finish."""
+    if out is not None and (path := plot_jct(results, scenario, out)) is not None:
+        say(f"job completion time CDF: {path}")
+
+
 def main(argv: Sequence[str]) -> int:
     parser = _parser()
     args = parser.parse_args(list(argv))
@@ -64,15 +99,23 @@ def main(argv: Sequence[str]) -> int:
             parser.error(
                 f"--policy: unknown policy {name!r}; expected one of {', '.join(POLICIES)}"
             )
-    if args.duration is not None and args.duration <= 0:
-        parser.error("--duration: expected seconds > 0")
+    if args.duration is not None and not 0 < args.duration <= MAX_DURATION_S:
+        parser.error(f"--duration: expected seconds > 0 and <= {MAX_DURATION_S:.0f}")
+    if args.out is not None:
+        _check_writable(parser, args.out)
     try:
         scenario = load_scenario(args.scenario)
         if args.duration is not None:
-            scenario = scenario.model_copy(update={"duration_s": args.duration})
+            # Validated again, so the override meets the same bounds as the file's value.
+            scenario = Scenario.model_validate(
+                {**scenario.model_dump(), "duration_s": args.duration}
+            )
         profiles = load_profiles(scenario, args.scenario, args.trace_dir)
     except ScenarioError as exc:
         print(f"tideshift simulate: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        print(f"tideshift simulate: --duration: {exc.errors()[0]['msg']}", file=sys.stderr)
         return 2
 
     def progress(message: str) -> None:
@@ -86,8 +129,10 @@ def main(argv: Sequence[str]) -> int:
         results.append(result)
         if args.out is not None:
             progress(f"{name}: plot {plot(result, scenario, args.out)}")
+    _plot_jct(results, scenario, args.out, progress)
     if args.json:
-        print(json.dumps({"policies": {r.name: r.summary() for r in results}}, indent=2))
+        document = {"policies": {r.name: r.summary() for r in results}}
+        print(json.dumps(_finite(document), indent=2, allow_nan=False))
     else:
         print(f"scenario {scenario.name}: {scenario.duration_s:.0f} s simulated")
         print(format_table(results))

@@ -87,8 +87,18 @@ class ScenarioError(ValueError):
     """A scenario or trace that cannot be used; the message names the field or line."""
 
 
+# Ceilings that keep a run finite and its arrays in memory: a month of simulated time, at most
+# a million steps, 100,000 nodes in all; a scenario file of at most 16 MiB.
+MAX_DURATION_S = 31 * 86_400.0
+MIN_STEP_S = 0.01
+MAX_STEPS = 1_000_000
+MAX_NODES = 100_000
+MAX_SCENARIO_BYTES = 16 * 1024 * 1024
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinities are refused on every number: none of them can mean a time or a size.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ResourceSpec(_Model):
@@ -101,7 +111,7 @@ class ResourceSpec(_Model):
 
 
 class NodeGroup(_Model):
-    count: int = Field(ge=1)
+    count: int = Field(ge=1, le=MAX_NODES)
     cpu: float = Field(gt=0)
     memory_gib: float = Field(gt=0)
     gpu: int = Field(0, ge=0)
@@ -327,8 +337,8 @@ class ForecasterSpec(_Model):
 class Scenario(_Model):
     name: str = "scenario"
     description: str = ""
-    duration_s: float = Field(gt=0)
-    step_s: float = Field(5.0, gt=0)
+    duration_s: float = Field(gt=0, le=MAX_DURATION_S)
+    step_s: float = Field(5.0, ge=MIN_STEP_S)
     plan_interval_s: float = Field(10.0, gt=0)
     forecaster: ForecasterSpec = ForecasterSpec()
     nodes: list[NodeGroup] = Field(min_length=1)
@@ -340,22 +350,35 @@ class Scenario(_Model):
         names = [s.name for s in self.serving] + [j.name_prefix for j in self.training.jobs]
         if len(set(names)) != len(names):
             raise ValueError("serving names and job name_prefixes must be unique")
+        if self.duration_s / self.step_s > MAX_STEPS:
+            raise ValueError(
+                f"duration_s / step_s is {self.duration_s / self.step_s:.3g} steps; "
+                f"expected at most {MAX_STEPS:,} (raise step_s or shorten duration_s)"
+            )
+        if sum(group.count for group in self.nodes) > MAX_NODES:
+            raise ValueError(f"nodes: expected at most {MAX_NODES:,} nodes in all groups")
         return self
 
 
 def _format_validation(error: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid scenario"]
+    # One line (a command-line error is one line): every problem, separated by "; ".
+    problems = []
     for item in error.errors():
         location = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"  {location}: {item['msg']}")
-    return "\n".join(lines)
+        problems.append(f"{location}: {item['msg']}")
+    return f"{source}: invalid scenario: " + "; ".join(problems)
 
 
 def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ScenarioError(f"{source}: not valid YAML: {exc}") from exc
+        reason = " ".join(str(exc).split())
+        raise ScenarioError(f"{source}: not valid YAML: {reason}") from exc
+    except RecursionError:
+        raise ScenarioError(
+            f"{source}: not a usable scenario: YAML nested too deeply (expected a few levels)"
+        ) from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: expected a mapping at the top level")
     try:
@@ -366,9 +389,18 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
 
 def load_scenario(path: Path) -> Scenario:
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            data = file.read(MAX_SCENARIO_BYTES + 1)
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from exc
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{path}: expected a scenario of at most {MAX_SCENARIO_BYTES:,} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            f"{path}: expected UTF-8 text; invalid byte at offset {exc.start}"
+        ) from None
     return parse_scenario(text, str(path))
 
 
