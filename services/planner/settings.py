@@ -161,7 +161,7 @@ class PlannerSettings(ServiceSettings):
     panic_window_s: float = _tunable("panic_window_s")
     miss_half_life_s: float = _tunable("miss_half_life_s")
     miss_tolerance: float = _tunable("miss_tolerance")
-    burst_half_life_s: float = _tunable("burst_half_life_s")
+    rise_window_s: float = _tunable("rise_window_s")
     release_horizon_s: float = _tunable("release_horizon_s")
     overcommit_margin: float = Field(
         default=OvercommitConfig().margin,

@@ -189,14 +189,13 @@ class PolicyConfig:
         le=1,
     )
     # Serving's safety net: demand above what the forecast allowed scales up at once and
-    # holds scale-down; the worst recent miss ratio (observed / allowed) becomes headroom on
-    # the forecast, fading back to none.
+    # holds scale-down while the faded miss ratio (observed / allowed) is high.
     panic_window_s: float = tunable(
         60.0, "demand above what the forecast allowed holds scale-down this long, seconds", ge=0
     )
     miss_half_life_s: float = tunable(
         1800.0,
-        "half-life of the recent miss ratio (observed / allowed), the forecast's headroom, seconds",
+        "half-life of the recent miss ratio (observed / allowed), which holds scale-down, seconds",
         gt=0,
     )
     miss_tolerance: float = tunable(
@@ -205,10 +204,14 @@ class PolicyConfig:
         "waits while the faded miss ratio is above 1 + this",
         ge=0,
     )
-    # A burst that beat the forecast once tends to come back (heavy tails), and serving must
-    # cover its first minute, which no reaction can (replicas take their startup delay).
-    burst_half_life_s: float = tunable(
-        86400.0, "half-life of the worst burst, which sizes serving's headroom, seconds", gt=0
+    # Serving must cover the first lead time of a rise, which no reaction can (replicas take
+    # their start-up delay): the rise is priced from the workload's own recent rises
+    # (policy/headroom.py), over a window long enough to hold a daily cycle's steepest ramp.
+    rise_window_s: float = tunable(
+        86400.0,
+        "serving's headroom is the workload's quantile of its rises within one lead time "
+        "observed over this long, seconds",
+        gt=0,
     )
     # Room serving releases moves trainers in and, when demand returns, out again (a restart
     # each way).
@@ -268,16 +271,35 @@ class SteadyRoom:
 
 
 @dataclass(frozen=True, slots=True)
+class Rises:
+    """One serving workload's calibration window (policy/headroom.py): observations not yet
+    a lead time old, and the rises measured over each finished lead time."""
+
+    pending: tuple[tuple[float, float], ...] = ()  # (time, observed req/s)
+    scores: tuple[tuple[float, float], ...] = ()  # (time, highest within lead time / then)
+
+
+@dataclass(frozen=True, slots=True)
 class Miss:
-    """How far observed serving demand recently ran above what the forecast allowed."""
+    """How far observed serving demand recently ran above what the forecast allowed, and how
+    far it rose within a lead time."""
 
     at: float  # when `ratio` was measured
     ratio: float  # observed / allowed, at least 1 (1 = no miss)
     panic_until: float  # no scale-down before this
-    # The worst burst: observed / max(allowed, the previous observation), fading with
-    # `burst_half_life_s`; the forecast's headroom (a ramp the planner saw coming is not one)
-    worst: float = 1.0
     observed: float | None = None  # the latest observation (req/s)
+    rises: Rises = field(default_factory=Rises)
+
+
+@dataclass(frozen=True, slots=True)
+class HeadroomParts:
+    """What sized one serving workload, each in requests/s (`simulate` shows them)."""
+
+    forecast: float  # the forecast quantile's peak over the look-ahead window
+    rise: float  # observed now x `rise_ratio`: where demand may be one lead time from now
+    rise_ratio: float  # the calibrated rise within one lead time (>= 1)
+    observed: float  # the reactive floor: demand observed now (0 when none)
+    panic_hold: bool  # scale-down held: demand ran above what the forecast allowed
 
 
 Role = Literal["serving", "training"]
@@ -290,6 +312,7 @@ class TargetDecision:
     current: int
     desired: int
     reason: str
+    headroom: HeadroomParts | None = None  # serving sized on a forecast: what sized it
 
     @property
     def changed(self) -> bool:

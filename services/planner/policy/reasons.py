@@ -41,22 +41,26 @@ def serving_basis(
     workload: ServingWorkload,
     *,
     peak: float,
-    headroom: float,
     forecast_need: int,
+    rise: tuple[float, int] | None,
     observed: float | None,
     observed_need: int,
     clamped: bool,
     safety_net: bool,
 ) -> str:
-    """How serving's count was reached; `observed` only when it needs more than the forecast."""
+    """How serving's count was reached; `rise` (the calibrated rise, the replicas it needs)
+    and `observed` only when they need more than the forecast."""
     basis = (
         f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
         f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
         f"per replica"
     )
-    if headroom > 1.0 + 1e-9:
-        basis += f" x {headroom:.2f} recent miss headroom"
     basis += f" = {forecast_need}"
+    if rise is not None:
+        basis += (
+            f"; observed may rise x {rise[0]:.2f} within the {workload.lead_time_s:.0f} s "
+            f"lead time (q{workload.quantile:g} of recent rises), needs {rise[1]}"
+        )
     if observed is not None:
         basis += f"; observed {observed:.1f} req/s needs {observed_need}"
     if clamped:

@@ -7,22 +7,25 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tideshift.services.cluster.placement import compact_down, entry_rest
 from tideshift.services.planner.policy import reasons
+from tideshift.services.planner.policy.headroom import observe_rise, rise_quantile
 from tideshift.services.planner.policy.model import (
     BoolArray,
     FloatArray,
     Forecast,
+    HeadroomParts,
     Infeasible,
     IntArray,
     Miss,
     PlanInputs,
     PlanState,
     PolicyConfig,
+    Rises,
     ServingWorkload,
     Target,
     TargetDecision,
@@ -62,19 +65,15 @@ def track_miss(
     allowed: float | None,
     now: float,
     config: PolicyConfig,
-    absorbed: float = 1.0,
 ) -> Miss:
     """The workload's miss after this observation: the previous ratio fades toward 1 with
-    `miss_half_life_s`, the worst burst with `burst_half_life_s`; a new observation above
-    what the forecast allowed raises the ratio and starts a panic window, and raises the
-    worst burst by as much as it also jumped above the previous observation, when that jump
-    is beyond `absorbed` (what replicas hold above their target utilisation: 1 / it)."""
-    ratio, worst, panic_until = 1.0, 1.0, -math.inf
+    `miss_half_life_s`; a new observation above what the forecast allowed raises the ratio
+    and starts a panic window."""
+    ratio, panic_until = 1.0, -math.inf
     previous = None if miss is None else miss.observed
     if miss is not None:
         elapsed = max(0.0, now - miss.at)
         ratio = 1.0 + (miss.ratio - 1.0) * 0.5 ** (elapsed / config.miss_half_life_s)
-        worst = 1.0 + (miss.worst - 1.0) * 0.5 ** (elapsed / config.burst_half_life_s)
         panic_until = miss.panic_until
     # A q0.95 forecast is exceeded 5 % of the time by design: only a miss beyond the
     # tolerance counts, or serving would chase every burst and trainers with it.
@@ -85,18 +84,12 @@ def track_miss(
     ):
         ratio = max(ratio, observed / max(allowed, 1e-9))
         panic_until = now + config.panic_window_s
-        # A ramp the observations already showed is met by reacting to them; a jump past
-        # both them and the forecast is met only by room held in advance.
-        jump = observed / max(allowed, previous if previous is not None else 0.0, 1e-9)
-        # A jump the replicas' spare capacity absorbs starves nothing: no room held for it.
-        if jump > max(1.0 + config.miss_tolerance, absorbed):
-            worst = max(worst, jump)
     return Miss(
         at=now,
         ratio=ratio,
         panic_until=panic_until,
-        worst=worst,
         observed=observed if observed is not None else previous,
+        rises=Rises() if miss is None else miss.rises,
     )
 
 
@@ -109,6 +102,7 @@ class ServingSize:
     history: tuple[tuple[float, int], ...]  # (time, recommended) within the stabilisation window
     miss: Miss
     fallback: str | None = None  # the announcement when held for want of a usable forecast
+    headroom: HeadroomParts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +120,7 @@ class Recommendation:
 
     replicas: int
     basis: str  # how it was reached (the reason's first part)
-    headroom: float  # the miss headroom the forecast was scaled by
+    parts: HeadroomParts
 
 
 def plan_serving(
@@ -145,41 +139,39 @@ def plan_serving(
     """The workload's replicas.
 
     The safety net: a forecast can be wrong and serving must not pay for it. Observed demand
-    above what the forecast allowed for now sizes serving for that demand at once; the
-    recent miss ratio scales the forecast up (headroom from the workload's own errors and
-    bursts, not one fixed quantile); while it is high, scale-down waits.
+    above what the forecast allowed for now sizes serving for that demand at once and holds
+    scale-down while the recent miss ratio is high. The headroom is priced: serving holds
+    what demand may reach one lead time from now at the workload's quantile of its own
+    recent rises (policy/headroom.py), not a multiple of the forecast.
     """
     peaks: Peaks | None = None
     if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
         peaks = forecast_peaks(workload, forecast, now, config)
-    new_miss = track_miss(
-        miss,
-        observed=observed,
-        allowed=peaks.allowed if peaks is not None else None,
-        now=now,
-        config=config,
-        absorbed=1.0 / workload.target_utilization,
-    )
+    allowed = peaks.allowed if peaks is not None else None
+    new_miss = track_miss(miss, observed=observed, allowed=allowed, now=now, config=config)
+    new_miss = replace(new_miss, rises=_observe(workload, new_miss.rises, observed, now, config))
     observed_need = _replicas_for(observed, workload) if observed is not None else 0
     if peaks is None:
         held = min(max(current, observed_need, workload.min_replicas), workload.max_replicas)
         why = reasons.no_usable_forecast(has_forecast=forecast is not None)
         fallback = reasons.held_fallback(workload.target, why)
         return ServingSize(held, reasons.holding(held, why), history, new_miss, fallback)
-    recommendation = recommend(workload, peaks.window, new_miss, observed, observed_need)
+    parts = _parts(workload, peaks, new_miss, observed, now)
+    recommendation = recommend(workload, parts, observed_need)
     cutoff = now - workload.stabilization_s
     new_history = (*(item for item in history if item[0] > cutoff), (now, recommendation.replicas))
     if recommendation.replicas >= current:
         reason = reasons.scale_up(recommendation.basis, up=recommendation.replicas > current)
-        return ServingSize(recommendation.replicas, reason, new_history, new_miss)
+        return ServingSize(recommendation.replicas, reason, new_history, new_miss, None, parts)
     held_why = _scale_down_hold(
         workload, new_miss, seen_since=seen_since, now=now, config=config, stale=cluster_stale
     )
     if held_why is not None:
-        return ServingSize(current, f"{recommendation.basis}; {held_why}", new_history, new_miss)
+        reason = f"{recommendation.basis}; {held_why}"
+        return ServingSize(current, reason, new_history, new_miss, None, parts)
     # Released room is taken by trainers at the cost of a restart, and given back at the cost
     # of another when demand returns: release only what the forecast does not need soon.
-    kept = _replicas_for(max(peaks.release, 0.0) * recommendation.headroom, workload)
+    kept = _replicas_for(max(peaks.release, parts.rise, 0.0), workload)
     desired, reason = _scale_down(
         workload,
         recommendation.basis,
@@ -188,7 +180,38 @@ def plan_serving(
         history=new_history,
         config=config,
     )
-    return ServingSize(desired, reason, new_history, new_miss)
+    return ServingSize(desired, reason, new_history, new_miss, None, parts)
+
+
+def _observe(
+    workload: ServingWorkload,
+    rises: Rises,
+    observed: float | None,
+    now: float,
+    config: PolicyConfig,
+) -> Rises:
+    return observe_rise(
+        rises,
+        observed=observed,
+        now=now,
+        lead_time_s=workload.lead_time_s,
+        window_s=config.rise_window_s,
+        # A rise from below one replica's capacity counts from it: a replica serves it anyway.
+        floor_rps=workload.capacity_rps,
+    )
+
+
+def _parts(
+    workload: ServingWorkload, peaks: Peaks, miss: Miss, observed: float | None, now: float
+) -> HeadroomParts:
+    rise_ratio = rise_quantile(miss.rises, workload.quantile)
+    return HeadroomParts(
+        forecast=max(peaks.window, 0.0),
+        rise=(observed or 0.0) * rise_ratio,
+        rise_ratio=rise_ratio,
+        observed=observed or 0.0,
+        panic_hold=now < miss.panic_until,
+    )
 
 
 def forecast_peaks(
@@ -213,31 +236,30 @@ def _replicas_for(rps: float, workload: ServingWorkload) -> int:
 
 
 def recommend(
-    workload: ServingWorkload,
-    peak: float,
-    miss: Miss,
-    observed: float | None,
-    observed_need: int,
+    workload: ServingWorkload, parts: HeadroomParts, observed_need: int
 ) -> Recommendation:
-    """The forecast's peak x the miss headroom, or the observed demand if that needs more,
-    within the workload's bounds."""
-    headroom = max(miss.ratio, miss.worst)
-    bare_need = _replicas_for(max(peak, 0.0), workload)
-    forecast_need = _replicas_for(max(peak, 0.0) * headroom, workload)
-    need = max(forecast_need, observed_need)
+    """The forecast's peak, or where observed demand may rise within one lead time, or the
+    observed demand, whichever needs most, within the workload's bounds."""
+    forecast_need = _replicas_for(parts.forecast, workload)
+    rise_need = _replicas_for(parts.rise, workload)
+    need = max(forecast_need, rise_need, observed_need)
     replicas = min(max(need, workload.min_replicas), workload.max_replicas)
     basis = reasons.serving_basis(
         workload,
-        peak=peak,
-        headroom=headroom,
+        peak=parts.forecast,
         forecast_need=forecast_need,
-        observed=observed if observed_need > forecast_need else None,
+        rise=(parts.rise_ratio, rise_need)
+        if rise_need > max(forecast_need, observed_need)
+        else None,
+        observed=parts.observed
+        if observed_need > forecast_need and observed_need >= rise_need
+        else None,
         observed_need=observed_need,
         clamped=replicas != need,
         # The operator's cue that the safety net, not the bare forecast, sized serving.
-        safety_net=need > bare_need,
+        safety_net=need > forecast_need,
     )
-    return Recommendation(replicas, basis, headroom)
+    return Recommendation(replicas, basis, parts)
 
 
 def _scale_down(
@@ -321,7 +343,9 @@ def size_serving(
         if size.fallback is not None:
             fallbacks.append(size.fallback)
         desired_all.append(size.desired)
-        decisions.append(TargetDecision(target, "serving", current, size.desired, size.reason))
+        decisions.append(
+            TargetDecision(target, "serving", current, size.desired, size.reason, size.headroom)
+        )
     return ServingPlan(
         tuple(desired_all), tuple(decisions), history, seen, tuple(fallbacks), misses
     )

@@ -93,18 +93,18 @@ def test_a_high_fresh_observation_plans_at_once_and_the_plan_covers_it() -> None
     # Within what the plan allowed for: no plan at once.
     assert not state.apply_observed(observed(180.0, NOW + 5), NOW + 5)
 
-    # Above it: plan now, sized for the observation, with the miss as headroom.
+    # Above it: plan now, sized for the observation (the reactive floor).
     assert state.apply_observed(observed(870.0, NOW + 6), NOW + 5)
     desired, reason, policy_state = plan(state, policy_state, NOW + 7)
     assert desired >= math.ceil(870.0 / CAPACITY_RPS), reason
-    assert "miss headroom" in reason
+    assert "observed 870.0 req/s needs 9" in reason
     assert state.allowed_rps[WEB] >= 870.0
 
     # Demand back at the forecast: the recent miss keeps the replicas (no scale-down yet).
     assert not state.apply_observed(observed(150.0, NOW + 20), NOW + 20)
     held, reason, _ = plan(state, policy_state, NOW + 20)
     assert held == desired, reason
-    assert "miss headroom" in reason
+    assert "panic window" in reason
 
 
 def test_stale_and_out_of_order_observations_are_ignored() -> None:
