@@ -335,8 +335,10 @@ class Planner:
         if not self.leader:
             return
         plan_id = f"{self.instance[: PLAN_ID_LIMIT - 13]}-{uuid.uuid4().hex[:12]}"
-        for held in targets.held:  # once released, it is compared with where it is then
-            self.sent.pop(held.target, None)
+        # Only targets this plan decides stay remembered as sent: a held one, once released, is
+        # compared with where it is then, and one that left is forgotten.
+        planned = decision.desired()
+        self.sent = {t: sent for t, sent in self.sent.items() if t in planned}
         for item in decision.targets:
             if self._differs(item, now):
                 await self._command(item, plan_id, now)

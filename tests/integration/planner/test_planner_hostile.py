@@ -197,3 +197,25 @@ async def test_readyz_reports_degraded_while_no_plan_succeeds(
         assert planner.readiness()[0].startswith("degraded: no plan succeeded for")
         planner.policy = working
         await eventually(lambda: planner.readiness() == [])
+
+
+async def test_a_target_that_left_is_forgotten(
+    bus: Bus, unique: str, long_ns: str, commands_and_plans: tuple[Collector, Collector]
+) -> None:
+    commands, _ = commands_and_plans
+    web = WorkloadRef(kind="Deployment", namespace=long_ns, name=f"web-{unique}")
+    subject = WORKLOAD_CHANGED.at(namespace=long_ns, kind=web.kind, name=web.name)
+    settings = settings_for(unique, serving=[], training=[])
+    await bus.publish(NODE_CHANGED.at(name=f"n-{unique}"), node(f"n-{unique}", 16.0))
+    async with running(bus, settings, f"a-{unique}") as planner:
+        added = announced(web, "serving")
+        await bus.publish(subject, added)
+        issued = forecast(unique, 500.0).model_copy(update={"workload": web})
+        await bus.publish(FORECAST.at(namespace=long_ns, workload=web.name), issued)
+        await eventually(lambda: any(c.target == web for c in commands.items))
+        await eventually(lambda: web in planner.sent)
+        gone = added.model_copy(update={"change": "deleted", "observed_at": datetime.now(UTC)})
+        await bus.publish(subject, gone)
+        await eventually(lambda: web not in planner.sent)
+        assert web not in planner.state.forecasts
+        assert web not in planner.state.known
