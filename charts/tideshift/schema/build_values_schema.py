@@ -163,6 +163,7 @@ NATS = obj(
         "secretKeys": obj({"url": string(minLength=1), "credentials": string()}),
         "url": string(pattern="^$|^(nats|tls|ws|wss)://"),
         "credentials": string(),
+        "auth": obj({"enabled": BOOLEAN, "existingSecret": string()}),
         "bundled": obj(
             {
                 "enabled": BOOLEAN,

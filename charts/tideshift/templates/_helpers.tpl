@@ -73,6 +73,34 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* Every NATS user of files/nats-authorization.conf (generated from permissions.ROLES). */}}
+{{- define "tideshift.natsRoles" -}}
+watcher predictor planner executor operator coordinator pserver trainer reaction
+{{- end -}}
+
+{{/* Logins are on for the bundled NATS, or for an external one given `nats.auth.existingSecret`
+(an external NATS with a .creds file keeps that instead). */}}
+{{- define "tideshift.natsAuth" -}}
+{{- if and .Values.nats.auth.enabled (or .Values.nats.bundled.enabled .Values.nats.auth.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "tideshift.natsUsersSecretName" -}}
+{{- default (printf "%s-nats-users" (include "tideshift.fullname" .)) .Values.nats.auth.existingSecret -}}
+{{- end -}}
+
+{{/* The NATS login of one role (dict "root" . "role" name): its user and its password. */}}
+{{- define "tideshift.natsLogin" -}}
+{{- if include "tideshift.natsAuth" .root }}
+- name: TIDESHIFT_NATS_USER
+  value: {{ .role | quote }}
+- name: TIDESHIFT_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tideshift.natsUsersSecretName" .root }}
+      key: {{ .role }}
+{{- end }}
+{{- end -}}
+
 {{- define "tideshift.hasCredentials" -}}
 {{- if or .Values.nats.existingSecret .Values.nats.credentials -}}true{{- end -}}
 {{- end -}}
