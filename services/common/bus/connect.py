@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import nats
@@ -34,6 +36,20 @@ def redact(url: str) -> str:
         return url
     netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def login_from_environment() -> tuple[str | None, str | None]:
+    """TIDESHIFT_NATS_USER with TIDESHIFT_NATS_PASSWORD or _FILE: how the chart hands a pod
+    its role's login, so every client (the trainer SDK, the CLIs) logs in the same way."""
+    user = os.environ.get("TIDESHIFT_NATS_USER") or None
+    password = os.environ.get("TIDESHIFT_NATS_PASSWORD")
+    path = os.environ.get("TIDESHIFT_NATS_PASSWORD_FILE")
+    if user is not None and password is None and path:
+        try:
+            password = Path(path).read_text().strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConnectionError(f"TIDESHIFT_NATS_PASSWORD_FILE {path}: {error}") from None
+    return user, password
 
 
 async def _give_up(
@@ -69,6 +85,8 @@ async def open_connection(
     """Connect (ConnectionError after `timeout`, NatsAuthError at once when refused); once
     up, the connection reconnects for ever."""
     shown = redact(url)
+    if user is None and credentials is None:
+        user, password = login_from_environment()
     refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def on_disconnect() -> None:

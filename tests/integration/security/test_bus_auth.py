@@ -225,3 +225,20 @@ def test_the_permission_table_names_who_may_order_a_scale() -> None:
     assert may_report == {"executor"}
     assert ROLES["reaction"].publish == ()
     assert "| `reaction` |" in markdown_table()
+
+
+async def test_a_client_takes_its_login_from_the_environment_as_the_chart_gives_it(
+    server: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    password_file = tmp_path / "password"
+    password_file.write_text(server.passwords["trainer"] + "\n")
+    monkeypatch.setenv("TIDESHIFT_NATS_USER", "trainer")
+    monkeypatch.setenv("TIDESHIFT_NATS_PASSWORD_FILE", str(password_file))
+    bus = await Bus.connect(server.url, name="sdk-like", connect_timeout=60)
+    try:
+        await bus.ensure_streams()
+    finally:
+        await bus.close()
+    password_file.write_text("stale")
+    with pytest.raises(NatsAuthError, match="refused user 'trainer'"):
+        await Bus.connect(server.url, name="sdk-like", connect_timeout=60)
