@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -104,12 +105,7 @@ def plot_jct(results: Sequence[PolicyResult], scenario: Scenario, out_dir: Path)
     axis.set_ylabel("share of jobs")
     axis.set_title(f"{scenario.name} - job completion time CDF")
     axis.legend(loc="lower right")
-    figure.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{scenario.name}-jct-cdf.png"
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return save_figure(figure, out_dir / f"{scenario.name}-jct-cdf.png")
 
 
 def plot(result: PolicyResult, scenario: Scenario, out_dir: Path) -> Path:
@@ -139,9 +135,15 @@ def plot(result: PolicyResult, scenario: Scenario, out_dir: Path) -> Path:
     axes[2].set_ylabel("cpu requested / allocatable (%)")
     axes[2].set_ylim(0, 105)
     axes[2].set_xlabel("simulated hours")
+    return save_figure(figure, out_dir / f"{scenario.name}-{result.name}.png")
+
+
+def save_figure(figure: Any, path: Path) -> Path:
+    """Write a matplotlib figure as PNG (creating its directory) and free it."""
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{scenario.name}-{result.name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return path

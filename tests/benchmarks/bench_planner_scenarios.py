@@ -32,7 +32,7 @@ from pathlib import Path
 from tideshift.services.planner.baselines import POLICIES
 from tideshift.services.simulator import measures as msr
 from tideshift.services.simulator.cli import load_profiles
-from tideshift.services.simulator.report import format_table, plot, plot_jct
+from tideshift.services.simulator.report import format_table, plot, plot_jct, save_figure
 from tideshift.services.simulator.run import PolicyResult, run_policy
 from tideshift.services.simulator.scenario import Scenario, load_scenario
 
@@ -118,12 +118,7 @@ def sweep(name: str, quantiles: Sequence[float], duration: float | None, out: Pa
     right.plot([p[0] for p in points], [p[2] for p in points], "s-", color="tab:blue")
     right.set_ylabel("weighted training work", color="tab:blue")
     left.set_title(f"{name}: headroom quantile against shortfall and work")
-    figure.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / f"{name}-quantile-sweep.png"
-    figure.savefig(target, dpi=90)
-    plt.close(figure)
-    return target
+    return save_figure(figure, out / f"{name}-quantile-sweep.png")
 
 
 def run_scenario(name: str, duration: float | None, out: Path | None) -> None:
