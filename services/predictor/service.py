@@ -71,6 +71,25 @@ OBSERVATIONS = Counter(
     ["workload", "outcome"],
 )
 STALE = Gauge("tideshift_predictor_stale", "1 while a workload's forecast is stale", ["workload"])
+REFUSED = Counter(
+    "tideshift_predictor_announcements_skipped_total",
+    "announced workloads not forecast: max_announced_workloads reached",
+)
+FUTURE_SAMPLES = Counter(
+    "tideshift_predictor_future_samples_total",
+    "samples dropped: stamped further ahead of the clock than max_clock_skew_seconds",
+)
+
+
+def forget_metrics(label: str) -> None:
+    """Drop a removed workload's label sets, so metrics do not grow with names seen once."""
+    sets: list[tuple[Counter | Gauge | Histogram, tuple[str, ...]]]
+    sets = [(FORECASTS, (label, stale)) for stale in ("true", "false")]
+    sets += [(OBSERVATIONS, (label, o)) for o in ("published", "unusable", "source_failing")]
+    sets += [(metric, (label,)) for metric in (SOURCE_FAILURES, FIT_SECONDS, STALE)]
+    for metric, labels in sets:
+        with contextlib.suppress(KeyError):  # never set for this workload
+            metric.remove(*labels)
 
 
 @dataclass
@@ -112,7 +131,7 @@ class WorkloadForecaster:
         now = self.clock.now()
         start, end = state.window(now)
         try:
-            samples = await self._fetch(start=start, end=end)
+            samples = self._trusted(await self._fetch(start=start, end=end), now=now)
             fresh, reason = state.take(samples.timestamps, samples.values, end=end)
             if reason is not None:
                 raise MetricSourceError(reason)
@@ -160,6 +179,14 @@ class WorkloadForecaster:
             raise MetricSourceError(
                 f"no answer within {self.settings.query_timeout_seconds:g} s"
             ) from None
+
+    def _trusted(self, samples: Samples, *, now: float) -> Samples:
+        """Without future-stamped samples: one would outrank every true reading after it."""
+        keep = samples.timestamps <= now + self.settings.max_clock_skew_seconds
+        if keep.all():
+            return samples
+        FUTURE_SAMPLES.inc(int((~keep).sum()))
+        return Samples(samples.timestamps[keep], samples.values[keep])
 
     async def _learn(self, fresh: int, *, now: float) -> None:
         state = self.state
@@ -274,6 +301,10 @@ class Fleet:
     on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None = None
     loops: dict[WorkloadRef, tuple[WorkloadQuery, asyncio.Task[None]]] = field(default_factory=dict)
     static: set[WorkloadRef] = field(default_factory=set)
+    full: bool = False  # the announced-workload cap was reached (logged once per episode)
+
+    def _announced_count(self) -> int:
+        return len(self.loops) - len(self.static & self.loops.keys())
 
     def start(self, spec: WorkloadQuery, *, announced: bool = False) -> None:
         ref = WorkloadRef(spec.namespace, spec.kind, spec.name)
@@ -284,6 +315,17 @@ class Fleet:
             if running[0] == spec:
                 return
             running[1].cancel()  # its query changed: start over with the new one
+        elif announced and self._announced_count() >= self.settings.max_announced_workloads:
+            REFUSED.inc()
+            if not self.full:
+                log.warning(
+                    "%s: not forecast: %d announced workloads already (max_announced_workloads); "
+                    "further ones are counted and skipped",
+                    ref,
+                    self.settings.max_announced_workloads,
+                )
+            self.full = True
+            return
         forecaster = WorkloadForecaster(
             spec=spec, settings=self.settings, source=self.source, clock=self.clock
         )
@@ -313,6 +355,8 @@ class Fleet:
             running = self.loops.pop(ref, None)
             if running is not None:
                 running[1].cancel()
+                forget_metrics(f"{ref.namespace}/{ref.name}")
+                self.full = False
                 log.info("%s: removed; no longer forecast", ref)
             return
         self.start(_spec_of(event), announced=True)

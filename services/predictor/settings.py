@@ -62,6 +62,19 @@ class PredictorSettings(ServiceSettings):
         default_factory=list,
         description='workloads to forecast, e.g. [{"namespace": "default", "name": "web"}]',
     )
+    max_announced_workloads: int = Field(
+        default=2000,
+        ge=0,
+        le=100_000,
+        description="at most this many announced workloads are forecast at once (memory is "
+        "bounded); further announcements are counted and skipped until one is removed",
+    )
+    max_clock_skew_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="samples stamped further than this ahead of the clock are not trusted",
+    )
     query_template: str = Field(
         default=DEFAULT_QUERY,
         description="PromQL for requests/s of a workload ($name, $namespace substituted)",
