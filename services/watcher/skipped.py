@@ -46,12 +46,16 @@ async def warn_skipped(recorder: EventRecorder, plan: PlanDecided) -> int:
 
 
 async def follow_skipped(recorder: EventRecorder, bus: Bus, stopping: asyncio.Event) -> None:
-    """Warn about skipped targets of every plan until `stopping` is set."""
+    """Warn about skipped targets of every plan until `stopping` is set. A subscription that
+    fails (e.g. the bus denies this role plan.decided) is logged: the watcher's own work,
+    the cluster's changes, goes on without these warnings."""
     plans = bus.subscribe(PLAN_DECIDED.filter(), consumer="watcher-skipped")
     try:
         async for envelope in plans:
             if stopping.is_set():
                 return
             await warn_skipped(recorder, envelope.data)
+    except Exception as error:
+        log.error("no Warning Events for skipped targets: plan.decided not followed: %s", error)
     finally:
         await plans.aclose()  # type: ignore[attr-defined]
