@@ -402,3 +402,25 @@ def test_tideshift_scale_refuses_an_unlabelled_target_before_sending(
     assert scale_cli.main(["deployment/member", *common]) == 1  # checked, then no bus
     assert "not managed" not in capsys.readouterr().err
     assert replicas_in_apiserver(admin, WorkloadRef(k8s_namespace, "Deployment", "outsider")) == 1
+
+
+def test_aggregated_events_remember_a_bounded_number_of_objects(
+    admin: KubeHttp, k8s_namespace: str, executor_kubeconfig: Path
+) -> None:
+    port = executor_port(executor_kubeconfig, k8s_namespace)
+    writer = port.events
+    writer.limit = 5
+    names = [f"flood-{index}" for index in range(20)]
+    for name in names:
+        writer.record(WorkloadRef(k8s_namespace, "Deployment", name), "TideshiftRefused", "m")
+    assert len(writer._written) == 5
+    # The latest is still aggregated; the first was forgotten and gets a new Event.
+    writer.record(WorkloadRef(k8s_namespace, "Deployment", names[-1]), "TideshiftRefused", "m")
+    writer.record(WorkloadRef(k8s_namespace, "Deployment", names[0]), "TideshiftRefused", "m")
+    events = admin.get(f"/api/v1/namespaces/{k8s_namespace}/events")["items"]
+    by_name: dict[str, list[int]] = {}
+    for event in events:
+        by_name.setdefault(event["involvedObject"]["name"], []).append(event["count"])
+    assert by_name[names[-1]] == [2]
+    assert sorted(by_name[names[0]]) == [1, 1]
+    asyncio.run(port.close())
