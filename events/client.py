@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -49,8 +50,14 @@ class EventClient:
         """Connect, reconnecting for ever once connected; ConnectionError if never reached.
 
         `credentials` is the path of a NATS .creds file; `user`/`password` the login of a
-        server with users (the read-only `reaction` user of Tideshift's bundled NATS).
+        server with users (the read-only `reaction` user of Tideshift's bundled NATS), by
+        default from TIDESHIFT_NATS_USER and TIDESHIFT_NATS_PASSWORD.
         """
+
+        if user is None and credentials is None:
+            # How Tideshift's chart hands a reaction pod its login (the read-only `reaction`).
+            user = os.environ.get("TIDESHIFT_NATS_USER") or None
+            password = os.environ.get("TIDESHIFT_NATS_PASSWORD") if user else None
 
         async def quiet(error: Exception) -> None:
             # nats-py's default prints a traceback per failed attempt; one line is enough.

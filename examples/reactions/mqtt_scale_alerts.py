@@ -65,7 +65,14 @@ async def watch(
     identifier = f"tideshift-reaction-{os.getpid()}"
     while True:
         try:
-            async with aiomqtt.Client(host, port=port, identifier=identifier) as client:
+            async with aiomqtt.Client(
+                host,
+                port=port,
+                identifier=identifier,
+                # The read-only `reaction` login, where the broker requires one (the chart's).
+                username=os.environ.get("TIDESHIFT_NATS_USER") or None,
+                password=os.environ.get("TIDESHIFT_NATS_PASSWORD") or None,
+            ) as client:
                 await client.subscribe(subject.mqtt_topic, qos=0)
                 log.info("subscribed to %s on %s:%s", subject.mqtt_topic, host, port)
                 on_subscribed()

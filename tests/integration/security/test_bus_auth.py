@@ -20,6 +20,7 @@ import pytest
 
 from tideshift import events
 from tideshift.events.buckets import EXECUTOR_RECORDS_BUCKET, SNAPSHOT_BUCKET
+from tideshift.events.client import EventClient
 from tideshift.services.common.bus import SCALE_STREAM, Bus, NatsAuthError
 from tideshift.services.common.bus.permissions import EXECUTOR_DURABLE, ROLES, markdown_table
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -242,3 +243,14 @@ async def test_a_client_takes_its_login_from_the_environment_as_the_chart_gives_
     password_file.write_text("stale")
     with pytest.raises(NatsAuthError, match="refused user 'trainer'"):
         await Bus.connect(server.url, name="sdk-like", connect_timeout=60)
+
+
+async def test_a_users_event_client_logs_in_as_the_reaction_from_the_environment(
+    server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConnectionError):
+        await EventClient.connect(server.url, timeout=2)
+    monkeypatch.setenv("TIDESHIFT_NATS_USER", "reaction")
+    monkeypatch.setenv("TIDESHIFT_NATS_PASSWORD", server.passwords["reaction"])
+    client = await EventClient.connect(server.url, timeout=10)
+    await client.close()

@@ -85,7 +85,7 @@ def chart_nats(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     }
     server = subprocess.Popen([str(find_nats_server()), "-c", str(tmp_path / "nats.conf")], env=env)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not _healthy(monitor):
             assert server.poll() is None, "nats-server refused the chart's config"
             assert time.monotonic() < deadline, "nats-server did not become healthy"

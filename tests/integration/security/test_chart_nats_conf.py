@@ -45,8 +45,9 @@ def chart_configured_server() -> Iterator[tuple[str, dict[str, str]]]:
         env = {**os.environ, **{password_variable(r): p for r, p in passwords.items()}}
         server = subprocess.Popen([str(find_nats_server()), "-c", str(config)], env=env)
         try:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 60
             while not _healthy(monitor):
+                assert server.poll() is None, "nats-server refused the config (or its ports)"
                 assert time.monotonic() < deadline, "nats-server did not become healthy"
                 time.sleep(0.05)
             yield f"nats://127.0.0.1:{port}", passwords
