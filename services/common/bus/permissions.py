@@ -1,10 +1,10 @@
 """Who may publish and subscribe to what on the bus: one NATS user per role, least privilege.
 
 Generated from the events contract (`events.subjects`, `events.buckets`), so a new subject or
-bucket cannot drift from a hand-written copy. Each entry was checked against a real
-nats-server (docs/DESIGN.md, "An authenticated bus"); the JetStream API subjects are what
-nats-py sends for each kind of use. Every role has its own inbox prefix: with a shared
-`_INBOX.>` one identity could read another's replies (KV values, PubAcks).
+bucket cannot drift from a hand-written copy. The JetStream API subjects are what nats-py
+sends for each kind of use, traced and checked one by one against a real nats-server. Every
+role has its own inbox prefix: with a shared `_INBOX.>` one identity could read another's
+replies (KV values, PubAcks).
 
 Only the planner and the `tideshift scale` operator may publish scale commands; only the
 executor publishes results; reaction clients (NATS or MQTT) only subscribe, and get no
