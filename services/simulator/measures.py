@@ -3,7 +3,11 @@ workload, the cluster's cpu split between training and serving, job completion a
 times per job group, and training work weighted by what a trainer uses.
 
 * over-provisioning: ready capacity / demand, per step, per serving workload; steps with no
-  demand have no ratio and are left out (their reservation shows in the serving cpu share);
+  demand have no ratio and are left out (their reservation shows in the serving cpu share).
+  Beside it, what each part of Tideshift's headroom held (`HeadroomParts`), in replica-hours
+  of its plans: `forecast` the replicas the forecast quantile alone asks, `rise` those the
+  calibrated rise within one lead time adds, `observed` those observed demand adds on top,
+  `held` what the plan kept above all three (panic hold, stabilisation, min_replicas);
 * cpu shares: cpu held by trainers (requests, or what batch trainers use), serving's bound
   requests and what serving uses, each over allocatable, time-averaged over equal steps;
 * job completion time (JCT): arrival to finish; queueing: arrival to first run. A job still
@@ -29,6 +33,9 @@ from typing import Any
 import numpy as np
 
 from tideshift.services.cluster.placement import FloatArray
+from tideshift.services.planner.policy.model import TargetDecision
+
+HEADROOM_PARTS = ("forecast", "rise", "observed", "held")
 
 
 def p95(ordered: Sequence[float]) -> float:
@@ -54,7 +61,9 @@ class StepMeasures:
     """Per-step figures integrated over a run of equal steps."""
 
     workloads: tuple[str, ...]
+    capacity_rps: tuple[float, ...]  # per workload, for the headroom parts in replicas
     ratios: list[list[float]] = field(default_factory=list)
+    headroom_s: dict[str, dict[str, float]] = field(default_factory=dict)  # replica-seconds
     steps: int = 0
     training_cpu: float = 0.0
     serving_reserved_cpu: float = 0.0
@@ -62,6 +71,25 @@ class StepMeasures:
 
     def __post_init__(self) -> None:
         self.ratios = [[] for _ in self.workloads]
+        self.headroom_s = {name: dict.fromkeys(HEADROOM_PARTS, 0.0) for name in self.workloads}
+
+    def add_plan(self, decisions: Sequence[TargetDecision], held_s: float) -> None:
+        """One plan's serving decisions, held for `held_s`: replicas per headroom part."""
+        capacity = dict(zip(self.workloads, self.capacity_rps, strict=True))
+        for item in decisions:
+            parts, cap = item.headroom, capacity.get(item.target.name)
+            if parts is None or cap is None:
+                continue
+            forecast = math.ceil(parts.forecast / cap)
+            rise = max(math.ceil(parts.rise / cap), forecast)
+            observed = max(math.ceil(parts.observed / cap), rise)
+            held = self.headroom_s[item.target.name]
+            for name, replicas in zip(
+                HEADROOM_PARTS,
+                (forecast, rise - forecast, observed - rise, max(0, item.desired - observed)),
+                strict=True,
+            ):
+                held[name] += replicas * held_s
 
     def add(
         self,
@@ -82,12 +110,14 @@ class StepMeasures:
         self.serving_reserved_cpu += cpu[1] / alloc
         self.serving_used_cpu += cpu[2] / alloc
 
-    def over_provisioning(self) -> dict[str, dict[str, float]]:
-        """Per serving workload: mean and p95 of ready capacity / demand."""
+    def over_provisioning(self) -> dict[str, dict[str, Any]]:
+        """Per serving workload: mean and p95 of ready capacity / demand, and the replica-hours
+        each headroom part held (all 0 for a policy without `HeadroomParts`)."""
         result = {}
         for name, ratios in zip(self.workloads, self.ratios, strict=True):
             spread = _spread(ratios)
-            result[name] = {"mean": spread["mean"], "p95": spread["p95"]}
+            hours = {part: s / 3600.0 for part, s in self.headroom_s[name].items()}
+            result[name] = {"mean": spread["mean"], "p95": spread["p95"], "replica_h": hours}
         return result
 
     def cpu_shares(self) -> dict[str, float]:
@@ -107,6 +137,11 @@ class JobOutcome:
     finished_at: float | None
 
 
+def queueing(outcomes: Sequence[JobOutcome], end: float) -> list[float]:
+    """Arrival to first run, ascending (a job that never ran counts up to the end)."""
+    return sorted((end if o.started_at is None else o.started_at) - o.arrival for o in outcomes)
+
+
 def job_times(outcomes: Sequence[JobOutcome], end: float) -> dict[str, Any]:
     """JCT and queueing (mean, p50, p95) overall and per job group, jobs finished, makespan."""
 
@@ -116,7 +151,7 @@ def job_times(outcomes: Sequence[JobOutcome], end: float) -> dict[str, Any]:
     def times(subset: Sequence[JobOutcome]) -> dict[str, Any]:
         return {
             "jct_s": _spread([until(o.finished_at) - o.arrival for o in subset]),
-            "queueing_s": _spread([until(o.started_at) - o.arrival for o in subset]),
+            "queueing_s": _spread(queueing(subset, end)),
             "finished": sum(1 for o in subset if o.finished_at is not None),
             "total": len(subset),
         }

@@ -37,7 +37,28 @@ def format_table(results: Sequence[PolicyResult]) -> str:
             f"{r.training_share_of_spare:>7.1%} {r.pending_mean_s:>9.1f} {r.pending_p95_s:>9.1f} "
             f"{r.trainer_churn:>6d} {f'{r.jobs_started}/{r.jobs_total}':>9} {r.wall_s:>6.1f}"
         )
-    return "\n\n".join(["\n".join(lines), _measures_table(results), *_jobs_table(results)])
+    tables = [_measures_table(results), *_headroom_table(results), *_jobs_table(results)]
+    return "\n\n".join(["\n".join(lines), *tables])
+
+
+def _headroom_table(results: Sequence[PolicyResult]) -> list[str]:
+    """Replica-hours each part of the headroom held (policies that report `HeadroomParts`)."""
+    rows = [
+        (r.name, name, spread["replica_h"])
+        for r in results
+        for name, spread in r.over_provisioning.items()
+        if any(spread["replica_h"].values())
+    ]
+    if not rows:
+        return []
+    header = f"{'policy':<10} {'serving':<12} " + " ".join(
+        f"{part + ' rep-h':>14}" for part in msr.HEADROOM_PARTS
+    )
+    lines = [header, "-" * len(header)]
+    for policy, name, hours in rows:
+        cells = " ".join(f"{hours[part]:>14.1f}" for part in msr.HEADROOM_PARTS)
+        lines.append(f"{policy:<10} {name:<12} {cells}")
+    return ["\n".join(lines)]
 
 
 def _measures_table(results: Sequence[PolicyResult]) -> str:

@@ -100,7 +100,7 @@ class PolicyResult:
     jobs_finished: int
     jobs_total: int
     wall_s: float
-    over_provisioning: dict[str, dict[str, float]] = field(default_factory=dict)
+    over_provisioning: dict[str, dict[str, Any]] = field(default_factory=dict)
     cpu_shares: dict[str, float] = field(default_factory=dict)
     job_outcomes: list[msr.JobOutcome] = field(default_factory=list)
     end_s: float = 0.0
@@ -164,7 +164,10 @@ class _Run:
             restart_cost_s=scenario.training.restart_cost_s,
         )
         self.accounts = Accountant()
-        self.measures = msr.StepMeasures(tuple(spec.name for spec in scenario.serving))
+        self.measures = msr.StepMeasures(
+            tuple(spec.name for spec in scenario.serving),
+            tuple(spec.capacity_rps for spec in scenario.serving),
+        )
         self.next_plan = 0.0
         self.plan_every = self.policy.cadence_s or scenario.plan_interval_s
         self.series_every = max(scenario.step_s, scenario.duration_s / 1500)
@@ -282,6 +285,7 @@ class _Run:
             now=now,
         )
         decision, self.state = self.policy.plan(inputs, self.state, now)
+        self.measures.add_plan(decision.targets, self.plan_every)
         for item in decision.targets:
             if self.cluster.workload(item.target).replicas != item.desired:
                 self.cluster.scale(item.target, item.desired)
@@ -394,11 +398,7 @@ class _Run:
     def result(self, wall_s: float) -> PolicyResult:
         duration = self.scenario.duration_s
         accounts, jobs, alloc = self.accounts, self.jobs, self.alloc_vector
-        pending = sorted(
-            (run.progress.started_at if run.progress.started_at is not None else duration)
-            - run.arrival
-            for run in jobs
-        )
+        pending = msr.queueing([run.outcome() for run in jobs], duration)
         counters = self.cluster.counters
         return PolicyResult(
             name=self.name,

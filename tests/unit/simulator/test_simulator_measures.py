@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tideshift.services.planner.policy.model import HeadroomParts, Target, TargetDecision
 from tideshift.services.simulator import cli as simulate
 from tideshift.services.simulator import measures as msr
 from tideshift.services.simulator.report import plot_jct
@@ -18,13 +19,13 @@ from tideshift.services.simulator.scenario import parse_scenario
 
 
 def test_over_provisioning_and_cpu_shares_per_step() -> None:
-    steps = msr.StepMeasures(("web", "api"))
+    steps = msr.StepMeasures(("web", "api"), (10.0, 10.0))
     steps.add([10.0, 0.0], [20.0, 5.0], alloc_cpu=100.0, cpu=(50.0, 30.0, 10.0))
     steps.add([10.0, 4.0], [10.0, 8.0], alloc_cpu=100.0, cpu=(30.0, 30.0, 20.0))
     over = steps.over_provisioning()
-    assert over["web"] == {"mean": pytest.approx(1.5), "p95": pytest.approx(2.0)}
+    assert (over["web"]["mean"], over["web"]["p95"]) == (pytest.approx(1.5), pytest.approx(2.0))
     # A step without demand has no ratio: it does not count as infinite over-provisioning.
-    assert over["api"] == {"mean": pytest.approx(2.0), "p95": pytest.approx(2.0)}
+    assert (over["api"]["mean"], over["api"]["p95"]) == (pytest.approx(2.0), pytest.approx(2.0))
     assert steps.cpu_shares() == {
         "training": pytest.approx(0.4),
         "serving_reserved": pytest.approx(0.3),
@@ -117,7 +118,7 @@ def test_simulate_reports_job_times_per_group(
     )
     assert simulate.main(argv) == 0
     table = capsys.readouterr().out
-    assert "jct mean" in table and "over-provisioning" in table
+    assert "jct mean" in table and "over-provisioning" in table and "rise rep-h" in table
     assert not math.isnan(static["jobs"]["makespan_s"])
 
 
@@ -129,3 +130,19 @@ def test_jct_cdf_plot_has_one_curve_per_policy(tmp_path: Path) -> None:
     assert path is not None and path.name == "finite-jct-cdf.png" and path.stat().st_size > 0
     no_jobs = parse_scenario(FINITE.split("training:", maxsplit=1)[0], "none.yaml")
     assert plot_jct([run_policy(no_jobs, profiles, "static")], no_jobs, tmp_path) is None
+
+
+def test_headroom_parts_are_priced_in_replica_hours() -> None:
+    steps = msr.StepMeasures(("web",), (10.0,))
+    web = Target("default", "Deployment", "web")
+    parts = HeadroomParts(forecast=41.0, rise=65.0, rise_ratio=1.3, observed=50.0, panic_hold=False)
+    # forecast alone: 5 replicas; the rise adds 2 (7); observed (5) adds none; 1 more held.
+    steps.add_plan([TargetDecision(web, "serving", 6, 8, "sized", parts)], held_s=1800.0)
+    # A decision without parts (a baseline, or a training target) prices nothing.
+    steps.add_plan([TargetDecision(web, "serving", 8, 8, "held")], held_s=1800.0)
+    assert steps.over_provisioning()["web"]["replica_h"] == {
+        "forecast": pytest.approx(2.5),
+        "rise": pytest.approx(1.0),
+        "observed": 0.0,
+        "held": pytest.approx(0.5),
+    }
