@@ -1,5 +1,6 @@
 """The chart hands each pod its role's NATS login and runs the bundled server with the
-generated permissions; a real nats-server accepts the rendered config and its users."""
+permissions generated from `permissions.ROLES` (files/nats-authorization.conf, each password
+a variable from the server's environment); a real nats-server accepts the rendered config."""
 
 from __future__ import annotations
 
@@ -16,9 +17,22 @@ import yaml
 
 from tests.unit.chart.chart_support import CHART, SERVICES, run_helm
 from tideshift.services.common.bus import Bus, NatsAuthError
-from tideshift.services.common.bus.permissions import ROLES, password_variable
+from tideshift.services.common.bus.permissions import (
+    ROLES,
+    nats_conf_authorization,
+    password_variable,
+)
 from tideshift.services.common.embedded_nats import find_nats_server
 from tideshift.services.common.ports import free_port
+
+CONF = CHART / "files" / "nats-authorization.conf"
+
+
+def test_the_charts_authorization_block_is_current() -> None:
+    assert CONF.read_text() == nats_conf_authorization(), (
+        "stale: run python -m tideshift.services.common.bus.permissions "
+        "> charts/tideshift/files/nats-authorization.conf"
+    )
 
 
 def rendered(*args: str) -> list[dict[str, Any]]:
@@ -115,3 +129,5 @@ async def test_the_rendered_bundled_config_logs_in_each_role(
         await planner.close()
     with pytest.raises(NatsAuthError):
         await Bus.connect(url, name="chart", connect_timeout=30)
+    with pytest.raises(NatsAuthError):
+        await Bus.connect(url, name="chart", user="planner", password=passwords["executor"])
