@@ -29,12 +29,12 @@ def installed_deployments(kubeconfig: Path, release: str, namespace: str) -> dic
 
 
 def container_environment(
-    deployment: dict[str, Any], *, api: Any, namespace: str
+    pod_name: str, container: dict[str, Any], *, api: Any, namespace: str
 ) -> dict[str, str]:
-    """The container's `env`, with Secret references read and the pod name filled in."""
+    """The container's `env`, with Secret references read and the pod's name filled in."""
     core = client.CoreV1Api(api)
     env: dict[str, str] = {}
-    for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
+    for item in container["env"]:
         if "value" in item:
             env[item["name"]] = item["value"]
         elif "secretKeyRef" in item["valueFrom"]:
@@ -43,5 +43,5 @@ def container_environment(
             env[item["name"]] = base64.b64decode(secret.data[ref["key"]]).decode()
         else:
             assert item["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-            env[item["name"]] = f"{deployment['metadata']['name']}-local"
+            env[item["name"]] = pod_name
     return env

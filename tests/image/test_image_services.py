@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.fixtures.requirements import missing_dependency
 from tests.image.chart_pods import container_environment, installed_deployments
@@ -66,11 +67,13 @@ def serving_deployment(name: str) -> dict[str, Any]:
     }
 
 
-def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def podman(
+    *args: str, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.setdefault("CONTAINERS_CONF", str(REPO / "tests" / "image" / "containers.conf"))
     return subprocess.run(
-        ["podman", *args], env=env, capture_output=True, text=True, check=check, timeout=120
+        ["podman", *args], env=env, capture_output=True, text=True, check=check, timeout=timeout
     )
 
 
@@ -83,9 +86,8 @@ def image() -> str:
     return IMAGE
 
 
-def run_arguments(deployment: dict[str, Any], env: dict[str, str], mounts: list[str]) -> list[str]:
+def run_arguments(pod: dict[str, Any], env: dict[str, str], mounts: list[str]) -> list[str]:
     """`podman run` options equivalent to the pod spec (those a container runtime applies)."""
-    pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     pod_security, security = pod["securityContext"], container["securityContext"]
     args = [
@@ -125,6 +127,7 @@ def ready(port: int) -> bool:
 
 @contextlib.contextmanager
 def container(name: str, image: str, options: list[str], args: list[str]) -> Iterator[str]:
+    """A detached container, stopped (SIGTERM, the pod's grace period) and removed at the end."""
     podman("run", "--detach", "--name", name, *options, image, *args)
     try:
         yield name
@@ -142,6 +145,37 @@ def state(name: str) -> tuple[bool, int]:
     answer = podman("inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", name)
     running, code = answer.stdout.split()
     return running == "true", int(code)
+
+
+def helm_test(
+    release: str, kubeconfig: Path, namespace: str, api: Any, image: str, ports: dict[str, int]
+) -> None:
+    """The chart's `helm test` Pod, run from the image against the running release.
+
+    kwok would only pretend to run it, so its container runs here; the metrics Services' DNS
+    names it checks become this host's ports of the same services.
+    """
+    hooks = run_helm("get", "hooks", release, "-n", namespace, env={"KUBECONFIG": str(kubeconfig)})
+    pods = [doc for doc in yaml.safe_load_all(hooks.stdout) if doc and doc["kind"] == "Pod"]
+    assert [pod["metadata"]["annotations"]["helm.sh/hook"] for pod in pods] == ["test"]
+    pod = pods[0]["spec"]
+    check = pod["containers"][0]
+    assert check["image"] == image
+    env = container_environment(pods[0]["metadata"]["name"], check, api=api, namespace=namespace)
+    urls = dict(item.split("=", 1) for item in env["TIDESHIFT_CHECK_SERVICES"].split())
+    prefix = release if "tideshift" in release else f"{release}-tideshift"
+    assert urls == {
+        service: f"http://{prefix}-{service}-metrics.{namespace}.svc:8080" for service in SERVICES
+    }
+    env["TIDESHIFT_CHECK_SERVICES"] = " ".join(
+        f"{service}=http://127.0.0.1:{ports[service]}" for service in SERVICES
+    )
+    options = run_arguments(pod, env, [])
+    args = check["command"][1:] + check["args"]
+    done = podman("run", "--rm", *options, image, *args, check=False, timeout=180)
+    assert done.returncode == 0, f"helm test pod failed:\n{done.stdout}{done.stderr}"
+    assert "a planner leads" in done.stdout
+    assert "plan.decided" in done.stdout
 
 
 def test_every_service_runs_from_the_image_as_the_chart_runs_it(
@@ -183,7 +217,12 @@ def test_every_service_runs_from_the_image_as_the_chart_runs_it(
                 deployment = deployments[service]
                 pod = deployment["spec"]["template"]["spec"]
                 assert pod["containers"][0]["image"] == image
-                env = container_environment(deployment, api=api, namespace=k8s_namespace)
+                env = container_environment(
+                    f"{deployment['metadata']['name']}-local",
+                    pod["containers"][0],
+                    api=api,
+                    namespace=k8s_namespace,
+                )
                 env["TIDESHIFT_HEALTH_PORT"] = str(ports[service])
                 mounts = []
                 if pod["automountServiceAccountToken"]:
@@ -196,7 +235,7 @@ def test_every_service_runs_from_the_image_as_the_chart_runs_it(
                     config.chmod(0o444)
                     mounts.append(f"{config}:{KUBECONFIG_IN_CONTAINER}:ro")
                     env["KUBECONFIG"] = KUBECONFIG_IN_CONTAINER
-                options = run_arguments(deployment, env, mounts)
+                options = run_arguments(pod, env, mounts)
                 args = pod["containers"][0]["args"]
                 stack.enter_context(container(names[service], image, options, args))
             deadline = time.monotonic() + WAIT
@@ -222,6 +261,8 @@ def test_every_service_runs_from_the_image_as_the_chart_runs_it(
             )
             for service in SERVICES:
                 assert ready(ports[service]), f"{service} still ready after scaling"
+            helm_test(release, k8s_cluster.kubeconfig, k8s_namespace, api, image, ports)
+            for service in SERVICES:
                 podman("stop", "--time", "40", names[service])
             codes = {service: state(names[service])[1] for service in SERVICES}
         assert codes == dict.fromkeys(SERVICES, 0), "every service drains and exits 0 on SIGTERM"

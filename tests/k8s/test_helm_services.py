@@ -42,7 +42,9 @@ def process_environment(
         for name, value in os.environ.items()
         if not name.startswith("TIDESHIFT_") and name != "KUBECONFIG"
     }
-    env.update(container_environment(deployment, api=api, namespace=namespace))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    pod_name = f"{deployment['metadata']['name']}-local"
+    env.update(container_environment(pod_name, container, api=api, namespace=namespace))
     # Many processes share this host: a free port stands in for the pod's own 8080.
     env["TIDESHIFT_HEALTH_PORT"] = str(health_port)
     env["TIDESHIFT_HEALTH_HOST"] = "127.0.0.1"
