@@ -1,0 +1,246 @@
+"""Valid events at the edges of the contract, sent to the running planner and predictor
+(processes on a real nats-server): extreme numbers, the longest legal names, far-future and
+far-past times, floods of names nobody announced (issue 25, Definition of done).
+
+After every case a fresh valid workload still gets its scale command, no idempotency key is
+commanded twice, /healthz and /readyz answer 200, and the planner's memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from tests.fuzz.hostile import Service, one_seeded_draw
+from tideshift import events
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.common.ports import free_port
+
+pytestmark = pytest.mark.slow
+
+WAIT = 60.0
+TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
+KIND = "Deployment.apps"
+# A DNS label character set: every name the strategies make is legal in Kubernetes.
+DNS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=1)
+MEMORY_GROWTH_MB = 150.0
+
+Publish = list[tuple[str, events.EventData]]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def ref(namespace: str, name: str) -> events.WorkloadRef:
+    return events.WorkloadRef(kind=KIND, namespace=namespace, name=name)
+
+
+def workload(namespace: str, name: str, capacity_rps: float = 10.0) -> Publish:
+    event = events.WorkloadChanged(
+        change="added",
+        workload=ref(namespace, name),
+        role="serving",
+        replicas=1,
+        requests=events.Resources(cpu=0.01),
+        serving=events.ServingPolicy(capacity_rps=capacity_rps),
+        observed_at=datetime.now(UTC),
+    )
+    subject = events.WORKLOAD_CHANGED.at(namespace=namespace, kind=KIND, name=name)
+    return [(subject.value, event)]
+
+
+def forecast(namespace: str, name: str, rps: float, at: datetime | None = None) -> Publish:
+    start = at or datetime.now(UTC)
+    points = tuple(
+        events.ForecastPoint(
+            at=start + timedelta(seconds=60 * k), point=rps, q50=rps, q90=rps, q95=rps, q99=rps
+        )
+        for k in range(10)
+    )
+    event = events.ForecastIssued(
+        workload=ref(namespace, name), issued_at=start, step_seconds=60, model="m", points=points
+    )
+    return [(events.FORECAST.at(namespace=namespace, workload=name).value, event)]
+
+
+def observed(namespace: str, name: str, rps: float, at: datetime) -> Publish:
+    event = events.DemandObserved(workload=ref(namespace, name), rps=rps, observed_at=at)
+    return [(events.DEMAND_OBSERVED.at(namespace=namespace, workload=name).value, event)]
+
+
+def build(make: Callable[[], Publish]) -> Publish:
+    """The case's events; none when the contract refuses the value where it enters (then the
+    value is a dead letter, which the other fuzz suite accounts for)."""
+    try:
+        return make()
+    except ValidationError:
+        return []
+
+
+class System:
+    def __init__(self, nats: EmbeddedNats, services: dict[str, Service]) -> None:
+        self.nats = nats
+        self.services = services
+        self.start_rss = {name: rss_mb(s.process.pid) for name, s in services.items()}
+
+    def healthy(self) -> None:
+        for service in self.services.values():
+            assert service.process.poll() is None, service.log.read_text()[-3000:]
+            for path in ("/healthz", "/readyz"):
+                status, body = service.get(path)
+                assert status == 200, f"{service.name} {path}: {status} {body}"
+            grown = rss_mb(service.process.pid) - self.start_rss[service.name]
+            assert grown < MEMORY_GROWTH_MB, f"{service.name} grew {grown:.0f} MB"
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    logs = tmp_path_factory.mktemp("hostile-values")
+    argvs = {
+        "planner": ["--instance", "hostile", "--tick-seconds", "1"],
+        "predictor": ["--metric-source", "sim", "--model", "tidal"],
+    }
+    with EmbeddedNats() as nats:
+        services: dict[str, Service] = {}
+        try:
+            for name, extra in argvs.items():
+                port = free_port("127.0.0.1")
+                log = logs / f"{name}.log"
+                with log.open("ab") as handle:
+                    process = subprocess.Popen(
+                        [
+                            TIDESHIFT,
+                            "run",
+                            name,
+                            "--nats-url",
+                            nats.url,
+                            "--health-host",
+                            "127.0.0.1",
+                            "--health-port",
+                            str(port),
+                            *extra,
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=handle,
+                        stderr=handle,
+                    )
+                services[name] = Service(name, process, port, log)
+            deadline = time.monotonic() + WAIT
+            while not all(s.get("/readyz")[0] == 200 for s in services.values()):
+                assert time.monotonic() < deadline, "services not ready"
+                assert all(s.process.poll() is None for s in services.values())
+                time.sleep(0.2)
+            node = events.NodeChanged(
+                change="added",
+                name="big",
+                allocatable=events.Resources(cpu=100_000.0, memory=2**50),
+                observed_at=datetime.now(UTC),
+            )
+            asyncio.run(send(nats.url, [(events.NODE_CHANGED.at(name="big").value, node)]))
+            yield System(nats, services)
+        finally:
+            for service in services.values():
+                service.process.terminate()
+            for service in services.values():
+                service.process.wait(20)
+
+
+async def send(url: str, batch: Publish) -> None:
+    bus = await Bus.connect(url, name="hostile-values")
+    try:
+        for subject, event in batch:
+            await bus.connection.publish(subject, events.encode(event, source="hostile"))
+        await bus.flush()
+    finally:
+        await bus.close()
+
+
+async def fresh_workload_is_commanded(url: str) -> None:
+    """A new valid workload is commanded, under one idempotency key."""
+    namespace, name = f"fresh-{uuid.uuid4().hex[:8]}", "web"
+    bus = await Bus.connect(url, name="hostile-check")
+    keys: list[str] = []
+    try:
+        commands = bus.subscribe(
+            events.SCALE_COMMAND.filter(namespace=namespace), consumer=f"c-{namespace}"
+        )
+        await send(url, workload(namespace, name) + forecast(namespace, name, 100.0))
+
+        async def first() -> events.ScaleCommand:
+            async for envelope in commands:
+                keys.append(envelope.data.idempotency_key)
+                if envelope.data.target.name == name:
+                    return envelope.data
+            raise AssertionError("command stream ended")
+
+        command = await asyncio.wait_for(first(), WAIT)
+        # Sized up from its one replica for 100 req/s at 10 req/s each (ramp limits may cap
+        # the first step), and for exactly one target: the namespace is new.
+        assert command.desired > 1
+        assert {key for key in keys} == {command.idempotency_key}, keys
+    finally:
+        await bus.close()
+
+
+def far(years: int) -> datetime:
+    return datetime.now(UTC).replace(year=datetime.now(UTC).year + years)
+
+
+CORPUS: dict[str, Callable[[], Publish]] = {
+    "smallest capacity": lambda: workload("edge", "tiny", capacity_rps=5e-324),
+    "huge capacity": lambda: workload("edge", "huge", capacity_rps=1e308),
+    "longest names": lambda: workload("n" * 63, "w" * 253) + forecast("n" * 63, "w" * 253, 50.0),
+    "huge forecast": lambda: workload("edge", "big") + forecast("edge", "big", 1e300),
+    "demand in year 9999": lambda: observed(
+        "edge", "tiny", 1e6, datetime(9999, 12, 31, tzinfo=UTC)
+    ),
+    "forecast from 1970": lambda: forecast("edge", "old", 5.0, datetime(1970, 1, 1, tzinfo=UTC)),
+    "forecast a century ahead": lambda: forecast("edge", "ahead", 5.0, far(100)),
+    "flood of unannounced forecasts": lambda: [
+        item for i in range(3000) for item in forecast("flood", f"f-{i}", 1.0)
+    ],
+    "flood of unannounced demand": lambda: [
+        item for i in range(3000) for item in observed("flood", f"o-{i}", 1.0, datetime.now(UTC))
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(CORPUS))
+def test_an_edge_value_stops_nothing(system: System, case: str) -> None:
+    asyncio.run(send(system.nats.url, build(CORPUS[case])))
+    asyncio.run(fresh_workload_is_commanded(system.nats.url))
+    system.healthy()
+
+
+@one_seeded_draw
+@given(
+    namespace=st.lists(DNS, min_size=63, max_size=63).map("".join),
+    name=st.lists(DNS, min_size=253, max_size=253).map("".join),
+    rps=st.floats(min_value=0, max_value=1e300, allow_nan=False),
+    when=st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+)
+def test_drawn_edge_values_stop_nothing(
+    system: System, namespace: str, name: str, rps: float, when: datetime
+) -> None:
+    at = when.replace(tzinfo=UTC)
+    batch = build(lambda: workload(namespace, name) + observed(namespace, name, rps, at))
+    batch += build(lambda: forecast(namespace, name, rps, at))
+    asyncio.run(send(system.nats.url, batch))
+    asyncio.run(fresh_workload_is_commanded(system.nats.url))
+    system.healthy()
