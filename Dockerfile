@@ -12,14 +12,15 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 # Stage 1 builds wheels (compilers stay there): first the dependencies, from pyproject.toml
-# alone, so that a source change rebuilds only the small tideshift wheel.
+# alone, so that a source (or README) change rebuilds only the small tideshift wheel.
 FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' > /requirements.txt \
     && pip wheel --wheel-dir /wheels -r /requirements.txt \
     && (cd /wheels && sha256sum *.whl) > /wheels.sha256
+COPY README.md ./
 COPY events ./events
 COPY services ./services
 COPY loadgen ./loadgen
