@@ -38,6 +38,7 @@ from tideshift.services.cluster.port import (
     WorkloadRef,
 )
 from tideshift.services.common.bus import Bus, TypedKV
+from tideshift.services.common.bus.client import DEAD_LETTER_REASON_BYTES, one_line
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
 from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
 from tideshift.services.watcher.snapshot import (
@@ -181,7 +182,7 @@ class Watcher:
             original_subject=WORKLOAD_CHANGED.at(
                 namespace=ref.namespace, kind=ref.kind, name=ref.name
             ).value,
-            reason=message,
+            reason=one_line(message, DEAD_LETTER_REASON_BYTES),
             payload=payload[:1024],
             payload_bytes=len(payload.encode()),
             received_at=utc_now(self.clock),

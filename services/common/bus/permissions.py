@@ -143,7 +143,8 @@ def _cluster_roles() -> list[Role]:
             "watcher",
             "publishes cluster changes and the snapshot",
             [*cluster, _letters("watcher"), *_kv_write(b.SNAPSHOT_BUCKET)],
-            [],
+            # plans, for the Warning Event on each target a plan skipped (watcher/skipped.py)
+            [_all(s.PLAN_DECIDED)],
         ),
         _service(
             "predictor",
