@@ -90,6 +90,9 @@ async def open_connection(
     refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def on_disconnect() -> None:
+        up = connecting.done() and not connecting.cancelled() and not connecting.exception()
+        if up and (connecting.result().is_closed or connecting.result().is_draining):
+            return  # our own close(): nothing went wrong, so nothing to warn about
         log.warning("disconnected from NATS %s; reconnecting", shown)
 
     async def on_reconnect() -> None:
