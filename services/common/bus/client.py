@@ -207,9 +207,13 @@ class Bus:
         )
         try:
             await self.publish_durable(DEAD_LETTER.at(consumer=consumer), letter)
-            await self._count_discard(consumer)
         except (TimeoutError, nats.errors.Error) as publish_error:
             log.error("could not dead-letter a message from %s: %s", subject, publish_error)
+            return
+        try:
+            await self._count_discard(consumer)
+        except Exception as info_error:  # the count is best effort; the letter is written
+            log.debug("dead-letter discards not counted: %s", info_error)
 
     async def _count_discard(self, consumer: str) -> None:
         """The server drops the oldest letters silently at the stream's limits. A letter that
