@@ -46,6 +46,14 @@ class TrainerSettings(ServiceSettings):
         ge=0,
         description="hold each shard at least this long (emulates a heavier model in demos)",
     )
+    # Off unless asked: trainers run many to a machine outside a cluster (examples, tests,
+    # benchmarks) and would collide on one fixed port; a trainer pod sets its own.
+    health_port: int = Field(
+        default=-1,
+        ge=-1,
+        le=65535,
+        description="port of /healthz, /readyz, /metrics; 0 = any, -1 = off (the default)",
+    )
 
 
 def read_batches(location: str) -> list[ShardData]:

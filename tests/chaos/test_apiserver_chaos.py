@@ -62,7 +62,8 @@ def services(k8s_cluster: Any, tmp_path: Path) -> Iterator[tuple[EmbeddedNats, s
         processes = []
         for name, extra in (
             ("watcher", [*kube, "--namespace", namespace, "--resync-seconds", "3600"]),
-            ("executor", kube),
+            # admission (managed-only) has its own tests; these scale an unlabelled Deployment `web`
+            ("executor", [*kube, "--no-managed-only"]),
         ):
             with (tmp_path / f"{name}.log").open("ab") as log:
                 processes.append(

@@ -93,6 +93,8 @@ class Harness:
             *(TIDESHIFT, "run", "executor", "--nats-url", relay.url, "--health-port", "-1"),
             *("--kubeconfig", self.kubeconfig, "--ack-wait-seconds", str(ACK_WAIT_SECONDS)),
             *("--instance", f"chaos-{self.started}", "--no-compaction"),
+            # admission (managed-only) has its own tests; these scale an unlabelled `web`
+            "--no-managed-only",
         ]
         process = subprocess.Popen(
             argv,

@@ -119,7 +119,7 @@ def stage(k8s_cluster: Any, tmp_path: Path) -> Iterator[Stage]:
         extras = {
             # A result the dead server never took is published when the command comes back
             # after the ack wait: short here so the test does not wait 30 s for it.
-            "executor": [*kube, "--ack-wait-seconds", str(ACK_WAIT_SECONDS)],
+            "executor": [*kube, "--ack-wait-seconds", str(ACK_WAIT_SECONDS), "--no-managed-only"],
             "planner": [],
             "watcher": [*kube, "--namespace", namespace],
         }

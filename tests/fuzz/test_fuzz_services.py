@@ -118,7 +118,8 @@ def system(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         kube = ["--kubeconfig", kubeconfig]
         argvs = {
             "planner": ["--instance", "fuzz"],
-            "executor": ["--instance", "fuzz", *kube],
+            # admission (managed-only) has its own tests; these scale an unlabelled Deployment `web`
+            "executor": ["--instance", "fuzz", *kube, "--no-managed-only"],
             "watcher": ["--instance", "fuzz", "--namespace", namespace, *kube],
         }
         try:
