@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import time
@@ -68,14 +69,17 @@ def _service_argv(
     prometheus_url: str,
     shape: WorldShape,
 ) -> list[str]:
+    from tideshift.services.demo import pipeline
+
     namespace = shape.serving.namespace
     common = ["--nats-url", nats_url, "--health-port", "0", "--instance", f"demo-{name}"]
     if name in ("watcher", "executor"):
         extra = ["--kubeconfig", str(kubeconfig)]
         if name == "watcher":
             extra += ["--namespace", namespace, "--resync-seconds", "30"]
+        else:
+            extra += ["--managed-targets", json.dumps(pipeline.kube_managed_targets(shape))]
         return tideshift("run", name, *common, *extra)
-    from tideshift.services.demo import pipeline
 
     return tideshift(
         "run",

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideshift.events import EXECUTOR_RECORDS_BUCKET
+from tideshift.events import EXECUTOR_RECORDS_BUCKET, WorkloadRef
 from tideshift.loadgen.profiles import RateProfile
 from tideshift.services.cluster.port import ClusterPort
 from tideshift.services.common.bus import Bus
@@ -268,6 +268,16 @@ def _kube_predictor_args(*, prometheus_url: str, namespace: str, app: str) -> li
         "2",
         "--stale-after-seconds",
         "30",
+    ]
+
+
+def kube_managed_targets(world: WorldShape) -> list[str]:
+    """The demo's objects, as the executor's `managed_targets`: they join Tideshift through the
+    planner's settings, not through a `tideshift.io/role` label on the object."""
+    targets = planner_targets(world, speed=1.0)
+    return [
+        str(WorkloadRef(kind=target.kind, namespace=target.namespace, name=target.name))
+        for target in (*targets["serving"], *targets["training"])
     ]
 
 
