@@ -121,9 +121,13 @@ async def test_forecasts_track_the_rate_and_survive_a_prometheus_restart(
             what="tracking the step up to 150 req/s",
         )
 
+        # Only this workload's lines: the predictor also forecasts workloads other tests
+        # announced on the session's NATS, and logs their outages too.
         def outage_logs() -> list[str]:
             return [
-                r.getMessage() for r in caplog.records if "metric source failing" in r.getMessage()
+                message
+                for message in (r.getMessage() for r in caplog.records)
+                if message.startswith(f"{namespace}/web: metric source failing")
             ]
 
         # (The start may already count as one outage: no samples until the first scrapes.)
@@ -150,4 +154,6 @@ async def test_forecasts_track_the_rate_and_survive_a_prometheus_restart(
 
         # Many stale forecasts, one log line for the whole outage, one for the recovery.
         assert len(outage_logs()) == logged_before_kill + 1, outage_logs()
-        assert any("metrics are back" in r.getMessage() for r in caplog.records)
+        assert any(
+            r.getMessage().startswith(f"{namespace}/web: metrics are back") for r in caplog.records
+        )
