@@ -6,7 +6,6 @@ trainer, in the summary and on no other pserver's count."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import socket
 import urllib.error
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_harness import JobHarness, wait_until
+from trainer_harness import JobHarness, one_shard_job, wait_until
 
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.trainer.pserver_client import PushReply
@@ -81,15 +80,7 @@ def push_after_a_rollback(url: str, job_name: str) -> list[str]:
 async def test_a_batch_one_pserver_already_holds_is_a_duplicate_to_the_trainer(
     nats_server: EmbeddedNats, tmp_path: Path, unique: str
 ) -> None:
-    harness = JobHarness(
-        nats_server.url,
-        f"dup-{unique}",
-        tmp_path,
-        coordinator_args=[
-            "--epochs", "1", "--dataset", json.dumps(["only-shard"]), "--pservers", "2",
-            "--optimizer", json.dumps({"kind": "sgd", "learning_rate": 0.5}),
-        ],
-    )  # fmt: skip
+    harness = one_shard_job(nats_server.url, f"dup-{unique}", tmp_path)
     try:
         harness.pserver(0).start()
         harness.pserver(1).start()

@@ -4,12 +4,11 @@ and sparse gradients, chunked transparently below the NATS message limit."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_harness import JobHarness
+from trainer_harness import one_shard_job
 
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.trainer.layout import LayoutError
@@ -49,15 +48,7 @@ def train_one_batch(url: str, job_name: str) -> dict[str, object]:
 async def test_a_50_mb_model_initialises_pulls_and_takes_sparse_and_dense_gradients(
     nats_server: EmbeddedNats, tmp_path: Path, unique: str
 ) -> None:
-    harness = JobHarness(
-        nats_server.url,
-        f"big-{unique}",
-        tmp_path,
-        coordinator_args=[
-            "--epochs", "1", "--dataset", json.dumps(["only-shard"]), "--pservers", "2",
-            "--optimizer", json.dumps({"kind": "sgd", "learning_rate": 0.5}),
-        ],
-    )  # fmt: skip
+    harness = one_shard_job(nats_server.url, f"big-{unique}", tmp_path)
     try:
         harness.pserver(0).start()
         harness.pserver(1).start()

@@ -242,3 +242,17 @@ async def assert_exactly_once(
         assert status.watermark == epochs
         assert status.version == epochs * shards * batches
     return [status.duplicates for status in statuses]
+
+
+def one_shard_job(nats_url: str, job: str, log_dir: Path) -> JobHarness:
+    """A one-epoch job of a single shard on two pservers with plain SGD: the smallest job in
+    which a batch is split over pservers."""
+    return JobHarness(
+        nats_url,
+        job,
+        log_dir,
+        coordinator_args=[
+            "--epochs", "1", "--dataset", json.dumps(["only-shard"]), "--pservers", "2",
+            "--optimizer", json.dumps({"kind": "sgd", "learning_rate": 0.5}),
+        ],
+    )  # fmt: skip
