@@ -69,6 +69,7 @@ from tideshift.services.common.bus import Bus, TypedKV, follow
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import parse_settings
+from tideshift.services.planner import metrics
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
 from tideshift.services.planner.isolation import Quarantine
@@ -318,6 +319,7 @@ class Planner:
             self.policy, inputs, self.policy_state, now
         )
         PLAN_SECONDS.observe(time.perf_counter() - started)
+        metrics.record(inputs, decision, now)
         PLANS.labels(trigger).inc()
         self.plans += 1
         self.last_plan_at = now

@@ -1,0 +1,111 @@
+"""What each plan saw and decided, as Prometheus gauges: the series the chart's dashboard and
+alerts read (charts/tideshift/dashboards/).
+
+Per serving workload its observed demand, the capacity of its current replicas and the
+forecast for now at each quantile; per target the replicas (trainers, for a job) the plan
+wants; per node the cpu that batch trainers borrow. A series whose workload, target or node
+left the plan is removed, so the label sets stay as many as the cluster's objects.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Hashable, Mapping
+
+import numpy as np
+from prometheus_client import Gauge
+
+from tideshift.services.planner import policy as pol
+
+DEMAND = Gauge(
+    "tideshift_planner_demand_rps",
+    "Demand observed on a serving workload (requests/s; absent while none is fresh)",
+    ["namespace", "name"],
+)
+CAPACITY = Gauge(
+    "tideshift_planner_capacity_rps",
+    "Requests/s a serving workload's current replicas serve (replicas x capacity_rps)",
+    ["namespace", "name"],
+)
+FORECAST = Gauge(
+    "tideshift_planner_forecast_rps",
+    "The forecast's value for now at each quantile (requests/s)",
+    ["namespace", "name", "quantile"],
+)
+DESIRED = Gauge(
+    "tideshift_planner_desired_replicas",
+    "Replicas the last plan wants (trainers, for a training job)",
+    ["namespace", "name", "role"],
+)
+LENT = Gauge(
+    "tideshift_planner_lent_cpu_cores",
+    "CPU requested on a node by batch trainers, which borrow serving's idle reservation",
+    ["node"],
+)
+
+
+class _Series:
+    """One gauge's values for the latest plan; label sets absent from it are removed."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+        self.shown: set[tuple[str, ...]] = set()
+
+    def show(self, values: Mapping[tuple[str, ...], float]) -> None:
+        for labels, value in values.items():
+            self.gauge.labels(*labels).set(value)
+        for gone in self.shown - values.keys():
+            self.gauge.remove(*gone)
+        self.shown = set(values)
+
+
+_SERIES = {gauge: _Series(gauge) for gauge in (DEMAND, CAPACITY, FORECAST, DESIRED, LENT)}
+
+
+def record(inputs: pol.PlanInputs, decision: pol.Decision, now: float) -> None:
+    """Publish what this plan saw (`inputs`) and decided; `now` picks the forecast's point."""
+    serving = {w.target: w for w in inputs.serving}
+    _SERIES[DEMAND].show({_names(t): rps for t, rps in inputs.observed_rps.items() if t in serving})
+    _SERIES[CAPACITY].show(
+        {_names(t): inputs.current.get(t, 0) * w.capacity_rps for t, w in serving.items()}
+    )
+    _SERIES[FORECAST].show(
+        {
+            (*_names(target), f"{quantile:g}"): value
+            for target, forecast in inputs.forecasts.items()
+            if target in serving
+            for quantile, value in _point(forecast, now).items()
+        }
+    )
+    _SERIES[DESIRED].show({(*_names(d.target), d.role): d.desired for d in decision.targets})
+    _SERIES[LENT].show(_lent(inputs))
+
+
+def _names(target: pol.Target) -> tuple[str, str]:
+    return (target.namespace, target.name)
+
+
+def _point(forecast: pol.Forecast, now: float) -> dict[float, float]:
+    """Each quantile's value at `now` (a value holds until the next time; before the first
+    time, the first value)."""
+    index = max(bisect.bisect_right(forecast.times, now) - 1, 0)
+    return {
+        quantile: values[index]
+        for quantile, values in forecast.quantiles.items()
+        if index < len(values)
+    }
+
+
+def _lent(inputs: pol.PlanInputs) -> dict[tuple[str, ...], float]:
+    """Per node, the cpu requests of pods owned by batch jobs (every node, 0 when none)."""
+    cluster = inputs.cluster
+    batch: set[Hashable] = {job.target for job in inputs.jobs if job.batch}
+    owned = np.array([owner in batch for owner in cluster.owners] + [False], dtype=bool)
+    # pod_owner is -1 for an unowned pod: the appended False answers for it.
+    borrowing = owned[cluster.pod_owner] & (cluster.pod_node >= 0)
+    cpu = np.bincount(
+        cluster.pod_node[borrowing],
+        weights=cluster.pod_requests[borrowing, 0],
+        minlength=len(cluster.node_names),
+    )
+    return {(node,): float(cpu[row]) for row, node in enumerate(cluster.node_names)}
