@@ -274,7 +274,23 @@ def build_schema() -> Schema:
                 {"enabled": BOOLEAN, "maxUnavailable": {"type": ["integer", "string"]}}
             ),
             "metrics": obj(
-                {"service": obj({"enabled": BOOLEAN, "annotations": STRING_MAP})},
+                {
+                    "service": obj({"enabled": BOOLEAN, "annotations": STRING_MAP}),
+                    "dashboard": obj(
+                        {"enabled": BOOLEAN, "labels": STRING_MAP, "annotations": STRING_MAP}
+                    ),
+                    "prometheusRule": obj({"enabled": BOOLEAN, "labels": STRING_MAP}),
+                    **{
+                        monitor: obj(
+                            {
+                                "enabled": BOOLEAN,
+                                "interval": string(pattern="^([0-9]+(ms|s|m|h))+$"),
+                                "labels": STRING_MAP,
+                            }
+                        )
+                        for monitor in ("serviceMonitor", "podMonitor")
+                    },
+                },
             ),
             "priorityClassName": string(),
             "priorityClasses": PRIORITY_CLASSES,
