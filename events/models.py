@@ -15,6 +15,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -314,7 +316,9 @@ class ScaleResult(EventData):
 
     target: WorkloadRef
     idempotency_key: str = Field(min_length=1, max_length=256)
-    outcome: Literal["applied", "noop", "rejected", "failed"]
+    # would_scale: observe mode (the executor's `mode: observe`) changed nothing; `current` is
+    # what it would have set.
+    outcome: Literal["applied", "noop", "rejected", "failed", "would_scale"]
     previous: Replicas | None = None
     current: Replicas | None = None
     desired: Replicas
@@ -322,6 +326,22 @@ class ScaleResult(EventData):
     dry_run: bool = False
     executed_at: AwareDatetime
     executor: str = ""
+
+
+class Headroom(_Frozen):
+    """What sized a serving workload, in requests/s: replicas = the largest of the three
+    over capacity_rps per replica, within its bounds. Read from the policy's own object's
+    attributes when a plan is published."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, from_attributes=True
+    )
+
+    forecast: Rps = Field(description="the forecast quantile's peak over the look-ahead")
+    rise: Rps = Field(description="observed x rise_ratio: where demand may be a lead time on")
+    rise_ratio: float = Field(ge=0, le=MAX_RPS, description="the calibrated rise (>= 1)")
+    observed: Rps = Field(description="demand observed now (0 when none)")
+    panic_hold: bool = Field(description="scale-down held: demand ran above the forecast")
 
 
 class TargetDecision(_Frozen):
@@ -335,6 +355,22 @@ class TargetDecision(_Frozen):
         default=False,
         description="the policy could not plan it: it keeps its last decision (reason says why)",
     )
+    headroom: Headroom | None = Field(
+        default=None, description="serving sized on a forecast: what sized it"
+    )
+
+    @field_validator("headroom", mode="wrap")
+    @classmethod
+    def _headroom_or_none(
+        cls, value: object, handler: ValidatorFunctionWrapHandler
+    ) -> Headroom | None:
+        # Parts beyond the contract's range (a rise past 1e12 req/s) are left out rather
+        # than costing the whole plan its publication.
+        try:
+            result: Headroom | None = handler(value)
+        except ValidationError:
+            return None
+        return result
 
 
 class PlanDecided(EventData):

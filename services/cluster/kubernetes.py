@@ -33,7 +33,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter
 
-from tideshift.services.cluster.adapters.events import EventWriter
+from tideshift.services.cluster.adapters.events import EventType, EventWriter
 from tideshift.services.cluster.adapters.http import KubeHttp, status_of
 from tideshift.services.cluster.adapters.packing import KubernetesPackingWriter
 from tideshift.services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
@@ -194,18 +194,26 @@ class KubernetesClusterPort:
             return await asyncio.to_thread(self._list_workloads)
         return [w for informer in self.workloads for w in informer.cache.values()]
 
-    def _record_event(self, target: Workload | WorkloadRef, reason: str, message: str) -> None:
+    def _record_event(
+        self, target: Workload | WorkloadRef, reason: str, message: str, event_type: EventType
+    ) -> None:
         try:
-            self.events.record(target, reason, message)
+            self.events.record(target, reason, message, event_type=event_type)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             ref = target.ref if isinstance(target, Workload) else target
             raise _classified(ref, "record an event on", error) from error
 
     async def record_event(
-        self, target: Workload | WorkloadRef, *, reason: str, message: str
+        self,
+        target: Workload | WorkloadRef,
+        *,
+        reason: str,
+        message: str,
+        event_type: EventType = "Warning",
     ) -> None:
-        """A Warning Event on the target; repeats within a window raise its count."""
-        await asyncio.to_thread(self._record_event, target, reason, message)
+        """An Event on the target (a Warning unless said otherwise); repeats within a window
+        raise its count."""
+        await asyncio.to_thread(self._record_event, target, reason, message, event_type)
 
     async def watch(self) -> AsyncIterator[ClusterChange]:
         if self._watching:

@@ -199,9 +199,14 @@ class ClusterPort(Protocol):
         ...
 
     async def record_event(
-        self, target: Workload | WorkloadRef, *, reason: str, message: str
+        self,
+        target: Workload | WorkloadRef,
+        *,
+        reason: str,
+        message: str,
+        event_type: Literal["Normal", "Warning"] = "Warning",
     ) -> None:
-        """Leave a warning on the object for its owner to see (`kubectl describe`)."""
+        """Leave an Event on the object for its owner to see (`kubectl describe`)."""
         ...
 
     async def close(self) -> None:

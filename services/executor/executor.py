@@ -37,18 +37,40 @@ from tideshift.services.executor.decision import (
 
 log = logging.getLogger("tideshift.executor")
 
-Outcome = Literal["applied", "noop", "rejected", "failed"]
+Outcome = Literal["applied", "noop", "rejected", "failed", "would_scale"]
 CLAIM_ATTEMPTS = 5
 
 
 REFUSED_REASON = "TideshiftRefused"  # a command for a target that did not join Tideshift
 FAILED_REASON = "TideshiftScaleFailed"  # a command the cluster would not carry out
+SCALED_REASON = "TideshiftScaled"  # Normal: the count written, and the plan's reason
+WOULD_SCALE_REASON = "TideshiftWouldScale"  # Normal, observe mode: what it would have written
 
 
 class EventRecorder(Protocol):
-    async def record_event(self, target: WorkloadRef, *, reason: str, message: str) -> None:
-        """A Warning Event on the target (repeats within a window raise its count)."""
+    async def record_event(
+        self,
+        target: WorkloadRef,
+        *,
+        reason: str,
+        message: str,
+        event_type: Literal["Normal", "Warning"] = "Warning",
+    ) -> None:
+        """An Event on the target (repeats of a reason within a window raise its count)."""
         ...
+
+
+def scale_message(state: ScaleState, new: int, command: ScaleCommand, decision: Decision) -> str:
+    """An Event's words: `18 -> 24: <the plan's reason>`, a training job's in trainers
+    (`-4 trainers (10 -> 6): ...`), then what the executor changed of the command, if any."""
+    old = state.replicas
+    change = (
+        f"{new - old:+d} trainers ({old} -> {new})"
+        if state.role == "training"
+        else (f"{old} -> {new}")
+    )
+    notes = f" ({decision.message})" if decision.message else ""
+    return f"{change}: {command.reason}{notes}"
 
 
 class ScaleWriter(Protocol):
@@ -100,9 +122,12 @@ class Executor:
     name: str = "executor"
     max_step: int = 0
     dry_run: bool = False
+    # Observe mode: nothing is written; each command that would change a target leaves a
+    # TideshiftWouldScale Event and a `would_scale` result (dry_run leaves neither).
+    observe: bool = False
     clock: Clock = WALL_CLOCK
     admission: Admission = field(default_factory=Admission)
-    # Where refused and failed commands are told to the target's owner (none: logs only).
+    # Where the target's owner is told what was done, refused or failed (none: logs only).
     events: EventRecorder | None = None
     # Runs before replicas are lowered (target, new count): marks the pods to delete first.
     before_scale_down: Callable[[WorkloadRef, int], Awaitable[object]] | None = None
@@ -152,6 +177,8 @@ class Executor:
         if why_not is not None:
             return self._unchanged(command, state, why_not)
         decision = decide(command.desired, state, max_step=self.max_step)
+        if self.observe:
+            return await self._observed(command, state, decision)
         if self.dry_run:
             return self._dry_run(command, state, decision)
         claim = AppliedRecord(
@@ -188,14 +215,42 @@ class Executor:
         return state
 
     async def warn(self, target: WorkloadRef, reason: str, message: str) -> None:
-        """A Warning Event on the target; failing to write it costs a log line, not the
-        command."""
+        """A Warning Event on the target."""
+        await self._tell(target, reason, message, "Warning")
+
+    async def _tell(
+        self,
+        target: WorkloadRef,
+        reason: str,
+        message: str,
+        event_type: Literal["Normal", "Warning"],
+    ) -> None:
+        """An Event on the target; failing to write it costs a log line, not the command."""
         if self.events is None:
             return
         try:
-            await self.events.record_event(target, reason=reason, message=message)
+            await self.events.record_event(
+                target, reason=reason, message=message, event_type=event_type
+            )
         except Exception as error:
             log.warning("cannot record an event on %s: %s", target, error)
+
+    async def _observed(
+        self, command: ScaleCommand, state: ScaleState, decision: Decision
+    ) -> ScaleResult:
+        """Observe mode: what would be written, told on the target, nothing changed."""
+        if decision.action == "noop":
+            return self._unchanged(command, state, decision.message)
+        words = scale_message(state, decision.replicas, command, decision)
+        await self._tell(command.target, WOULD_SCALE_REASON, f"would scale {words}", "Normal")
+        return self.result_for(
+            command,
+            "would_scale",
+            previous=state.replicas,
+            current=decision.replicas,
+            message=f"observe mode: would set {decision.replicas}; {decision.message}".rstrip("; "),
+            dry_run=True,
+        )
 
     def _unchanged(self, command: ScaleCommand, state: ScaleState, message: str) -> ScaleResult:
         return self.result_for(
@@ -234,6 +289,9 @@ class Executor:
         if await self.records.put(target, done, claimed) is None:
             log.info("record of %s changed while applying %s", target, command.idempotency_key)
         final: Outcome = "applied" if after.replicas != state.replicas else "noop"
+        if final == "applied":
+            words = scale_message(state, after.replicas, command, decision)
+            await self._tell(target, SCALED_REASON, words, "Normal")
         return self.result_for(
             command,
             final,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from prometheus_client import Counter, Histogram
 from pydantic import Field, field_validator, model_validator
@@ -31,6 +32,7 @@ from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import ClusterError
 from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery, follow
+from tideshift.services.common.bus.streams import HISTORY_STREAM, StreamSpec
 from tideshift.services.common.clock import WALL_CLOCK, Clock
 from tideshift.services.common.retry import exponential
 from tideshift.services.common.runtime import ServiceContext, run_service
@@ -103,6 +105,11 @@ class ExecutorSettings(ServiceSettings):
         pattern=r"^[A-Za-z0-9_-]+$",
         description="durable consumer name shared by all executors",
     )
+    mode: Literal["act", "observe"] = Field(
+        default="act",
+        description="observe: change no object; every command that would scale a target "
+        "leaves a TideshiftWouldScale Event on it and a would_scale result",
+    )
     dry_run: bool = Field(default=False, description="only publish what would be done")
     max_step: int = Field(
         default=0, ge=0, description="largest replica change per command; 0 = unlimited"
@@ -160,6 +167,21 @@ class ExecutorSettings(ServiceSettings):
         default=NON_BATCH_MEMORY_QUERY,
         description="PromQL: memory bytes used by non-batch pods, one series per `node` label",
     )
+    history_max_age_hours: float = Field(
+        default=HISTORY_STREAM.max_age_seconds / 3600,
+        gt=0,
+        le=24 * 366,
+        description="how long plans, scale commands and results are kept for `tideshift "
+        "explain` (the TIDESHIFT_HISTORY stream, which this service creates)",
+    )
+    history_max_bytes: int = Field(
+        default=HISTORY_STREAM.max_bytes,
+        ge=1024 * 1024,
+        description="the decision history's size limit; the oldest go first",
+    )
+    history_max_messages: int = Field(
+        default=HISTORY_STREAM.max_msgs, ge=1000, description="its message limit, likewise"
+    )
 
     @field_validator("managed_targets")
     @classmethod
@@ -170,6 +192,14 @@ class ExecutorSettings(ServiceSettings):
             except ValueError as error:
                 raise ValueError(f"{value!r}: {error}") from None
         return values
+
+    def history_stream(self) -> StreamSpec:
+        return dataclasses.replace(
+            HISTORY_STREAM,
+            max_age_seconds=self.history_max_age_hours * 3600,
+            max_bytes=self.history_max_bytes,
+            max_msgs=self.history_max_messages,
+        )
 
     def admission(self) -> Admission:
         return Admission(
@@ -294,7 +324,10 @@ def _packing(
     """Wires compaction into the executor; the batch-resource advertiser when it is on."""
     if settings.compaction:
         executor.before_scale_down = functools.partial(mark_scale_down_victims, port, writer)
-    if settings.dry_run or not settings.batch_resources or settings.prometheus_url is None:
+    # Observe mode writes nothing to Nodes either.
+    if settings.dry_run or settings.mode == "observe" or not settings.batch_resources:
+        return None
+    if settings.prometheus_url is None:
         return None
     usage = PrometheusNodeUsage(
         settings.prometheus_url,
@@ -313,6 +346,15 @@ async def _connect(
         return cluster, None
     port = await open_kubernetes(settings.kubeconfig, context=settings.kube_context)
     return port, port.packing_writer()
+
+
+async def _keep_history(bus: Bus, stream: StreamSpec) -> None:
+    """Create or update the decision history with this executor's limits; without it the
+    executor still works, and `tideshift explain` has less to show."""
+    try:
+        await bus.ensure_streams((stream,))
+    except Exception as error:
+        log.error("no decision history (stream %s): %s", stream.name, error)
 
 
 async def serve(
@@ -336,6 +378,8 @@ async def serve(
         executor.clock = clock
         executor.admission = settings.admission()
         executor.events = port
+        executor.observe = settings.mode == "observe"
+        await _keep_history(context.bus, settings.history_stream())
         advertiser = _packing(executor, port, writer, settings) if writer is not None else None
         if advertiser is not None:
             advertising = asyncio.create_task(

@@ -399,6 +399,7 @@ class Planner:
                     desired=item.desired,
                     reason=item.reason,
                     skipped=item.target in marked,
+                    headroom=getattr(item, "headroom", None),
                 )
                 for item in shown
             ),

@@ -1,4 +1,5 @@
-"""Warning Events on scale targets, aggregated: the same reason on the same object within
+"""Events on scale targets (Normal: what Tideshift did; Warning: what it could not do),
+aggregated: the same reason on the same object within
 `window_s` raises the count of the Event already written (as `kubectl describe` shows it:
 "x12 over 5m") instead of creating one more, so a target skipped in every plan or a command
 refused at every retry leaves one Event, not thousands.
@@ -14,6 +15,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
 
 from kubernetes.client.exceptions import ApiException
 
@@ -22,6 +24,7 @@ from tideshift.services.cluster.kinds import API_VERSION
 from tideshift.services.cluster.port import Workload, WorkloadRef
 
 MESSAGE_LIMIT = 1024
+EventType = Literal["Normal", "Warning"]
 
 
 @dataclass
@@ -32,7 +35,7 @@ class _Written:
 
 
 class EventWriter:
-    """Creates Warning Events, or counts repeats on the one already written."""
+    """Creates Events, or counts repeats on the one already written."""
 
     def __init__(
         self, http: KubeHttp, *, component: str, window_s: float = 600.0, limit: int = 4096
@@ -44,8 +47,15 @@ class EventWriter:
         self._written: OrderedDict[tuple[WorkloadRef, str], _Written] = OrderedDict()
         self._lock = threading.Lock()
 
-    def record(self, target: Workload | WorkloadRef, reason: str, message: str) -> None:
-        """Blocking; raises the client's errors."""
+    def record(
+        self,
+        target: Workload | WorkloadRef,
+        reason: str,
+        message: str,
+        *,
+        event_type: EventType = "Warning",
+    ) -> None:
+        """Blocking; raises the client's errors. One reason is always of one type."""
         ref = target.ref if isinstance(target, Workload) else target
         now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         with self._lock:
@@ -72,7 +82,7 @@ class EventWriter:
         created = self.http.json(
             "POST",
             f"/api/v1/namespaces/{ref.namespace}/events",
-            body=self._body(target, reason, message, now),
+            body=self._body(target, reason, message, now) | {"type": event_type},
         )
         name = str((created.get("metadata") or {}).get("name", ""))
         if name:
@@ -105,7 +115,6 @@ class EventWriter:
             "involvedObject": involved,
             "reason": reason,
             "message": message[:MESSAGE_LIMIT],
-            "type": "Warning",
             "source": {"component": self.component},
             "firstTimestamp": now,
             "lastTimestamp": now,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Literal
 
 from tideshift.services.cluster.port import (
     ClusterChange,
@@ -37,8 +38,14 @@ class SimClusterPort:
         return []
 
     async def record_event(
-        self, target: Workload | WorkloadRef, *, reason: str, message: str
+        self,
+        target: Workload | WorkloadRef,
+        *,
+        reason: str,
+        message: str,
+        event_type: Literal["Normal", "Warning"] = "Warning",
     ) -> None:
+        """Kept in `events`; the type follows from the reason."""
         ref = target.ref if isinstance(target, Workload) else target
         self.events.append((ref, reason, message))
 

@@ -7,11 +7,24 @@ stream no subject names, fails at import, so the two cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    StreamSource,
+)
+from nats.js.client import JetStreamContext
 
 from tideshift.events import ALL_SUBJECTS, DEAD_LETTER, SCALE_COMMAND, SHARD_TASK
+from tideshift.events.subjects import PLAN_DECIDED, PLANNER_STATUS
 
 
 @dataclass(frozen=True)
@@ -24,11 +37,16 @@ class StreamSpec:
     duplicate_window_seconds: float = 120
     max_bytes: int = -1  # -1: no limit but age
     max_msgs: int = -1
+    # Streams whose messages this one copies (JetStream sources) and keeps by its own limits.
+    sources: tuple[str, ...] = ()
+    # Core NATS subjects kept as well: published unacknowledged, so kept while it exists.
+    kept: tuple[str, ...] = ()
 
     @property
     def subjects(self) -> tuple[str, ...]:
-        """Every concrete subject of every pattern declared in this stream."""
-        return tuple(s.filter().value for s in ALL_SUBJECTS if s.stream == self.name)
+        """Every concrete subject of every pattern declared in this stream, and those kept."""
+        declared = tuple(s.filter().value for s in ALL_SUBJECTS if s.stream == self.name)
+        return declared + self.kept
 
     def config(self) -> StreamConfig:
         return StreamConfig(
@@ -41,6 +59,7 @@ class StreamSpec:
             max_msgs=self.max_msgs,
             storage=StorageType.FILE,
             discard=DiscardPolicy.OLD,
+            sources=[StreamSource(name=name) for name in self.sources] or None,
         )
 
 
@@ -59,6 +78,50 @@ DEAD_LETTER_STREAM = StreamSpec(
     max_msgs=100_000,
 )
 STREAMS: tuple[StreamSpec, ...] = (SCALE_STREAM, TRAINING_TASK_STREAM, DEAD_LETTER_STREAM)
+# Decision history (`tideshift explain`, `tideshift status`): plans and planner statuses as
+# published on core NATS, and a copy of every scale command and result, kept longer than the
+# scale stream keeps them. Not in STREAMS: its limits are the executor's settings (the
+# chart's `history` values), so the executor alone creates and updates it; these are the
+# defaults.
+HISTORY_STREAM = StreamSpec(
+    "TIDESHIFT_HISTORY",
+    max_age_seconds=7 * 24 * 3600,
+    max_bytes=512 * 1024 * 1024,
+    max_msgs=1_000_000,
+    sources=(SCALE_STREAM.name,),
+    kept=(PLAN_DECIDED.filter().value, PLANNER_STATUS.filter().value),
+)
+
+
+async def read_kept(
+    js: JetStreamContext,
+    stream: StreamSpec,
+    filters: tuple[str, ...],
+    *,
+    since: datetime,
+    batch: int = 256,
+) -> AsyncIterator[tuple[str, bytes]]:
+    """(subject, payload) of every message of `stream` on `filters` stored since `since`,
+    oldest first, then stops: an ephemeral consumer that acks nothing, so reading the
+    history never changes it."""
+    config = ConsumerConfig(
+        deliver_policy=DeliverPolicy.BY_START_TIME,
+        opt_start_time=since,
+        ack_policy=AckPolicy.NONE,
+        filter_subjects=list(filters),
+        inactive_threshold=30.0,
+    )
+    info = await js.add_consumer(stream.name, config)
+    subscription = await js.pull_subscribe_bind(info.name, stream=stream.name)
+    try:
+        pending = info.num_pending or 0
+        while pending > 0:
+            for msg in await subscription.fetch(min(batch, pending), timeout=5.0):
+                pending = msg.metadata.num_pending
+                yield msg.subject, msg.data
+    finally:
+        await subscription.unsubscribe()
+        await js.delete_consumer(stream.name, info.name)
 
 
 def _check_every_durable_subject_has_a_stream() -> None:
