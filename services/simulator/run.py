@@ -159,10 +159,8 @@ class _Run:
         # Only Tideshift lends serving's idle reservation; the baselines run every job on
         # requests, so the same run shows what overcommit adds.
         self.lends_batch = name == "tideshift"
-        self.work_model = WorkModel(
-            speedup_exponent=scenario.training.speedup_exponent,
-            restart_cost_s=scenario.training.restart_cost_s,
-        )
+        training = scenario.training
+        self.work_model = WorkModel(training.speedup_exponent, training.restart_cost_s)
         self.accounts = Accountant()
         self.measures = msr.StepMeasures(
             tuple(spec.name for spec in scenario.serving),
@@ -247,6 +245,8 @@ class _Run:
             submitted_at=now,
             nominal_trainers=group.nominal_trainers,
             batch=batch,
+            speedup_exponent=self.work_model.speedup_exponent,
+            restart_cost_s=self.work_model.restart_cost_s,
         )
         run = _JobRun(group, ref, policy_job, now)
         self.jobs.append(run)

@@ -1,6 +1,15 @@
 """Churn limits: which voluntary trainer removals (rebalancing, not forced by serving or a
 higher tier) wait, are skipped or are capped this step, and which small growths wait. Pure
-functions returning new values; the solver's state is never edited."""
+functions returning new values; the solver's state is never edited.
+
+A change of a job's trainers costs it a restart (`TrainingJob.restart_cost_s` without
+progress), so a trainer moved between two jobs costs two. Rebalancing lifts the jobs below
+their share to `rebalance_floor` of it only when those moves buy more work over the next
+planning horizon (`release_horizon_s`, how long room serving releases is planned to stay)
+than their restarts cost; otherwise trainers move only to let a newcomer's gang in. A running
+job grows only when its growth pays its restart the same way. Work is weighted by what a
+trainer holds (its dominant share: a GPU trainer's step is worth more), each job's throughput
+being trainers ** `speedup_exponent`, as `tideshift simulate` counts it."""
 
 from __future__ import annotations
 
@@ -14,6 +23,24 @@ from tideshift.services.planner.policy.tiers import Bounds, TierJob, TierSolver
 
 # Bisection steps over how far above its fair share a job may stay (each one admit + fill).
 _REBALANCE_STEPS = 8
+
+
+def job_rate(item: TierJob, trainers: int) -> float:
+    """A job's weighted work per second with `trainers` trainers."""
+    return item.dominant * math.pow(trainers, item.job.speedup_exponent)
+
+
+def change_gain(
+    jobs: Sequence[TierJob], before: Sequence[int], after: Sequence[int], horizon_s: float
+) -> float:
+    """Weighted work over the next `horizon_s` with `after` trainers rather than `before`,
+    every job whose count changes losing its restart: positive when the changes pay."""
+    gain = 0.0
+    for item, old, new in zip(jobs, before, after, strict=True):
+        if new != old:
+            restarted = max(horizon_s - item.job.restart_cost_s, 0.0)
+            gain += restarted * job_rate(item, new) - horizon_s * job_rate(item, old)
+    return gain
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,16 +64,19 @@ def rebalance_partly(
     config: PolicyConfig,
 ) -> Rebalance:
     """Jobs above their fair share give back only what lifts every other job to
-    `config.rebalance_floor` of its share (and keeps what each keeps): all above-share jobs
-    stay within the same multiple `level` of their share, the highest level that still does it
-    (bisection). A newcomer gets its floor of the share at once, the rest as room frees up."""
+    `config.rebalance_floor` of its share (and keeps what each keeps), and only when those
+    moves pay their restarts over the horizon; otherwise only what lets a newcomer's gang in.
+    All above-share jobs stay within the same multiple `level` of their share, the highest
+    level that still does it (bisection). A newcomer gets its floor of the share at once, the
+    rest as room frees up."""
     jobs = solver.jobs
     admitted = [i for i in order if i not in excluded]
     above = [i for i in admitted if fair[i] < jobs[i].kept_total]
     unchanged = Rebalance(list(fair), tuple(bounds), set(excluded), {})
     if not above or config.rebalance_floor >= 1:
         return unchanged
-    required = {
+    below = [j for j in admitted if j not in above]
+    floor = {
         j: min(
             fair[j],
             max(
@@ -55,23 +85,38 @@ def rebalance_partly(
                 math.ceil(config.rebalance_floor * fair[j] - 1e-9),
             ),
         )
-        for j in admitted
-        if j not in above
+        for j in below
     }
-    levels = _Levels(solver, order, bounds, fair, excluded, required, above, config)
-    top = max(jobs[i].kept_total / fair[i] for i in above)
-    best = levels.solve(top)
-    if best is not None:
-        return best
-    low, high = 1.0, top
-    for _ in range(_REBALANCE_STEPS):
-        middle = (low + high) / 2
-        outcome = levels.solve(middle)
-        if outcome is None:
-            high = middle
-        else:
-            low, best = middle, outcome
-    return best if best is not None else unchanged
+    at_floor = _Levels(solver, order, bounds, fair, excluded, floor, above, config).highest()
+    if at_floor is None:
+        return unchanged
+    gang = {j: min(fair[j], max(jobs[j].kept_total, jobs[j].job.floor)) for j in below}
+    if gang == floor:
+        return at_floor
+    gang_only = _Levels(solver, order, bounds, fair, excluded, gang, above, config).highest()
+    if gang_only is None:
+        return at_floor
+    return _worth_moving(jobs, gang_only, at_floor, config)
+
+
+def _worth_moving(
+    jobs: Sequence[TierJob], gang_only: Rebalance, at_floor: Rebalance, config: PolicyConfig
+) -> Rebalance:
+    """The floor's moves when what they buy over the horizon beyond letting the gangs in
+    exceeds their restarts; else the gangs only, saying so."""
+    horizon = config.release_horizon_s
+    kept = [item.kept_total for item in jobs]
+    extra = change_gain(jobs, kept, at_floor.counts, horizon) - change_gain(
+        jobs, kept, gang_only.counts, horizon
+    )
+    if extra > 0:
+        return at_floor
+    why = {
+        i: f"{reason}; lifting the others to {config.rebalance_floor:.0%} of their share "
+        f"would not pay its restarts over the next {horizon:.0f} s ({extra:+.3g} weighted work)"
+        for i, reason in gang_only.reasons.items()
+    }
+    return Rebalance(gang_only.counts, gang_only.bounds, gang_only.excluded, why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +131,22 @@ class _Levels:
     required: dict[int, int]  # jobs at or below their share: the trainers each must reach
     above: list[int]  # jobs above their share
     config: PolicyConfig
+
+    def highest(self) -> Rebalance | None:
+        """The outcome at the highest level that still lifts every job to what it requires."""
+        top = max(self.solver.jobs[i].kept_total / self.fair[i] for i in self.above)
+        best = self.solve(top)
+        if best is not None:
+            return best
+        low, high = 1.0, top
+        for _ in range(_REBALANCE_STEPS):
+            middle = (low + high) / 2
+            outcome = self.solve(middle)
+            if outcome is None:
+                high = middle
+            else:
+                low, best = middle, outcome
+        return best
 
     def solve(self, level: float) -> Rebalance | None:
         """Every above-share job kept at `level` x its share (at most what it keeps); None
@@ -186,9 +247,11 @@ def defer_small_growth(
 ) -> tuple[list[int], dict[int, str]]:
     """Small growth of a running job waits until it is worth a membership change: each change
     costs the job a restart, and serving's jitter would otherwise make trainers come and go
-    every few minutes. Returns the counts and the reasons of the deferred jobs."""
+    every few minutes. Growth that does not pay its restart over the horizon waits too.
+    Returns the counts and the reasons of the deferred jobs."""
     final = list(counts)
     deferred: dict[int, str] = {}
+    horizon = config.release_horizon_s
     for i, item in enumerate(jobs):
         growth = final[i] - item.current
         if i in skip or growth <= 0 or item.current < item.job.floor:
@@ -198,6 +261,13 @@ def defer_small_growth(
             growth <= max(1, config.grow_tolerance * item.current)
             and growth * item.dominant < config.grow_tolerance
         ):
-            final[i] = item.current
             deferred[i] = reasons.growth_deferred(growth)
+        elif change_gain([item], [item.current], [final[i]], horizon) <= 0:
+            deferred[i] = (
+                f"growth by {growth} deferred: {final[i]} trainers instead of {item.current} "
+                f"do not pay a {item.job.restart_cost_s:g} s restart over the next "
+                f"{horizon:.0f} s"
+            )
+        if i in deferred:
+            final[i] = item.current
     return final, deferred

@@ -134,6 +134,11 @@ class TrainingJob:
     # (what serving reserves but does not use), not cpu / memory, and are shrunk first when
     # serving's usage rises. Such pods appear in the cluster view with zero requests.
     batch: bool = False
+    # The job's work model (as the simulator's WorkModel): what a change of its trainers buys
+    # (throughput grows as trainers ** speedup_exponent) and costs (restart_cost_s seconds
+    # without progress while the job checkpoints and re-forms), policy/churn.py.
+    speedup_exponent: float = 0.8
+    restart_cost_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.batch and self.trainer_requests[2] > 0:
