@@ -17,8 +17,13 @@ FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml ./
+# The resolved set, less statsforecast's distributed engine (fugue and what only it needs,
+# pyarrow above all: 170 MB). The services use statsforecast.models only, which never imports
+# it; statsforecast's __init__ does, and the final stage takes that import out (see there).
+ARG DISTRIBUTED_ONLY="adagio fsspec fugue pyarrow triad"
 RUN python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' > /requirements.txt \
     && pip wheel --wheel-dir /wheels -r /requirements.txt \
+    && for name in $DISTRIBUTED_ONLY; do rm /wheels/"$name"-[0-9]*.whl; done \
     && (cd /wheels && sha256sum *.whl) > /wheels.sha256
 COPY README.md ./
 COPY events ./events
@@ -37,12 +42,22 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
 # (containers/buildah#6609); the COPY makes the RUN's cache key follow the wheels.
 # The packages' own test suites and kubernetes.aio (the services use the synchronous client)
 # are deleted in the same layer, so they never take space.
-COPY --from=build /wheels.sha256 /requirements.txt /usr/local/share/tideshift/
+# The wheels are installed as resolved in the build stage (--no-deps: fugue & co. are left
+# out on purpose), and statsforecast's __init__ loses its two eager imports of the distributed
+# engine (StatsForecast and its fugue backend, which the services never use): the grep fails the
+# build if a new statsforecast changes them, the last import proves the models still load.
+COPY --from=build /wheels.sha256 /usr/local/share/tideshift/
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels -r /usr/local/share/tideshift/requirements.txt \
+    pip install --no-index --no-deps /wheels/*.whl \
     && site=$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
     && find "$site" -depth -type d -name tests -exec rm -rf {} + \
     && rm -rf "$site/kubernetes/aio" \
+    && init="$site/statsforecast/__init__.py" \
+    && grep -qx 'from .core import StatsForecast' "$init" \
+    && grep -qx 'from .distributed import fugue  # noqa' "$init" \
+    && sed -i -e '/^from .core import StatsForecast$/d' -e '/^from .distributed import fugue/d' "$init" \
+    && python -m py_compile "$init" \
+    && python -c 'from statsforecast.models import MSTL, AutoETS, AutoTheta' \
     && groupadd --system --gid 10001 tideshift \
     && useradd --system --uid 10001 --gid tideshift --home-dir /nonexistent \
        --shell /usr/sbin/nologin tideshift

@@ -11,9 +11,6 @@ mounted read-only. Containers share the host's loopback, so each gets its own he
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -25,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures.requirements import missing_dependency
 from tests.image.chart_pods import container_environment, installed_deployments
+from tests.image.podman_cli import podman
 from tests.k8s.cluster_objects import collection, create, pod_template, wait_until
 from tests.unit.chart.chart_support import CHART, SERVICES, run_helm, values_args
 from tideshift.services.cluster.adapters.http import KubeHttp
@@ -35,8 +32,6 @@ from tideshift.services.common.ports import free_port
 
 pytestmark = pytest.mark.k8s
 
-REPO = Path(__file__).resolve().parents[2]
-IMAGE = os.environ.get("TIDESHIFT_IMAGE", "localhost/tideshift:dev")
 WAIT = 120.0
 KUBECONFIG_IN_CONTAINER = "/var/run/secrets/tideshift/kubeconfig"
 # The labelled Deployment the pipeline sizes: 150 rps of simulated demand, 100 rps a replica.
@@ -65,25 +60,6 @@ def serving_deployment(name: str) -> dict[str, Any]:
             "template": pod_template({"app": name}),
         },
     }
-
-
-def podman(
-    *args: str, check: bool = True, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.setdefault("CONTAINERS_CONF", str(REPO / "tests" / "image" / "containers.conf"))
-    return subprocess.run(
-        ["podman", *args], env=env, capture_output=True, text=True, check=check, timeout=timeout
-    )
-
-
-@pytest.fixture(scope="session")
-def image() -> str:
-    if shutil.which("podman") is None:
-        missing_dependency("podman not found: `make image-deps` installs it (Debian)")
-    if podman("image", "exists", IMAGE, check=False).returncode != 0:
-        missing_dependency(f"image {IMAGE} not built: run `make image`")
-    return IMAGE
 
 
 def run_arguments(pod: dict[str, Any], env: dict[str, str], mounts: list[str]) -> list[str]:
