@@ -145,7 +145,7 @@ class WorkloadForecaster:
             log.info(
                 "%s: metrics are back after %.0f s; forecasts are fresh again", self.label, lasted
             )
-            STALE.labels(self.label).set(0)
+        STALE.labels(self.label).set(0)  # 0, not absent, while fresh: alerts see the series
         return self._issue(now=now)
 
     async def observe(self) -> DemandObserved | None:
