@@ -38,6 +38,11 @@ def job_key(job: str, part: Literal["spec", "state", "layout"]) -> str:
     return f"{encode_token(job)}.{part}"
 
 
+def progress_key(job: str, index: int) -> str:
+    """Where pserver `index` records how many batches it applied (jobspec.PServerProgress)."""
+    return f"{encode_token(job)}.progress-{index}"
+
+
 async def queued_tasks(bus: Bus, job: str) -> int:
     """Tasks of `job` stored in the work queue: published and not yet acked."""
     return await bus.queued(SHARD_TASK.at(job=job), stream=TRAINING_TASK_STREAM)

@@ -37,12 +37,15 @@ def encode_checkpoint(state: PServerState) -> bytes:
         {
             "format": FORMAT_VERSION,
             "index": state.index,
+            "initialised": state.initialised,
             "layout": state.layout.to_json(),
             "servers": state.layout.servers,
             "optimizer": state.optimizer.model_dump(),
             "watermark": ledger.watermark,
             "applied_batches": ledger.applied_batches,
             "duplicates": ledger.duplicates,
+            "high_water": ledger.high_water,
+            "retrained": ledger.retrained,
             "num_shards": ledger.num_shards,
         },
         arrays,
@@ -90,6 +93,8 @@ def decode_checkpoint(payload: bytes, *, expected: PServerState) -> PServerState
         optimizer=optimizer,
         ledger=ledger,
         pieces=pieces,
+        # Older checkpoints lack the flag: they were initialised if they hold pieces.
+        initialised=bool(header.get("initialised", bool(pieces))),
     )
 
 
@@ -99,6 +104,9 @@ def _decode_ledger(header: dict[str, Any], arrays: dict[str, Any], num_shards: i
         watermark=header_int(header, "watermark", minimum=0),
         applied_batches=header_int(header, "applied_batches", minimum=0),
         duplicates=header_int(header, "duplicates", minimum=0),
+        # Absent from checkpoints written before re-training was counted: none counted then.
+        high_water=header_int(header, "high_water", minimum=0) if "high_water" in header else 0,
+        retrained=header_int(header, "retrained", minimum=0) if "retrained" in header else 0,
     )
     positions = arrays.get("positions")
     if positions is None or positions.ndim != 2 or positions.shape[1] != 4:

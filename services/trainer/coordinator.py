@@ -5,8 +5,9 @@ work queue depth and the pservers' finished shards, lets protocol.step decide wh
 publish, publishes shard tasks to the JetStream work queue (message ids make a re-publish
 after a crash a no-op), persists its state to KV, and reports progress and trainer
 crashes on the bus. A lease keeps a second coordinator of the same job passive. With
---epochs it exits 0 once the last epoch is applied, printing a JSON summary (shards and
-batches applied, duplicates refused) as its last stdout line.
+--epochs it exits 0 once the last epoch is applied, printing a JSON summary (shards, and per
+pserver the batches applied, pushes refused as duplicates and batches re-trained after a
+restore) as its last stdout line; /metrics shows the same per pserver while it runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from prometheus_client import Gauge
 from pydantic import Field, ValidationError
 
 from tideshift.events import (
@@ -59,12 +61,27 @@ from tideshift.services.trainer.protocol import (
     resume_coordinator,
     step,
 )
-from tideshift.services.trainer.pserver_client import StatusClient
+from tideshift.services.trainer.pserver_client import PServerStatus, StatusClient
 
 log = logging.getLogger("tideshift.coordinator")
 PROGRESS_EVERY_SECONDS = 2.0
 WAIT_LOG_EVERY_SECONDS = 30.0
 LEASE_POLL_SECONDS = 1.0
+PSERVER_BATCHES = Gauge(
+    "tideshift_training_pserver_batches",
+    "Per pserver: batches applied (each once), pushes refused as duplicates, batches "
+    "re-trained after a restore from an older checkpoint",
+    ["job", "pserver", "kind"],
+)
+
+
+def pserver_figures(statuses: list[PServerStatus]) -> dict[str, list[int]]:
+    """The summary's per-pserver counts, in pserver order."""
+    return {
+        "batches_applied": [s.version for s in statuses],
+        "duplicates_refused": [s.duplicates for s in statuses],
+        "retrained": [s.retrained for s in statuses],
+    }
 
 
 class CoordinatorSettings(ServiceSettings):
@@ -182,7 +199,6 @@ class Coordinator:
         self.jobs = jobs
         self.client = StatusClient(bus, spec)
         self.in_flight = 0
-        self.duplicates = 0
         self.applied_total = 0
         self.trainers = 0
 
@@ -196,8 +212,10 @@ class Coordinator:
         queued = await queued_tasks(self.bus, self.spec.job)
         statuses = await self.client.status(from_epoch=self.state.epoch)
         self.in_flight = queued
-        self.duplicates = sum(s.duplicates for s in statuses)
         self.applied_total = min(s.version for s in statuses)
+        for kind, counts in pserver_figures(statuses).items():
+            for index, count in enumerate(counts):
+                PSERVER_BATCHES.labels(self.spec.job, str(index), kind).set(count)
         return Observation(
             queued_tasks=queued,
             applied=applied_everywhere(s.applied for s in statuses),
@@ -264,8 +282,7 @@ class Coordinator:
             "epochs": epochs,
             "shards": self.spec.num_shards,
             "watermark": min(s.watermark for s in statuses),
-            "batches_applied": [s.version for s in statuses],
-            "duplicates_refused": [s.duplicates for s in statuses],
+            **pserver_figures(statuses),
             "republished": self.state.republished,
         }
 

@@ -52,6 +52,15 @@ class StoredLayout(BaseModel):
     initialised_by: str
 
 
+class PServerProgress(BaseModel):
+    """The most batches a pserver (index) is known to have applied, kept one KV round trip
+    behind its pushes: what a successor restoring an older checkpoint has to re-train."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    applied: int = Field(ge=0)
+
+
 class PersistedCoordinator(BaseModel):
     """The coordinator's state as stored in KV (see protocol.CoordinatorState.to_json)."""
 

@@ -8,10 +8,14 @@ batch) exactly once (pserver_state.py), and checkpoints pieces, optimiser slots 
 together to the JetStream object store every few seconds, after initialisation and on
 SIGTERM. A restart loses at most the batches since the last checkpoint; the ledger forgets
 them too, so trainers resume there and the coordinator re-publishes finished shards it lost.
+How many batches it had applied is recorded in KV as they are applied (one round trip
+behind), so the successor counts the lost ones it applies again as re-trained.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -22,20 +26,22 @@ import numpy as np
 from prometheus_client import Counter, Gauge
 from pydantic import Field
 
+from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.events.tokens import encode_token
-from tideshift.services.common.bus import Bus, Lease
+from tideshift.services.common.bus import Bus, Lease, TypedKV
 from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.trainer.busport import (
     PServerOp,
     load_object,
+    progress_key,
     pserver_subject,
     store_object,
 )
 from tideshift.services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
 from tideshift.services.trainer.jobs import poll_until, wait_for_layout, wait_for_spec
-from tideshift.services.trainer.jobspec import JobSpec
+from tideshift.services.trainer.jobspec import JobSpec, PServerProgress
 from tideshift.services.trainer.layout import Layout
 from tideshift.services.trainer.messages import pack_pieces, unpack_pieces, unpack_push_part
 from tideshift.services.trainer.pserver_state import (
@@ -54,6 +60,10 @@ log = logging.getLogger("tideshift.pserver")
 PUSHES = Counter("tideshift_pserver_pushes_total", "Gradient pushes by outcome", ["outcome"])
 VERSION = Gauge("tideshift_pserver_version", "Batches applied so far")
 CHECKPOINTS = Counter("tideshift_pserver_checkpoints_total", "Checkpoints written")
+RETRAINED = Counter(
+    "tideshift_pserver_retrained_total",
+    "Batches applied again after a restore from a checkpoint older than what was applied",
+)
 REFUSED = Counter(
     "tideshift_pserver_requests_refused_total",
     "Requests answered with an error: malformed, another job's, out of range, or not served yet",
@@ -101,6 +111,7 @@ class ParameterServer:
         self.checkpointed_version = -1
         self.pending_init: dict[int, np.ndarray] = {}
         self.pending_pushes: OrderedDict[str, dict[int, tuple[PieceUpdate, ...]]] = OrderedDict()
+        self.progressed = asyncio.Event()  # a batch was applied since the last progress record
 
     @property
     def index(self) -> int:
@@ -182,9 +193,13 @@ class ParameterServer:
         if assembled is None:
             return pack({"outcome": "partial"})
         # No await between reading and changing the state: pushes apply atomically.
+        retrained = self.state.ledger.retrained
         result = assembled if isinstance(assembled, PushResult) else self.state.push(assembled)
         PUSHES.labels(result.outcome.value).inc()
+        RETRAINED.inc(self.state.ledger.retrained - retrained)
         VERSION.set(self.state.ledger.applied_batches)
+        if result.outcome is PushOutcome.APPLIED:
+            self.progressed.set()
         if result.outcome is PushOutcome.REJECTED:
             REFUSED.labels("push").inc()
             log.warning("job %s: rejected a gradient push: %s", self.spec.job, result.reason)
@@ -223,6 +238,7 @@ class ParameterServer:
             "initialised": self.state.initialised,
             "version": ledger.applied_batches,
             "duplicates": ledger.duplicates,
+            "retrained": ledger.retrained,
             "watermark": ledger.watermark,
         }
         if "epoch" in header and "shard" in header:
@@ -240,6 +256,21 @@ class ParameterServer:
                 "missing": np.array(missing, dtype=np.int64).reshape(len(missing), 2),
             },
         )
+
+    async def record_progress(self) -> None:
+        """Keep the KV's count of batches applied here one round trip behind the pushes
+        (never lowered: a restored pserver climbing back records the count it had)."""
+        jobs = await self.bus.kv(TRAINER_JOBS_BUCKET)
+        key = progress_key(self.spec.job, self.index)
+        while True:
+            await self.progressed.wait()
+            self.progressed.clear()
+            ledger = self.state.ledger
+            progress = PServerProgress(applied=max(ledger.applied_batches, ledger.high_water))
+            try:
+                await jobs.put(key, progress)
+            except Exception as error:  # the next applied batch records it again
+                log.warning("job %s: progress record failed: %s", self.spec.job, error)
 
     async def checkpoint(self) -> None:
         version = self.state.ledger.applied_batches
@@ -261,6 +292,12 @@ class ParameterServer:
         )
 
 
+async def _recorded_progress(bus: Bus, job: str, index: int) -> int:
+    jobs: TypedKV = await bus.kv(TRAINER_JOBS_BUCKET)
+    progress = await jobs.get(progress_key(job, index), PServerProgress)
+    return 0 if progress is None else progress.applied
+
+
 async def restore(bus: Bus, spec: JobSpec, layout: Layout, index: int) -> PServerState:
     """The last checkpoint, or an uninitialised state; raises ValueError if unusable."""
     fresh = PServerState(layout, index, spec.optimizer, Ledger(num_shards=spec.num_shards))
@@ -274,12 +311,16 @@ async def restore(bus: Bus, spec: JobSpec, layout: Layout, index: int) -> PServe
         raise ValueError(
             f"job {spec.job}: checkpoint of pserver {index} unusable: {error}"
         ) from error
+    ledger = state.ledger
+    ledger.high_water = max(ledger.high_water, await _recorded_progress(bus, spec.job, index))
     log.info(
-        "job %s: pserver %d restored %d applied batches (watermark %d)",
+        "job %s: pserver %d restored %d applied batches (watermark %d); %d applied after this "
+        "checkpoint were lost and are trained again",
         spec.job,
         index,
-        state.ledger.applied_batches,
-        state.ledger.watermark,
+        ledger.applied_batches,
+        ledger.watermark,
+        max(0, ledger.high_water - ledger.applied_batches),
     )
     return state
 
@@ -325,6 +366,7 @@ async def _serve_while_leading(
         await bus.serve(pserver_subject(job, index, "push"), server.on_push),
         await bus.serve(pserver_subject(job, index, "status"), server.on_status),
     ]
+    recorder = asyncio.create_task(server.record_progress())
     context.ready.set()
     log.info("job %s: pserver %d serving %d pieces", job, index, len(server.state.owned()))
     tick = min(settings.checkpoint_seconds, settings.lease_seconds / 3)
@@ -346,6 +388,9 @@ async def _serve_while_leading(
     finally:
         server.accepting = False
         context.ready.clear()
+        recorder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await recorder
         for stop in stops:
             await stop()
         if leading:  # never overwrite the checkpoint of the pserver that took over

@@ -50,6 +50,7 @@ class PServerStatus:
     initialised: bool
     version: int  # batches applied
     duplicates: int  # pushes refused because already applied
+    retrained: int  # batches applied again after a restore lost them
     watermark: int
     applied: frozenset[tuple[int, int]]  # finished (epoch, shard), epochs >= from_epoch
     missing: frozenset[tuple[int, int]]  # unfinished pairs of epochs < from_epoch
@@ -152,6 +153,7 @@ class StatusClient:
                 initialised=bool(header.get("initialised")),
                 version=header_int(header, "version", minimum=0),
                 duplicates=header_int(header, "duplicates", minimum=0),
+                retrained=header_int(header, "retrained", minimum=0),
                 watermark=watermark,
                 applied=frozenset((int(e), int(s)) for e, s in applied) | finished,
                 missing=frozenset((int(e), int(s)) for e, s in missing),

@@ -6,7 +6,9 @@ is applied; an earlier one (or one of a finished shard or epoch) is a duplicate,
 counted; a later one is a gap and rejected, so the trainer resumes at `next`. A push marked
 `last` finishes the shard. When every shard of the oldest open epoch is finished the
 watermark moves past it and its entries are dropped, so memory and time per push stay
-constant however many epochs a job runs. Pure: numpy only; updates mutate this state.
+constant however many epochs a job runs. A pserver restored from a checkpoint older than
+what it had applied counts the applies that climb back to that count as re-trained.
+Pure: numpy only; updates mutate this state.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class Ledger:
     finished: dict[int, set[int]] = field(default_factory=dict)  # epoch -> finished shards
     applied_batches: int = 0
     duplicates: int = 0
+    # Batches this pserver had applied before restoring an older checkpoint (the most it is
+    # known to have applied, from its progress record); applies below it are re-training.
+    high_water: int = 0
+    retrained: int = 0
 
     def is_finished(self, epoch: int, shard: int) -> bool:
         return epoch < self.watermark or shard in self.finished.get(epoch, set())
@@ -116,6 +122,8 @@ class Ledger:
 
     def record(self, epoch: int, shard: int, batch: int, *, last: bool) -> None:
         self.next_batch[(epoch, shard)] = batch + 1
+        if self.applied_batches < self.high_water:
+            self.retrained += 1
         self.applied_batches += 1
         if last:
             self.finished.setdefault(epoch, set()).add(shard)
@@ -165,10 +173,9 @@ class PServerState:
     optimizer: OptimizerSpec
     ledger: Ledger
     pieces: dict[int, PieceState] = field(default_factory=dict)
-
-    @property
-    def initialised(self) -> bool:
-        return bool(self.pieces)
+    # A flag, not "holds pieces": a model smaller than the pservers leaves some with none,
+    # and they must still count as initialised (the job once hung waiting for them).
+    initialised: bool = False
 
     def owned(self) -> tuple[Piece, ...]:
         return self.layout.pieces_of(self.index)
@@ -188,6 +195,7 @@ class PServerState:
             params = np.array(value, dtype=spec.dtype)
             pieces[piece.id] = PieceState(piece, params, new_slots(self.optimizer, params))
         self.pieces = pieces
+        self.initialised = True
 
     def _validate(self, update: PieceUpdate) -> None:
         state = self.pieces.get(update.piece)

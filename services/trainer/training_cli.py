@@ -28,6 +28,7 @@ from tideshift.services.trainer.busport import (
     MEMBER_TTL_SECONDS,
     job_key,
     member_prefix,
+    progress_key,
     store_object,
 )
 from tideshift.services.trainer.jobs import read_layout, read_spec
@@ -107,7 +108,8 @@ async def status(bus: Bus, job: str) -> dict[str, Any]:
     try:
         pservers: list[dict[str, Any]] | str = [
             {"index": s.index, "initialised": s.initialised, "batches_applied": s.version,
-             "duplicates_refused": s.duplicates, "watermark": s.watermark}
+             "duplicates_refused": s.duplicates, "retrained": s.retrained,
+             "watermark": s.watermark}
             for s in await StatusClient(bus, spec).status()
         ]  # fmt: skip
     except RequestFailed as error:
@@ -133,6 +135,7 @@ async def reset(bus: Bus, job: str) -> dict[str, Any]:
     for index in range(spec.pservers):
         # An empty checkpoint reads as none (pserver.restore): the bus keeps no delete.
         await store_object(bus, checkpoint_name(job, index), b"")
+        await jobs.delete(progress_key(job, index))
     return {"job": job, "reset": True, "pservers": spec.pservers}
 
 

@@ -1,11 +1,14 @@
 """What a user meets around the job: a trainer started before its coordinator says it is
 waiting, and a SIGTERM in that wait ends it with status 0, not Paddle's C++ signal dump; a
 batch one pserver already holds (as after the other rolled back) is a duplicate to the
-trainer, in the summary and on no other pserver's count."""
+trainer, in the summary and on no other pserver's count; a pserver SIGKILLed and restarted
+from an older checkpoint counts the batches it trains again, in the coordinator's summary and
+/metrics, and the user's exactly-once check on the summary's documented fields holds."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import urllib.error
@@ -16,7 +19,10 @@ import numpy as np
 import pytest
 from trainer_harness import JobHarness, one_shard_job, wait_until
 
+from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.trainer.busport import progress_key
+from tideshift.services.trainer.jobspec import PServerProgress
 from tideshift.services.trainer.pserver_client import PushReply
 from tideshift.services.trainer.sdk import ElasticJob
 
@@ -138,4 +144,92 @@ async def test_the_example_trainer_serves_health_while_it_waits_for_its_coordina
         trainer.signal(signal.SIGTERM)
         assert await trainer.wait(30) == 0, trainer.tail()
     finally:
+        harness.kill_all()
+
+
+BATCHES = 10
+
+
+def train_through_a_rollback(harness: JobHarness, url: str, metrics: str) -> list[str]:
+    """A user's loop over a one-shard, two-epoch job. After 5 applied batches, pserver 1 is
+    SIGKILLed (its only checkpoint is the initial one) and restarted; at the first batch of
+    epoch 1, epoch 0 is applied everywhere, so the coordinator's /metrics must show the 5
+    batches pserver 1 trained again. Returns every push result."""
+    pserver = harness.pserver(1)
+    with ElasticJob.connect(
+        harness.job, nats_url=url, trainer="t-roll", handle_sigterm=False
+    ) as job:
+        job.initialize({"w": np.zeros(4, dtype=np.float32), "b": np.zeros(2)})
+
+        async def recorded() -> bool:
+            jobs = await job.bus.kv(TRAINER_JOBS_BUCKET)
+            progress = await jobs.get(progress_key(harness.job, 1), PServerProgress)
+            return progress is not None and progress.applied == 5
+
+        def retrained_shown() -> bool:
+            text = get(metrics)[1]
+            return 'kind="retrained",pserver="1"} 5.0' in text.replace(
+                'job="' + harness.job + '",', ""
+            )
+
+        outcomes: list[str] = []
+        for task in job.tasks():
+            for _ in task.batches(lambda location: list(range(BATCHES))):
+                if outcomes.count("applied") == 5 and pserver.starts == 1:
+                    job._loop.run(wait_until(recorded, timeout=30, what="pserver 1's progress"))
+                    assert pserver.popen is not None
+                    pserver.popen.kill()
+                    pserver.popen.wait(10)
+                    pserver.start()
+                if task.epoch == 1 and "metrics checked" not in outcomes:
+
+                    async def shown() -> bool:
+                        return await asyncio.to_thread(retrained_shown)
+
+                    job._loop.run(wait_until(shown, timeout=30, what="retrained on /metrics"))
+                    outcomes.append("metrics checked")
+                gradient = {"w": np.ones(4, dtype=np.float32), "b": np.ones(2)}
+                outcomes.append(task.push(gradient, samples=1))
+        return outcomes
+
+
+async def test_a_rolled_back_pserver_counts_what_it_trains_again_and_exactly_once_holds(
+    nats_server: EmbeddedNats, tmp_path: Path, unique: str
+) -> None:
+    port = free_port()
+    harness = JobHarness(
+        nats_server.url,
+        f"rollback-{unique}",
+        tmp_path,
+        coordinator_args=[
+            "--epochs", "2", "--dataset", json.dumps(["only-shard"]), "--pservers", "2",
+            "--optimizer", json.dumps({"kind": "sgd", "learning_rate": 0.1}),
+            "--health-port", str(port), "--health-host", "127.0.0.1",
+        ],
+        pserver_args=["--checkpoint-seconds", "3600"],
+    )  # fmt: skip
+    try:
+        harness.pserver(0).start()
+        harness.pserver(1).start()
+        coordinator = harness.coordinator().start()
+        outcomes = await asyncio.to_thread(
+            train_through_a_rollback, harness, nats_server.url, f"http://127.0.0.1:{port}/metrics"
+        )
+        assert "metrics checked" in outcomes
+        assert await coordinator.wait(60) == 0, coordinator.tail()
+        restarted = harness.pserver(1).stderr_path.read_text()
+        assert "restored 0 applied batches" in restarted
+        assert "5 applied after this checkpoint were lost" in restarted
+        # The user's exactly-once check, on the summary's documented fields only: every
+        # pserver applied each of the 2 x 10 batches once, whatever it lost and redid.
+        summary = coordinator.summary()
+        assert summary["batches_applied"] == [2 * BATCHES, 2 * BATCHES]
+        assert summary["retrained"] == [0, 5]
+        # Each batch redone on pserver 1 was pushed to pserver 0 too, which refused it.
+        assert summary["duplicates_refused"][0] >= 5, summary
+        # To the trainer those pushes were not "applied": counting "applied" results would
+        # not add up to the batches, which is why the check is on the pservers' counts.
+        assert outcomes.count("applied") < 2 * BATCHES <= outcomes.count("applied") + 5 + 1
+    finally:
+        await harness.stop_all()
         harness.kill_all()

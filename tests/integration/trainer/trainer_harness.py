@@ -178,14 +178,22 @@ class JobHarness:
 
 
 async def wait_until(
-    condition: Callable[[], Awaitable[bool]], *, timeout: float, what: str, every: float = 0.1
+    condition: Callable[[], Awaitable[bool]],
+    *,
+    timeout: float,
+    what: str,
+    every: float = 0.1,
+    explain: Callable[[], str] | None = None,
 ) -> None:
+    """Wait for `condition`; TimeoutError naming `what`, plus `explain()` (say, the logs of
+    the processes involved) when given."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if await condition():
             return
         await asyncio.sleep(every)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+    details = f"\n{explain()}" if explain is not None else ""
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}{details}")
 
 
 async def spec_of(bus: Bus, job: str) -> JobSpec:

@@ -259,6 +259,47 @@ def test_checkpoint_round_trip_keeps_pieces_slots_and_ledger() -> None:
     assert restored.ledger.check(0, 0, 1) is not None
 
 
+def test_applies_that_climb_back_to_what_was_applied_before_a_restore_are_retrained() -> None:
+    """A pserver that had applied 6 batches restores a checkpoint of 4 (trained_state): the
+    next 2 applies redo lost work, later ones are new; the counts survive a checkpoint."""
+    state = trained_state()
+    state.ledger.high_water = 6
+    for batch in range(4):
+        updates = tuple(
+            PieceUpdate(p.id, dense=np.ones_like(state.pieces[p.id].params)) for p in state.owned()
+        )
+        assert state.push(GradientPush(1, 0, batch, False, updates)).outcome is (
+            PushOutcome.APPLIED
+        )
+        assert state.ledger.retrained == min(batch + 1, 2)
+    assert state.ledger.applied_batches == 8
+    restored = decode_checkpoint(encode_checkpoint(state), expected=fresh_like(state))
+    assert (restored.ledger.retrained, restored.ledger.high_water) == (2, 6)
+
+
+def test_a_checkpoint_from_before_retrained_was_counted_restores_with_none() -> None:
+    state = trained_state()
+    header, arrays = unpack(encode_checkpoint(state))
+    del header["retrained"], header["high_water"]
+    restored = decode_checkpoint(pack(header, arrays), expected=fresh_like(state))
+    assert (restored.ledger.retrained, restored.ledger.high_water) == (0, 0)
+    assert restored.ledger.applied_batches == 4
+
+
+def test_a_pserver_holding_no_piece_of_a_small_model_initialises_and_records_batches() -> None:
+    """A one-piece model on two pservers leaves pserver 1 with nothing to hold; it must still
+    say initialised (the job hung waiting for it) and record batches, across a checkpoint."""
+    layout = plan(describe({"w": np.zeros(4, dtype=np.float32)}), 2)
+    state = PServerState(layout, 1, OptimizerSpec(), Ledger(num_shards=1))
+    assert state.owned() == () and not state.initialised
+    state.initialise({})
+    assert state.initialised
+    assert state.push(GradientPush(0, 0, 0, True, ())).outcome is PushOutcome.APPLIED
+    restored = decode_checkpoint(encode_checkpoint(state), expected=fresh_like(state))
+    assert restored.initialised
+    assert (restored.ledger.watermark, restored.ledger.applied_batches) == (1, 1)
+
+
 def fresh_like(state: PServerState, **changes: object) -> PServerState:
     fields: dict[str, object] = {
         "layout": state.layout, "index": state.index, "optimizer": state.optimizer,
