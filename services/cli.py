@@ -30,6 +30,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "tideshift.services.executor.scale_cli:main",
         "manual scale override through the bus",
     ),
+    "explain": (
+        "tideshift.services.insight.cli:explain_main",
+        "one target's decisions over time, and what the executor did",
+    ),
+    "status": (
+        "tideshift.services.insight.cli:status_main",
+        "the current picture: planners, workloads, jobs, what nodes lend",
+    ),
     "backtest": (
         "tideshift.services.predictor.backtest:main",
         "rolling-origin backtest of forecasters",

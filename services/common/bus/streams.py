@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
+import nats.js.errors
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -98,20 +99,25 @@ async def read_kept(
     stream: StreamSpec,
     filters: tuple[str, ...],
     *,
-    since: datetime,
+    since: datetime | None,
     batch: int = 256,
 ) -> AsyncIterator[tuple[str, bytes]]:
-    """(subject, payload) of every message of `stream` on `filters` stored since `since`,
-    oldest first, then stops: an ephemeral consumer that acks nothing, so reading the
-    history never changes it."""
+    """(subject, payload) of every message of `stream` on `filters` stored since `since`
+    (None: the last one on each subject), oldest first, then stops: an ephemeral consumer
+    that acks nothing, so reading the history never changes it."""
     config = ConsumerConfig(
-        deliver_policy=DeliverPolicy.BY_START_TIME,
+        deliver_policy=(
+            DeliverPolicy.LAST_PER_SUBJECT if since is None else DeliverPolicy.BY_START_TIME
+        ),
         opt_start_time=since,
         ack_policy=AckPolicy.NONE,
         filter_subjects=list(filters),
         inactive_threshold=30.0,
     )
-    info = await js.add_consumer(stream.name, config)
+    try:
+        info = await js.add_consumer(stream.name, config)
+    except nats.js.errors.NotFoundError:
+        raise LookupError(f"stream {stream.name} does not exist") from None
     subscription = await js.pull_subscribe_bind(info.name, stream=stream.name)
     try:
         pending = info.num_pending or 0
