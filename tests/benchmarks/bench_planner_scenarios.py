@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -121,7 +122,9 @@ def sweep(name: str, quantiles: Sequence[float], duration: float | None, out: Pa
     return save_figure(figure, out / f"{name}-quantile-sweep.png")
 
 
-def run_scenario(name: str, duration: float | None, out: Path | None) -> None:
+def run_scenario(
+    name: str, duration: float | None, out: Path | None
+) -> list[tuple[str, str, bool]]:
     path = SCENARIOS / f"{name}.yaml"
     scenario = _with(load_scenario(path), duration=duration, quantile=None)
     profiles = load_profiles(scenario, path, None)
@@ -135,9 +138,11 @@ def run_scenario(name: str, duration: float | None, out: Path | None) -> None:
         plot_jct(list(results.values()), scenario, out)
     print(f"\n## {name} ({scenario.duration_s:.0f} s simulated)")
     print(format_table(list(results.values())))
+    rows = goals(results)
     print(f"\n{'goal':<40} {'numbers':<45} verdict")
-    for goal, numbers, met in goals(results):
+    for goal, numbers, met in rows:
         print(f"{goal:<40} {numbers:<45} {_verdict(met)}")
+    return rows
 
 
 def main(argv: Sequence[str] = ()) -> int:
@@ -149,11 +154,20 @@ def main(argv: Sequence[str] = ()) -> int:
     args = parser.parse_args(list(argv))
     if args.sweep and args.out is None:
         parser.error("--sweep: needs --out DIR for the PNG")
+    started = time.perf_counter()
+    summary: dict[str, list[tuple[str, str, bool]]] = {}
     for name in args.only or NAMES:
-        run_scenario(name, args.duration, args.out)
+        begun = time.perf_counter()
+        summary[name] = run_scenario(name, args.duration, args.out)
         if args.sweep:
             quantiles = [float(q) for q in args.sweep.split(",")]
             print(f"sweep plot: {sweep(name, quantiles, args.duration, args.out)}")
+        print(f"({name}: {time.perf_counter() - begun:.0f} s wall)")
+    print(f"\n## goals, every scenario\n{'scenario':<24} {'goal':<40} {'numbers':<45} verdict")
+    for name, rows in summary.items():
+        for goal, numbers, met in rows:
+            print(f"{name:<24} {goal:<40} {numbers:<45} {_verdict(met)}")
+    print(f"\nbenchmark runtime: {time.perf_counter() - started:.0f} s wall")
     return 0
 
 

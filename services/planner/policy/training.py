@@ -23,13 +23,17 @@ from tideshift.services.planner.policy.model import (
     Target,
     TargetDecision,
 )
-from tideshift.services.planner.policy.packing import ClusterEntries, node_sums
+from tideshift.services.planner.policy.packing import ClusterEntries, node_sums, slots_per_node
 from tideshift.services.planner.policy.tiers import (
+    Bounds,
     TierJob,
     TierSolver,
     contended_resources,
     dominant_share,
 )
+
+# Rounds of holding the jobs that cannot take one more trainer and refilling the others.
+_HOLD_ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -72,6 +76,32 @@ class _Tier:
     forced: dict[int, int]  # local job -> trainers serving or a higher tier takes
 
 
+class _HoldingSolver(TierSolver):
+    """The tier's solver, whose fill does not let a job that cannot take one more trainer
+    anywhere (its GPUs are all taken, or no node has room for its shape) cap the others: the
+    fair level is bounded by every resource in aggregate, so a GPU job short of GPUs held the
+    CPU jobs at its level while their cores sat free (finite-jobs-gpu: medium gang jobs at
+    their gang minimum for hours beside idle nodes). Such jobs are held at what they got and
+    the others filled again."""
+
+    def fill(self, admitted: Sequence[int], base: Sequence[int], bounds: Bounds) -> list[int]:
+        counts = super().fill(admitted, base, bounds)
+        held = list(bounds)
+        for _ in range(_HOLD_ROUNDS):
+            _, free, _ = self.place(counts)
+            growing = [i for i in admitted if counts[i] < held[i][1]]
+            stuck = [i for i in growing if not slots_per_node(free, self.jobs[i].request).any()]
+            if not stuck or len(stuck) == len(growing):
+                break
+            for i in stuck:
+                held[i] = (counts[i], counts[i])
+            refilled = super().fill(admitted, base, held)
+            if sum(refilled) <= sum(counts):
+                break
+            counts = refilled
+        return counts
+
+
 def tier_priorities(inputs: PlanInputs) -> list[int]:
     return sorted({job.priority for job in inputs.jobs}, reverse=True)
 
@@ -112,7 +142,7 @@ def _prepare(inputs: PlanInputs, trainers: Trainers, tier: int, free: FloatArray
             TierJob(jobs[k], current, request, kept_total, dominant_share(request, total, counted))
         )
     present = kept > 0
-    solver = TierSolver(
+    solver = _HoldingSolver(
         tier_jobs,
         free - node_sums(local_node, kept, local_request, free.shape[0]),
         allocatable=view_total,
