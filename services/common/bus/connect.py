@@ -1,8 +1,12 @@
-"""Opening the NATS connection: credentials, a per-user inbox, and failing fast when refused.
+"""Opening the NATS connection: credentials, TLS, a per-user inbox, and failing fast when refused.
 
 nats-py retries a refused login like an unreachable server until the timeout, reporting the
 `Authorization Violation` only to its error callback; here that ends the attempt at once with
-`NatsAuthError`. No message carries the password of a `nats://user:password@host` URL.
+`NatsAuthError`, and a TLS handshake that fails (an unknown CA, a missing client certificate)
+with `NatsTlsError`. No message carries the password of a `nats://user:password@host` URL.
+
+TLS is set in one place for every client (services, the CLIs, the trainer SDK): the
+TIDESHIFT_NATS_TLS_* environment variables below, which the chart sets from its values.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +32,18 @@ log = logging.getLogger("tideshift.bus")
 
 class NatsAuthError(ConnectionError):
     """The NATS server refused this client's credentials (or the lack of them)."""
+
+
+class NatsTlsError(NatsAuthError):
+    """The TLS handshake failed: the server's certificate is not trusted, or the server wants
+    a client certificate this client does not have. Retrying cannot fix either."""
+
+
+# The CA bundle that signed the server's certificate (PEM); unset = the system's CAs.
+TLS_CA_VARIABLE = "TIDESHIFT_NATS_TLS_CA_FILE"
+# A client certificate and its key (PEM), for a server that verifies clients (mutual TLS).
+TLS_CERT_VARIABLE = "TIDESHIFT_NATS_TLS_CERT_FILE"
+TLS_KEY_VARIABLE = "TIDESHIFT_NATS_TLS_KEY_FILE"
 
 
 def redact(url: str) -> str:
@@ -52,24 +69,86 @@ def login_from_environment() -> tuple[str | None, str | None]:
     return user, password
 
 
+def tls_from_environment() -> ssl.SSLContext | None:
+    """The TLS context TIDESHIFT_NATS_TLS_* describe, or None when none is set (nats-py then
+    uses the system's CAs if the server requires TLS)."""
+    paths = {
+        name: os.environ.get(name) or None
+        for name in (TLS_CA_VARIABLE, TLS_CERT_VARIABLE, TLS_KEY_VARIABLE)
+    }
+    ca, cert, key = paths.values()
+    if not any(paths.values()):
+        return None
+    if (cert is None) != (key is None):
+        missing = TLS_KEY_VARIABLE if key is None else TLS_CERT_VARIABLE
+        raise NatsTlsError(
+            f"{missing}: expected a PEM file, given with {TLS_CERT_VARIABLE} and "
+            f"{TLS_KEY_VARIABLE} together (a client certificate and its key)"
+        )
+    name = TLS_CA_VARIABLE
+    try:
+        context = ssl.create_default_context(cafile=ca)
+        if cert is not None:
+            name = f"{TLS_CERT_VARIABLE}/{TLS_KEY_VARIABLE}"
+            context.load_cert_chain(cert, key)
+    except (OSError, ValueError) as error:
+        shown = " ".join(str(error).split())
+        raise NatsTlsError(f"{name}: expected readable PEM files ({shown})") from None
+    return context
+
+
+def _tls_failure(error: ssl.SSLError, shown: str) -> NatsTlsError:
+    """What to fix, named by the setting: the CA for an untrusted server, else the client
+    certificate (a server that verifies clients ends the handshake of one without)."""
+    reason = error.reason or str(error)
+    if isinstance(error, ssl.SSLCertVerificationError):
+        reason = f"certificate verify failed: {error.verify_message}"
+        hint = f"set {TLS_CA_VARIABLE} to the CA bundle that signed the server's certificate"
+    else:
+        hint = (
+            f"the server may require a client certificate: set {TLS_CERT_VARIABLE} "
+            f"and {TLS_KEY_VARIABLE}"
+        )
+    return NatsTlsError(f"NATS at {shown}: TLS handshake failed ({reason}); {hint}")
+
+
 async def _give_up(
     connecting: asyncio.Future[Client],
-    refused: asyncio.Future[str],
+    refused: asyncio.Future[ConnectionError],
     shown: str,
     timeout: float,
-    user: str | None,
 ) -> NoReturn:
     connecting.cancel()
     with contextlib.suppress(asyncio.CancelledError, nats.errors.Error, OSError):
         await connecting
     if refused.done():
-        who = f"user {user!r}" if user else "an anonymous client"
-        raise NatsAuthError(
-            f"NATS at {shown} refused {who}: {refused.result()} (check the NATS user and "
-            "password: TIDESHIFT_NATS_USER, TIDESHIFT_NATS_PASSWORD or "
-            "TIDESHIFT_NATS_PASSWORD_FILE)"
-        )
+        raise refused.result()
     raise ConnectionError(f"no NATS server answered at {shown} within {timeout:.0f}s")
+
+
+def _refusal(error: Exception, shown: str, user: str | None) -> NatsAuthError | None:
+    """The error to fail at once with, when `error` says retrying cannot help."""
+    if isinstance(error, ssl.SSLError):
+        return _tls_failure(error, shown)
+    if "authorization violation" not in str(error).lower():
+        return None
+    who = f"user {user!r}" if user else "an anonymous client"
+    return NatsAuthError(
+        f"NATS at {shown} refused {who}: {error} (check the NATS user and "
+        "password: TIDESHIFT_NATS_USER, TIDESHIFT_NATS_PASSWORD or "
+        "TIDESHIFT_NATS_PASSWORD_FILE)"
+    )
+
+
+def _login_options(
+    credentials: str | None, user: str | None, password: str | None, tls: ssl.SSLContext | None
+) -> dict[str, Any]:
+    options: dict[str, Any] = {"user_credentials": credentials}
+    if tls is not None:
+        options["tls"] = tls
+    if user is not None:
+        options |= {"user": user, "password": password, "inbox_prefix": inbox_prefix(user)}
+    return options
 
 
 async def open_connection(
@@ -82,12 +161,12 @@ async def open_connection(
     timeout: float,
     on_permission_violation: Callable[[], None],
 ) -> Client:
-    """Connect (ConnectionError after `timeout`, NatsAuthError at once when refused); once
-    up, the connection reconnects for ever."""
+    """Connect (ConnectionError after `timeout`, NatsAuthError or NatsTlsError at once when
+    refused); once up, the connection reconnects for ever."""
     shown = redact(url)
     if user is None and credentials is None:
         user, password = login_from_environment()
-    refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    refused: asyncio.Future[ConnectionError] = asyncio.get_running_loop().create_future()
 
     async def on_disconnect() -> None:
         up = connecting.done() and not connecting.cancelled() and not connecting.exception()
@@ -100,17 +179,16 @@ async def open_connection(
 
     async def on_error(error: Exception) -> None:
         text = str(error)
-        if "authorization violation" in text.lower() and not refused.done():
-            refused.set_result(text)
+        failure = _refusal(error, shown, user)
+        if failure is not None and not refused.done():
+            refused.set_result(failure)
         if "permissions violation" in text.lower():
             on_permission_violation()
             log.error("NATS refused an operation of %s: %s", name, text)
             return
         log.warning("NATS error: %s", text)
 
-    options: dict[str, Any] = {"user_credentials": credentials}
-    if user is not None:
-        options |= {"user": user, "password": password, "inbox_prefix": inbox_prefix(user)}
+    options = _login_options(credentials, user, password, tls_from_environment())
     connecting = asyncio.ensure_future(
         nats.connect(
             url,
@@ -127,7 +205,7 @@ async def open_connection(
     waiting: set[asyncio.Future[Any]] = {connecting, refused}
     done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     if connecting not in done:
-        await _give_up(connecting, refused, shown, timeout, user)
+        await _give_up(connecting, refused, shown, timeout)
     try:
         return connecting.result()
     except (nats.errors.NoServersError, nats.errors.Error, OSError) as error:

@@ -11,8 +11,13 @@ executor publishes results; reaction clients (NATS or MQTT) only subscribe, and 
 JetStream API at all (a consumer's deliver subject is not checked against its creator's
 publish rights, so `$JS.API` must stay with trusted identities).
 
-Services still create the streams they use at start (`Bus.ensure_streams`), so every service
-role holds create/update rights on the three streams and the buckets it opens.
+Streams and buckets are created by one `provisioner` identity (`provision.py`): creating or
+redefining a stream is an admin right. Service roles hold no update, delete or purge right on a
+stream, and cannot create a bucket. They keep `STREAM.CREATE` on the event streams only because
+every service still calls `Bus.ensure_streams` at start: nats-server answers a create with the
+stream's existing configuration as a no-op and refuses one with any other configuration, so
+the right cannot change a provisioned stream; it goes once services wait for provisioning
+(`provision.wait_provisioned`) instead.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tideshift.events import buckets, subjects
-from tideshift.services.common.bus.streams import STREAMS
+from tideshift.services.common.bus.streams import BUCKETS, HISTORY_STREAM, STREAMS
 
 API = "$JS.API"
 # The executor's default durable consumer (`ExecutorSettings.durable`): its permission pins it.
@@ -33,16 +38,24 @@ def inbox_prefix(role: str) -> str:
     return f"_INBOX_{role}"
 
 
-def _streams_admin() -> list[str]:
-    return [
+def _streams_use() -> list[str]:
+    """Open the event streams; CREATE only as the no-op `Bus.ensure_streams` sends (above)."""
+    return [f"{API}.STREAM.{op}.{spec.name}" for spec in STREAMS for op in ("CREATE", "INFO")]
+
+
+def _provisioning() -> list[str]:
+    """Create and update the event streams; open or create every bucket."""
+    streams = [
         f"{API}.STREAM.{op}.{spec.name}" for spec in STREAMS for op in ("CREATE", "UPDATE", "INFO")
     ]
+    buckets_ = [f"{API}.STREAM.{op}.{b.stream}" for b in BUCKETS for op in ("CREATE", "INFO")]
+    return streams + buckets_
 
 
-def _kv_read(bucket: str, *, create: bool = True) -> list[str]:
-    """Open (and, as `Bus.kv` does, create), get and list the keys of a bucket."""
+def _kv_read(bucket: str) -> list[str]:
+    """Open, get and list the keys of a bucket (provisioned: `Bus.kv` creates none then)."""
     stream = f"KV_{bucket}"
-    rights = [
+    return [
         f"{API}.STREAM.INFO.{stream}",
         f"{API}.STREAM.MSG.GET.{stream}",
         f"{API}.CONSUMER.CREATE.{stream}.*.$KV.{bucket}.>",
@@ -50,7 +63,6 @@ def _kv_read(bucket: str, *, create: bool = True) -> list[str]:
         f"{API}.CONSUMER.MSG.NEXT.{stream}.*",
         f"{API}.CONSUMER.DELETE.{stream}.*",
     ]
-    return rights + ([f"{API}.STREAM.CREATE.{stream}"] if create else [])
 
 
 def _kv_write(bucket: str) -> list[str]:
@@ -68,11 +80,12 @@ def _durable_pull(stream: str, durable: str, subject: subjects.Subject[Any]) -> 
 
 
 def _objects(bucket: str) -> list[str]:
-    """Put (overwriting the same name purges old chunks) and get of an object store."""
+    """Put and get of an object store. Overwriting an object purges its old chunks (a purge
+    filtered to that object's subject, which a subject permission cannot narrow): the one
+    purge right any service holds, on the parameter servers' own checkpoint bucket."""
     stream = f"OBJ_{bucket}"
     return [
         f"{API}.STREAM.INFO.{stream}",
-        f"{API}.STREAM.CREATE.{stream}",
         f"{API}.STREAM.MSG.GET.{stream}",
         f"{API}.STREAM.PURGE.{stream}",
         f"{API}.STREAM.NAMES",
@@ -128,7 +141,7 @@ def _service(
     return Role(
         name,
         purpose,
-        publish=tuple(_streams_admin() + publish),
+        publish=tuple(_streams_use() + publish),
         subscribe=(f"{inbox_prefix(name)}.>", *subscribe),
         **extra,
     )
@@ -177,6 +190,12 @@ def _cluster_roles() -> list[Role]:
             [
                 _all(s.SCALE_RESULT),
                 _letters(EXECUTOR_DURABLE),
+                # The decision history's limits are the executor's own settings (`history_*`),
+                # so it alone creates and updates that stream (a copy; no delete or purge).
+                *[
+                    f"{API}.STREAM.{op}.{HISTORY_STREAM.name}"
+                    for op in ("CREATE", "UPDATE", "INFO")
+                ],
                 *_kv_write(b.EXECUTOR_RECORDS_BUCKET),
                 *_durable_pull(str(s.SCALE_COMMAND.stream), EXECUTOR_DURABLE, s.SCALE_COMMAND),
             ],
@@ -234,6 +253,15 @@ def _training_roles() -> list[Role]:
     ]
 
 
+def _provisioner_role() -> Role:
+    return Role(
+        "provisioner",
+        "`tideshift nats provision` (the chart's Job): creates the streams and buckets",
+        publish=tuple(_provisioning()),
+        subscribe=(f"{inbox_prefix('provisioner')}.>",),
+    )
+
+
 def _reaction_role() -> Role:
     return Role(
         "reaction",
@@ -249,7 +277,8 @@ def _reaction_role() -> Role:
 
 
 ROLES: dict[str, Role] = {
-    role.name: role for role in [*_cluster_roles(), *_training_roles(), _reaction_role()]
+    role.name: role
+    for role in [*_cluster_roles(), *_training_roles(), _reaction_role(), _provisioner_role()]
 }
 
 
@@ -276,7 +305,13 @@ def markdown_table() -> str:
         subscribes = _event_subjects(role.subscribe)
         if role.deny_subscribe:
             subscribes += " except " + ", ".join(f"`{r}`" for r in role.deny_subscribe)
-        api = "its own streams, buckets and consumers" if role.jetstream else "none"
+        api = (
+            "creates and updates every stream and bucket"
+            if role.name == "provisioner"
+            else "uses its own streams, buckets and consumers"
+            if role.jetstream
+            else "none"
+        )
         lines.append(
             f"| `{role.name}` | {role.purpose} | {_event_subjects(role.publish)} "
             f"| {subscribes} | {api} |"

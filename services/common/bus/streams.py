@@ -24,7 +24,7 @@ from nats.js.api import (
 )
 from nats.js.client import JetStreamContext
 
-from tideshift.events import ALL_SUBJECTS, DEAD_LETTER, SCALE_COMMAND, SHARD_TASK
+from tideshift.events import ALL_SUBJECTS, DEAD_LETTER, SCALE_COMMAND, SHARD_TASK, buckets
 from tideshift.events.subjects import PLAN_DECIDED, PLANNER_STATUS
 
 
@@ -128,6 +128,34 @@ async def read_kept(
     finally:
         await subscription.unsubscribe()
         await js.delete_consumer(stream.name, info.name)
+
+
+# The trainer's membership keys expire unless renewed: the bucket's age limit is the
+# membership TTL (`trainer.busport.MEMBER_TTL_SECONDS`; a test keeps the two equal).
+TRAINER_MEMBER_TTL_SECONDS = 6.0
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    """A key/value or object bucket (`events.buckets`), and the stream nats-server keeps it in."""
+
+    name: str
+    objects: bool = False
+    ttl_seconds: float | None = None
+
+    @property
+    def stream(self) -> str:
+        return f"{'OBJ' if self.objects else 'KV'}_{self.name}"
+
+
+BUCKETS: tuple[BucketSpec, ...] = tuple(
+    BucketSpec(
+        name,
+        objects=name == buckets.TRAINER_CHECKPOINTS_BUCKET,
+        ttl_seconds=TRAINER_MEMBER_TTL_SECONDS if name == buckets.TRAINER_MEMBERS_BUCKET else None,
+    )
+    for name in buckets.ALL_BUCKETS
+)
 
 
 def _check_every_durable_subject_has_a_stream() -> None:

@@ -1,0 +1,144 @@
+"""Creating Tideshift's streams and buckets: the provisioner's job, not every service's.
+
+Creating or redefining a stream is an admin right: whoever holds it can change a stream's
+subjects, limits and retention. So one identity, `provisioner`, creates the JetStream streams
+(`streams.STREAMS`) and every key/value and object bucket (`events.buckets`), at install and
+upgrade (the chart's provisioning Job, `tideshift nats provision`) or when the embedded server
+starts (`EmbeddedNats`, so `tideshift demo` and local runs need no step). Service roles only use
+what exists (`permissions.py`): a service started first waits here, saying what it waits for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import nats.errors
+import nats.js.errors
+
+from tideshift.services.common.bus import objects
+from tideshift.services.common.bus.client import Bus
+from tideshift.services.common.bus.connect import redact
+from tideshift.services.common.bus.streams import BUCKETS, STREAMS
+
+log = logging.getLogger("tideshift.bus")
+
+WAIT_POLL_SECONDS = 1.0
+
+
+class NotProvisioned(RuntimeError):
+    """Streams or buckets a service needs are missing after the wait."""
+
+
+def stream_names() -> list[str]:
+    """Every stream provisioning creates: the event streams and the buckets' streams."""
+    return [spec.name for spec in STREAMS] + [bucket.stream for bucket in BUCKETS]
+
+
+async def provision(bus: Bus) -> list[str]:
+    """Create (or bring up to date) every stream and create every missing bucket; the names
+    of the streams that exist afterwards. Idempotent: run it at every install and upgrade."""
+    # Buckets first: once the event streams exist, every bucket does (`wait_provisioned`).
+    for bucket in BUCKETS:
+        if bucket.objects:
+            await objects.object_store(bus.js, bucket.name)
+        else:
+            await bus.kv(bucket.name, ttl_seconds=bucket.ttl_seconds)
+    await bus.ensure_streams()
+    return stream_names()
+
+
+async def missing(bus: Bus, names: Sequence[str]) -> list[str]:
+    """The streams of `names` the server does not have."""
+    absent = []
+    for name in names:
+        try:
+            await bus.js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            absent.append(name)
+    return absent
+
+
+async def wait_provisioned(
+    bus: Bus, names: Sequence[str] | None = None, *, timeout: float = 300.0
+) -> None:
+    """Return once every stream of `names` exists (default: the event streams, which every
+    service role may look up and provisioning creates last); until then say every few
+    seconds what is missing and who creates it. NotProvisioned after `timeout`."""
+    wanted = list(names) if names is not None else [spec.name for spec in STREAMS]
+    deadline = time.monotonic() + timeout
+    said = 0.0
+    while absent := await missing(bus, wanted):
+        now = time.monotonic()
+        if now >= deadline:
+            raise NotProvisioned(
+                f"streams {', '.join(absent)} still missing after {timeout:.0f}s: run "
+                "`tideshift nats provision` as the provisioner (the chart's provisioning Job)"
+            )
+        if now - said >= 10 * WAIT_POLL_SECONDS:
+            log.warning(
+                "waiting for streams %s: `tideshift nats provision` (the chart's provisioning "
+                "Job) creates them",
+                ", ".join(absent),
+            )
+            said = now
+        await asyncio.sleep(WAIT_POLL_SECONDS)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tideshift nats provision",
+        description=(
+            "Create Tideshift's JetStream streams and key/value and object buckets (idempotent). "
+            "Log in as the provisioner: TIDESHIFT_NATS_USER=provisioner with "
+            "TIDESHIFT_NATS_PASSWORD or TIDESHIFT_NATS_PASSWORD_FILE; TLS from "
+            "TIDESHIFT_NATS_TLS_CA_FILE (and _CERT_FILE/_KEY_FILE)."
+        ),
+    )
+    parser.add_argument(
+        "--nats-url",
+        default=os.environ.get("TIDESHIFT_NATS_URL"),
+        help="NATS server URL (nats://host:4222 or tls://...); default $TIDESHIFT_NATS_URL",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the server to answer (default 60)",
+    )
+    return parser
+
+
+async def provision_at(
+    url: str, *, user: str | None = None, password: str | None = None, timeout: float = 60.0
+) -> list[str]:
+    """Connect (as `user`, else the environment's login), provision, disconnect."""
+    bus = await Bus.connect(
+        url, name="tideshift-provision", user=user, password=password, connect_timeout=timeout
+    )
+    try:
+        return await provision(bus)
+    finally:
+        await bus.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    """`tideshift nats provision`: 0 once everything exists, 1 with one line when it cannot."""
+    args = _parser().parse_args(argv)
+    if not args.nats_url:
+        _parser().error("--nats-url: expected a NATS URL (or set TIDESHIFT_NATS_URL)")
+    if not 0 < args.timeout <= 3600:
+        _parser().error("--timeout: expected seconds between 0 and 3600")
+    try:
+        created = asyncio.run(provision_at(args.nats_url, timeout=args.timeout))
+    except (ConnectionError, TimeoutError, nats.errors.Error) as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        print(f"tideshift nats provision: {redact(args.nats_url)}: {reason}", file=sys.stderr)
+        return 1
+    print(f"provisioned {len(created)} streams: {', '.join(created)}")
+    return 0

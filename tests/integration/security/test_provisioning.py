@@ -1,0 +1,184 @@
+"""Who creates what on the bus (issue 25), against a real nats-server with the generated
+logins: only the `provisioner` creates streams and buckets (`tideshift nats provision`); a
+service role cannot delete, purge or redefine a stream, nor create a bucket; a service that
+starts before provisioning waits and says for what."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats.errors
+import nats.js.errors
+import pytest
+
+from tideshift.events.buckets import PINS_BUCKET
+from tideshift.services.common.bus import SCALE_STREAM, Bus
+from tideshift.services.common.bus.permissions import ROLES
+from tideshift.services.common.bus.provision import (
+    NotProvisioned,
+    missing,
+    stream_names,
+    wait_provisioned,
+)
+from tideshift.services.common.bus.streams import (
+    BUCKETS,
+    HISTORY_STREAM,
+    TRAINER_MEMBER_TTL_SECONDS,
+)
+from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.trainer.busport import MEMBER_TTL_SECONDS
+
+TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
+SERVICE_ROLES = [name for name, role in ROLES.items() if role.jetstream and name != "provisioner"]
+
+
+@pytest.fixture
+def bare() -> Iterator[EmbeddedNats]:
+    """Logins on, nothing provisioned yet."""
+    with EmbeddedNats(auth=True, provision=False) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def provisioned() -> Iterator[EmbeddedNats]:
+    with EmbeddedNats(auth=True) as running:
+        yield running
+
+
+async def as_role(server: EmbeddedNats, role: str) -> Bus:
+    return await Bus.connect(
+        server.url, name=f"test-{role}", user=role, password=server.passwords[role]
+    )
+
+
+@pytest.fixture
+async def admin(provisioned: EmbeddedNats) -> AsyncIterator[Bus]:
+    bus = await as_role(provisioned, "provisioner")
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+def provision_command(server: EmbeddedNats, role: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESHIFT_")}
+    env |= {
+        "TIDESHIFT_NATS_URL": server.url,
+        "TIDESHIFT_NATS_USER": role,
+        "TIDESHIFT_NATS_PASSWORD": server.passwords[role],
+    }
+    return subprocess.run(
+        [TIDESHIFT, "nats", "provision", "--timeout", "20"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_provision_command_creates_every_stream_and_bucket_idempotently(
+    bare: EmbeddedNats,
+) -> None:
+    first = provision_command(bare, "provisioner")
+    assert first.returncode == 0, first.stderr
+    assert f"provisioned {len(stream_names())} streams" in first.stdout
+    again = provision_command(bare, "provisioner")
+    assert again.returncode == 0, again.stderr
+
+    async def check() -> list[str]:
+        bus = await as_role(bare, "provisioner")
+        try:
+            members = await bus.js.stream_info(f"KV_{BUCKETS[5].name}")
+            assert members.config.max_age == TRAINER_MEMBER_TTL_SECONDS
+            return await missing(bus, stream_names())
+        finally:
+            await bus.close()
+
+    assert asyncio.run(check()) == []
+
+
+def test_a_service_role_cannot_provision(bare: EmbeddedNats) -> None:
+    refused = provision_command(bare, "planner")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1].startswith("tideshift nats provision: ")
+    assert "Traceback" not in refused.stderr
+
+
+async def test_a_service_role_cannot_create_a_bucket(bare: EmbeddedNats) -> None:
+    planner = await as_role(bare, "planner")
+    try:
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
+            await planner.kv(PINS_BUCKET)
+        assert await missing(planner, [f"KV_{PINS_BUCKET}"]) == [f"KV_{PINS_BUCKET}"]
+    finally:
+        await planner.close()
+
+
+async def test_a_service_waits_for_provisioning_then_goes_on(bare: EmbeddedNats) -> None:
+    planner = await as_role(bare, "planner")
+    try:
+        with pytest.raises(NotProvisioned, match="tideshift nats provision"):
+            await wait_provisioned(planner, timeout=0.5)
+        waiting = asyncio.create_task(wait_provisioned(planner, timeout=60))
+        await asyncio.sleep(0)  # it is waiting, not done
+        assert not waiting.done()
+        done = await asyncio.to_thread(provision_command, bare, "provisioner")
+        assert done.returncode == 0, done.stderr
+        await asyncio.wait_for(waiting, 30)
+        assert await planner.kv(PINS_BUCKET) is not None
+    finally:
+        await planner.close()
+
+
+@pytest.mark.parametrize("role", SERVICE_ROLES)
+async def test_a_service_role_cannot_delete_purge_or_redefine_a_stream(
+    provisioned: EmbeddedNats, admin: Bus, role: str
+) -> None:
+    before = (await admin.js.stream_info(SCALE_STREAM.name)).config
+    bus = await as_role(provisioned, role)
+    try:
+        # A refused JetStream API request gets no answer: nats-py times out (soon, here).
+        js = bus.connection.jetstream(timeout=1)
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.delete_stream(SCALE_STREAM.name)
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.purge_stream(SCALE_STREAM.name)
+        widened = SCALE_STREAM.config()
+        widened.max_msgs = 10
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.update_stream(widened)
+        # CREATE is a no-op for the same configuration, and refused by the server otherwise.
+        with pytest.raises(nats.js.errors.BadRequestError, match="different configuration"):
+            await js.add_stream(widened)
+        await bus.ensure_streams()
+    finally:
+        await bus.close()
+    assert (await admin.js.stream_info(SCALE_STREAM.name)).config == before
+
+
+def test_the_member_bucket_expires_keys_as_the_trainer_expects() -> None:
+    assert TRAINER_MEMBER_TTL_SECONDS == MEMBER_TTL_SECONDS
+
+
+async def test_only_the_executor_keeps_the_decision_history_stream(
+    provisioned: EmbeddedNats,
+) -> None:
+    planner = await as_role(provisioned, "planner")
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            await planner.connection.jetstream(timeout=1).add_stream(HISTORY_STREAM.config())
+    finally:
+        await planner.close()
+    executor = await as_role(provisioned, "executor")
+    try:
+        await executor.ensure_streams((HISTORY_STREAM,))
+        info = await executor.js.stream_info(HISTORY_STREAM.name)
+        assert info.config.max_msgs == HISTORY_STREAM.max_msgs
+    finally:
+        await executor.close()
