@@ -46,6 +46,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "tideshift.services.simulator.cli:main",
         "run policies side by side on the sim cluster",
     ),
+    "trace": (
+        "tideshift.services.whatif.cli:trace_main",
+        "trace export: a Prometheus query's history as a trace CSV",
+    ),
+    "whatif": (
+        "tideshift.services.whatif.cli:whatif_main",
+        "what Tideshift would have done on your cluster's own history",
+    ),
     "loadgen": ("tideshift.loadgen.cli:main", "open-loop HTTP load generator"),
     "serve-sample": ("tideshift.loadgen.sample_app:main", "sample serving app with fixed capacity"),
     "training": (
