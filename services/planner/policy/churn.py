@@ -17,21 +17,35 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tideshift.services.planner.policy import reasons
-from tideshift.services.planner.policy.model import PolicyConfig, Target
+from tideshift.services.planner.policy.model import FloatArray, PolicyConfig, Target
 from tideshift.services.planner.policy.tiers import Bounds, TierJob, TierSolver
 
 # Bisection steps over how far above its fair share a job may stay (each one admit + fill).
 _REBALANCE_STEPS = 8
 
 
-def job_rate(item: TierJob, trainers: int) -> float:
+def held_share(item: TierJob, total: FloatArray) -> float:
+    """One trainer's largest share of any resource of the cluster (`total`), GPUs included
+    even when no other job wants them: what the trainer holds, as the simulator weighs work."""
+    shares = np.divide(item.request, total, out=np.zeros(3), where=total > 0)
+    return float(shares.max())
+
+
+def job_rate(item: TierJob, trainers: int, total: FloatArray) -> float:
     """A job's weighted work per second with `trainers` trainers."""
-    return item.dominant * math.pow(trainers, item.job.speedup_exponent)
+    return held_share(item, total) * math.pow(trainers, item.job.speedup_exponent)
 
 
 def change_gain(
-    jobs: Sequence[TierJob], before: Sequence[int], after: Sequence[int], horizon_s: float
+    jobs: Sequence[TierJob],
+    before: Sequence[int],
+    after: Sequence[int],
+    *,
+    horizon_s: float,
+    total: FloatArray,
 ) -> float:
     """Weighted work over the next `horizon_s` with `after` trainers rather than `before`,
     every job whose count changes losing its restart: positive when the changes pay."""
@@ -39,7 +53,7 @@ def change_gain(
     for item, old, new in zip(jobs, before, after, strict=True):
         if new != old:
             restarted = max(horizon_s - item.job.restart_cost_s, 0.0)
-            gain += restarted * job_rate(item, new) - horizon_s * job_rate(item, old)
+            gain += restarted * job_rate(item, new, total) - horizon_s * job_rate(item, old, total)
     return gain
 
 
@@ -96,18 +110,24 @@ def rebalance_partly(
     gang_only = _Levels(solver, order, bounds, fair, excluded, gang, above, config).highest()
     if gang_only is None:
         return at_floor
-    return _worth_moving(jobs, gang_only, at_floor, config)
+    total = solver.allocatable.sum(axis=0)
+    return _worth_moving(jobs, gang_only, at_floor, total=total, config=config)
 
 
 def _worth_moving(
-    jobs: Sequence[TierJob], gang_only: Rebalance, at_floor: Rebalance, config: PolicyConfig
+    jobs: Sequence[TierJob],
+    gang_only: Rebalance,
+    at_floor: Rebalance,
+    *,
+    total: FloatArray,
+    config: PolicyConfig,
 ) -> Rebalance:
     """The floor's moves when what they buy over the horizon beyond letting the gangs in
     exceeds their restarts; else the gangs only, saying so."""
     horizon = config.release_horizon_s
     kept = [item.kept_total for item in jobs]
-    extra = change_gain(jobs, kept, at_floor.counts, horizon) - change_gain(
-        jobs, kept, gang_only.counts, horizon
+    extra = change_gain(jobs, kept, at_floor.counts, horizon_s=horizon, total=total) - change_gain(
+        jobs, kept, gang_only.counts, horizon_s=horizon, total=total
     )
     if extra > 0:
         return at_floor
@@ -243,12 +263,15 @@ def defer_small_growth(
     counts: Sequence[int],
     *,
     skip: set[int],
+    total: FloatArray,
     config: PolicyConfig,
 ) -> tuple[list[int], dict[int, str]]:
     """Small growth of a running job waits until it is worth a membership change: each change
     costs the job a restart, and serving's jitter would otherwise make trainers come and go
     every few minutes. Growth that does not pay its restart over the horizon waits too.
-    Returns the counts and the reasons of the deferred jobs."""
+    Small is in trainers and in what they hold of the cluster (`total`): one GPU of 16 is no
+    jitter even when no other job wants GPUs. Returns the counts and the reasons of the
+    deferred jobs."""
     final = list(counts)
     deferred: dict[int, str] = {}
     horizon = config.release_horizon_s
@@ -259,10 +282,10 @@ def defer_small_growth(
         # Small in trainers and in the cluster: one large trainer (a node's worth) is no jitter.
         if (
             growth <= max(1, config.grow_tolerance * item.current)
-            and growth * item.dominant < config.grow_tolerance
+            and growth * held_share(item, total) < config.grow_tolerance
         ):
             deferred[i] = reasons.growth_deferred(growth)
-        elif change_gain([item], [item.current], [final[i]], horizon) <= 0:
+        elif change_gain([item], [item.current], [final[i]], horizon_s=horizon, total=total) <= 0:
             deferred[i] = (
                 f"growth by {growth} deferred: {final[i]} trainers instead of {item.current} "
                 f"do not pay a {item.job.restart_cost_s:g} s restart over the next "

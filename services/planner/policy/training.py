@@ -217,7 +217,9 @@ def plan_tier(
         final = solver.fill([i for i in order if i not in held_excluded], base, holds.bounds)
         excluded = held_excluded
     held = rebalance.reasons | holds.reasons
-    final, deferred = defer_small_growth(jobs, final, skip=excluded | set(held), config=config)
+    final, deferred = defer_small_growth(
+        jobs, final, skip=excluded | set(held), total=solver.allocatable.sum(axis=0), config=config
+    )
     held.update(deferred)
     decisions, infeasible, final = _decide(
         tier,

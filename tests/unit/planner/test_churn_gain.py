@@ -27,6 +27,7 @@ OLD = Target("ml", "PyTorchJob", "old")
 NEW = Target("ml", "PyTorchJob", "new")
 NODES = [NodeSpec(f"n{i}", (16.0, 64 * GIB, 0.0)) for i in range(2)]
 HORIZON = PolicyConfig().release_horizon_s
+TOTAL = np.array([100.0, 400 * GIB, 0.0])  # one trainer (1 core) holds 1 % of it
 
 
 def tier_job(current: int, *, restart_cost_s: float = 30.0, dominant: float = 0.01) -> TierJob:
@@ -37,13 +38,13 @@ def tier_job(current: int, *, restart_cost_s: float = 30.0, dominant: float = 0.
 def test_a_change_gains_its_work_over_the_horizon_less_its_restart() -> None:
     item = tier_job(8)
     expected = (HORIZON - 30.0) * 0.01 * 16**0.8 - HORIZON * 0.01 * 8**0.8
-    assert change_gain([item], [8], [16], HORIZON) == pytest.approx(expected)
-    assert change_gain([item], [8], [8], HORIZON) == 0.0  # no change, no restart
+    assert change_gain([item], [8], [16], horizon_s=HORIZON, total=TOTAL) == pytest.approx(expected)
+    assert change_gain([item], [8], [8], horizon_s=HORIZON, total=TOTAL) == 0.0
 
 
 def test_a_trainer_moved_costs_both_jobs_a_restart() -> None:
     giver, taker = tier_job(30), tier_job(2)
-    moved = change_gain([giver, taker], [30, 2], [29, 3], HORIZON)
+    moved = change_gain([giver, taker], [30, 2], [29, 3], horizon_s=HORIZON, total=TOTAL)
     without_restarts = HORIZON * 0.01 * (29**0.8 + 3**0.8 - 30**0.8 - 2**0.8)
     restarts = 30.0 * 0.01 * (29**0.8 + 3**0.8)
     assert moved == pytest.approx(without_restarts - restarts)
@@ -51,7 +52,7 @@ def test_a_trainer_moved_costs_both_jobs_a_restart() -> None:
 
 def test_growth_that_pays_its_restart_goes_ahead() -> None:
     counts, deferred = defer_small_growth(
-        [tier_job(8)], [16], skip=set(), config=PolicyConfig(grow_tolerance=0.0)
+        [tier_job(8)], [16], skip=set(), total=TOTAL, config=PolicyConfig(grow_tolerance=0.0)
     )
     assert counts == [16]
     assert deferred == {}
@@ -60,7 +61,7 @@ def test_growth_that_pays_its_restart_goes_ahead() -> None:
 def test_growth_that_does_not_pay_its_restart_waits() -> None:
     # 30 -> 31 trainers: 2.7 % faster for 870 of 900 s, 3.3 % lost to the restart.
     counts, deferred = defer_small_growth(
-        [tier_job(30)], [31], skip=set(), config=PolicyConfig(grow_tolerance=0.0)
+        [tier_job(30)], [31], skip=set(), total=TOTAL, config=PolicyConfig(grow_tolerance=0.0)
     )
     assert counts == [30]
     assert "do not pay a 30 s restart" in deferred[0]
