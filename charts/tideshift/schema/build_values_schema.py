@@ -296,6 +296,16 @@ def build_schema() -> Schema:
                 },
             ),
             "priorityClassName": string(),
+            "rbac": obj(
+                {
+                    "namespaced": BOOLEAN,
+                    "namespaces": {
+                        "type": "array",
+                        "items": string(pattern="^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"),
+                        "uniqueItems": True,
+                    },
+                }
+            ),
             "priorityClasses": PRIORITY_CLASSES,
             "nats": NATS,
             **{service: service_schema(service) for service in SERVICES},
