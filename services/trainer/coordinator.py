@@ -19,6 +19,7 @@ import logging
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -48,7 +49,7 @@ from tideshift.services.trainer.busport import (
     queued_tasks,
 )
 from tideshift.services.trainer.dataset import resolve_shards
-from tideshift.services.trainer.jobs import poll_until, read_spec
+from tideshift.services.trainer.jobs import poll_until, read_generation, read_spec
 from tideshift.services.trainer.jobspec import JobSpec, PersistedCoordinator
 from tideshift.services.trainer.layout import DEFAULT_MAX_PIECE_BYTES
 from tideshift.services.trainer.optim import OptimizerSpec
@@ -200,6 +201,7 @@ class Coordinator:
         self.client = StatusClient(bus, spec)
         self.in_flight = 0
         self.applied_total = 0
+        self.generation: str | None = None  # of the model the pservers were last seen serving
         self.trainers = 0
 
     async def persist(self) -> None:
@@ -210,7 +212,10 @@ class Coordinator:
     async def observe(self) -> Observation:
         # Queue depth first, applied sets second: see protocol's module docstring.
         queued = await queued_tasks(self.bus, self.spec.job)
+        self._follow(await read_generation(self.bus, self.spec.job))
         statuses = await self.client.status(from_epoch=self.state.epoch)
+        if any(s.generation != self.generation for s in statuses):
+            raise RequestFailed("a pserver still serves the model from before a reset")
         self.in_flight = queued
         self.applied_total = min(s.version for s in statuses)
         for kind, counts in pserver_figures(statuses).items():
@@ -221,6 +226,17 @@ class Coordinator:
             applied=applied_everywhere(s.applied for s in statuses),
             missing_before=frozenset().union(*(s.missing for s in statuses)),
         )
+
+    def _follow(self, generation: str | None) -> None:
+        """Start over at epoch 0 when the job's model was reset (its generation changed),
+        in a new round so that the work queue does not drop the tasks as re-publishes."""
+        if self.generation is not None and generation != self.generation:
+            log.warning("job %s: the job was reset; starting over at epoch 0", self.spec.job)
+            fresh = resume_coordinator(
+                None, job=self.spec.job, num_shards=self.spec.num_shards, epochs=self.state.epochs
+            )
+            self.state = replace(fresh, round=self.state.round + 1)
+        self.generation = generation
 
     async def publish(self, decision: Decision) -> None:
         now = utc_now(self.clock)

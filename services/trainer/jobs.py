@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 
 from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.services.common.bus import Bus
-from tideshift.services.common.clock import Clock, wait_for_event
+from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.trainer.busport import job_key
 from tideshift.services.trainer.jobspec import JobSpec, StoredLayout
 from tideshift.services.trainer.layout import Layout, LayoutError, plan, specs_from_json
@@ -22,6 +23,8 @@ log = logging.getLogger("tideshift.trainer")
 R = TypeVar("R")
 SPEC_POLL_SECONDS = 0.5
 LAYOUT_POLL_SECONDS = 0.2
+TRAINER_POLL_SECONDS = 0.2
+WAITING_EVERY_SECONDS = 5.0  # how often a trainer waiting for its coordinator says so
 
 
 async def poll_until(
@@ -69,27 +72,75 @@ async def wait_for_spec(
     )
 
 
-async def read_layout(bus: Bus, spec: JobSpec) -> Layout | None:
-    """The model's layout once a trainer initialised the job; None before."""
+async def wait_for_spec_saying_so(
+    bus: Bus, job: str, timeout: float, stopping: asyncio.Event
+) -> JobSpec | None:
+    """A trainer's wait for the job's spec, a WARNING at once and every few seconds (shown
+    without logging set up); None once `stopping` is set; TimeoutError after `timeout` s."""
+    started = time.monotonic()
+    say_at = started
+    while (spec := await read_spec(bus, job)) is None:
+        waited = time.monotonic() - started
+        if waited >= timeout:
+            raise TimeoutError(
+                f"job {job}: no job spec published within {timeout:.0f}s (is its coordinator up?)"
+            )
+        if time.monotonic() >= say_at:
+            log.warning(
+                "job %s: waiting for its coordinator to publish the job spec (%.0fs of %.0fs)",
+                job,
+                waited,
+                timeout,
+            )
+            say_at += WAITING_EVERY_SECONDS
+        if await wait_for_event(WALL_CLOCK, stopping, TRAINER_POLL_SECONDS):
+            return None
+    return spec
+
+
+async def _stored_layout(bus: Bus, job: str) -> StoredLayout | None:
     kv = await bus.kv(TRAINER_JOBS_BUCKET)
+    return await kv.get(job_key(job, "layout"), StoredLayout)
+
+
+async def read_generation(bus: Bus, job: str) -> str | None:
+    """The generation of the job's model (StoredLayout.generation); None before the first
+    `initialize()` or after a reset."""
     try:
-        stored = await kv.get(job_key(spec.job, "layout"), StoredLayout)
+        stored = await _stored_layout(bus, job)
+    except ValidationError:
+        return None
+    return None if stored is None else stored.generation
+
+
+async def read_layout_generation(bus: Bus, spec: JobSpec) -> tuple[Layout, str] | None:
+    """The model's layout and generation once a trainer initialised the job; None before."""
+    try:
+        stored = await _stored_layout(bus, spec.job)
         if stored is None:
             return None
-        return plan(
+        layout = plan(
             specs_from_json(stored.arrays), spec.pservers, max_piece_bytes=spec.max_piece_bytes
         )
     except (ValidationError, LayoutError) as error:
         log.error("job %s: stored layout is invalid: %s", spec.job, error)
         return None
+    return layout, stored.generation
+
+
+async def read_layout(bus: Bus, spec: JobSpec) -> Layout | None:
+    """The model's layout once a trainer initialised the job; None before."""
+    found = await read_layout_generation(bus, spec)
+    return None if found is None else found[0]
 
 
 async def wait_for_layout(
     bus: Bus, spec: JobSpec, *, clock: Clock, stopping: asyncio.Event
-) -> Layout | None:
-    """The model's layout once the first trainer wrote it, or None if stopped first."""
+) -> tuple[Layout, str] | None:
+    """The model's layout and generation once the first trainer wrote it, or None if
+    stopped first."""
     return await poll_until(
-        lambda: read_layout(bus, spec),
+        lambda: read_layout_generation(bus, spec),
         clock=clock,
         stopping=stopping,
         every=LAYOUT_POLL_SECONDS,

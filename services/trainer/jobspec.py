@@ -50,6 +50,9 @@ class StoredLayout(BaseModel):
 
     arrays: list[dict[str, object]]
     initialised_by: str
+    # New with every initialisation: pservers and the coordinator serving another one know
+    # the job was reset (`tideshift training reset`) and start over.
+    generation: str = ""
 
 
 class PServerProgress(BaseModel):

@@ -172,6 +172,23 @@ def check_state(layout: Layout, arrays: NamedArrays) -> None:
         raise LayoutError(f"arrays missing from the model: {missing}")
 
 
+def check_job_state(job: str, layout: Layout, arrays: NamedArrays) -> None:
+    """check_state, with a LayoutError naming both layouts and how to reset the job."""
+    try:
+        check_state(layout, arrays)
+    except LayoutError as error:
+
+        def text(specs: tuple[ArraySpec, ...]) -> str:
+            return ", ".join(f"{s.name} {s.shape} {s.dtype}" for s in specs)
+
+        raise LayoutError(
+            f"job {job}: {error}. The job holds [{text(layout.arrays)}]; this trainer has "
+            f"[{text(describe(arrays))}]. If the job's layout is the wrong one, stop the "
+            f"trainers of that model, run `tideshift training reset --job {job}` (its "
+            "coordinator and pservers start over on their own) and start the trainers again"
+        ) from None
+
+
 def rows_of(array: npt.NDArray[Any], piece: Piece) -> npt.NDArray[Any]:
     """The piece's rows of a full array (a 0-d array is its own single row)."""
     if array.ndim == 0:

@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
+from typing import Literal
 
 import numpy as np
 from prometheus_client import Counter, Gauge
@@ -28,31 +29,34 @@ from pydantic import Field
 
 from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.events.tokens import encode_token
-from tideshift.services.common.bus import Bus, Lease, TypedKV
+from tideshift.services.common.bus import Bus, Lease
 from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
 from tideshift.services.trainer.busport import (
     PServerOp,
-    load_object,
     progress_key,
     pserver_subject,
     store_object,
 )
-from tideshift.services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
-from tideshift.services.trainer.jobs import poll_until, wait_for_layout, wait_for_spec
+from tideshift.services.trainer.checkpoint import encode_checkpoint
+from tideshift.services.trainer.jobs import (
+    poll_until,
+    read_generation,
+    wait_for_layout,
+    wait_for_spec,
+)
 from tideshift.services.trainer.jobspec import JobSpec, PServerProgress
-from tideshift.services.trainer.layout import Layout
 from tideshift.services.trainer.messages import pack_pieces, unpack_pieces, unpack_push_part
 from tideshift.services.trainer.pserver_state import (
     MAX_OPEN_EPOCHS,
     GradientPush,
-    Ledger,
     PieceUpdate,
     PServerState,
     PushOutcome,
     PushResult,
 )
+from tideshift.services.trainer.pserver_store import checkpoint_name, forget, restore
 from tideshift.services.trainer.wire import WireError, header_int, header_str, pack, unpack
 
 log = logging.getLogger("tideshift.pserver")
@@ -94,19 +98,16 @@ def refuse(op: PServerOp, reason: str) -> bytes:
     return pack({"error": reason})
 
 
-def checkpoint_name(job: str, index: int) -> str:
-    return f"{encode_token(job)}.pserver-{index}"
-
-
 def lease_name(job: str, index: int) -> str:
     return f"pserver.{encode_token(job)}.{index}"
 
 
 class ParameterServer:
-    def __init__(self, bus: Bus, spec: JobSpec, state: PServerState) -> None:
+    def __init__(self, bus: Bus, spec: JobSpec, state: PServerState, generation: str) -> None:
         self.bus = bus
         self.spec = spec
         self.state = state
+        self.generation = generation  # of the model it serves (StoredLayout.generation)
         self.accepting = True
         self.checkpointed_version = -1
         self.pending_init: dict[int, np.ndarray] = {}
@@ -240,6 +241,7 @@ class ParameterServer:
             "duplicates": ledger.duplicates,
             "retrained": ledger.retrained,
             "watermark": ledger.watermark,
+            "generation": self.generation,
         }
         if "epoch" in header and "shard" in header:
             try:
@@ -262,6 +264,7 @@ class ParameterServer:
         (never lowered: a restored pserver climbing back records the count it had)."""
         jobs = await self.bus.kv(TRAINER_JOBS_BUCKET)
         key = progress_key(self.spec.job, self.index)
+        failing = False  # say it once, not once per batch
         while True:
             await self.progressed.wait()
             self.progressed.clear()
@@ -269,8 +272,11 @@ class ParameterServer:
             progress = PServerProgress(applied=max(ledger.applied_batches, ledger.high_water))
             try:
                 await jobs.put(key, progress)
+                failing = False
             except Exception as error:  # the next applied batch records it again
-                log.warning("job %s: progress record failed: %s", self.spec.job, error)
+                level = logging.DEBUG if failing else logging.WARNING
+                log.log(level, "job %s: progress record failed: %s", self.spec.job, error)
+                failing = True
 
     async def checkpoint(self) -> None:
         version = self.state.ledger.applied_batches
@@ -290,39 +296,6 @@ class ParameterServer:
             self.state.ledger.watermark,
             time.monotonic() - started,
         )
-
-
-async def _recorded_progress(bus: Bus, job: str, index: int) -> int:
-    jobs: TypedKV = await bus.kv(TRAINER_JOBS_BUCKET)
-    progress = await jobs.get(progress_key(job, index), PServerProgress)
-    return 0 if progress is None else progress.applied
-
-
-async def restore(bus: Bus, spec: JobSpec, layout: Layout, index: int) -> PServerState:
-    """The last checkpoint, or an uninitialised state; raises ValueError if unusable."""
-    fresh = PServerState(layout, index, spec.optimizer, Ledger(num_shards=spec.num_shards))
-    payload = await load_object(bus, checkpoint_name(spec.job, index))
-    if not payload:  # `tideshift training reset` leaves an empty one
-        log.info("job %s: pserver %d has no checkpoint yet", spec.job, index)
-        return fresh
-    try:
-        state = decode_checkpoint(payload, expected=fresh)
-    except WireError as error:
-        raise ValueError(
-            f"job {spec.job}: checkpoint of pserver {index} unusable: {error}"
-        ) from error
-    ledger = state.ledger
-    ledger.high_water = max(ledger.high_water, await _recorded_progress(bus, spec.job, index))
-    log.info(
-        "job %s: pserver %d restored %d applied batches (watermark %d); %d applied after this "
-        "checkpoint were lost and are trained again",
-        spec.job,
-        index,
-        ledger.applied_batches,
-        ledger.watermark,
-        max(0, ledger.high_water - ledger.applied_batches),
-    )
-    return state
 
 
 async def _holds(lease: Lease, what: str) -> bool | None:
@@ -351,14 +324,39 @@ async def _acquire(lease: Lease, context: ServiceContext, clock: Clock, what: st
     return bool(acquired)
 
 
+async def _was_reset(server: ParameterServer) -> bool:
+    """Whether the job's model is no longer the one served (`tideshift training reset`);
+    then its checkpoint and progress are forgotten (again: one may have been written since)."""
+    job = server.spec.job
+    try:
+        if await read_generation(server.bus, job) == server.generation:
+            return False
+    except Exception as error:  # NATS restarting: ask again next tick
+        log.warning("job %s: cannot read the model's generation: %s", job, error)
+        return False
+    log.warning(
+        "job %s: pserver %d: the job was reset; dropping its model and progress, waiting for "
+        "a trainer to initialise it again",
+        job,
+        server.index,
+    )
+    try:
+        await forget(server.bus, job, server.index)
+    except Exception as error:  # the reset itself already emptied them
+        log.warning(
+            "job %s: pserver %d: forgetting its checkpoint failed: %s", job, server.index, error
+        )
+    return True
+
+
 async def _serve_while_leading(
     server: ParameterServer,
     lease: Lease,
     settings: PServerSettings,
     context: ServiceContext,
     clock: Clock,
-) -> bool:
-    """Serve until stopping (True) or until the lease is lost (False)."""
+) -> Literal["stopped", "lost", "reset"]:
+    """Serve until stopping, the lease is lost or the job is reset."""
     bus, job, index = context.bus, server.spec.job, server.index
     stops = [
         await bus.serve(pserver_subject(job, index, "init"), server.on_init),
@@ -371,20 +369,23 @@ async def _serve_while_leading(
     log.info("job %s: pserver %d serving %d pieces", job, index, len(server.state.owned()))
     tick = min(settings.checkpoint_seconds, settings.lease_seconds / 3)
     last_checkpoint = clock.now()
-    leading = True
+    outcome: Literal["stopped", "lost", "reset"] = "stopped"
     try:
         while not await wait_for_event(clock, context.stopping, tick):
             if await _holds(lease, f"job {job} pserver {index}") is False:
                 log.error("job %s: pserver %d lost its lease; standing down", job, index)
-                leading = False
-                return False
+                outcome = "lost"
+                return outcome
+            if await _was_reset(server):
+                outcome = "reset"
+                return outcome
             if clock.now() - last_checkpoint >= settings.checkpoint_seconds:
                 try:
                     await server.checkpoint()
                 except Exception as error:  # a failed checkpoint is retried next time
                     log.warning("job %s: checkpoint failed: %s", job, error)
                 last_checkpoint = clock.now()
-        return True
+        return outcome
     finally:
         server.accepting = False
         context.ready.clear()
@@ -393,8 +394,9 @@ async def _serve_while_leading(
             await recorder
         for stop in stops:
             await stop()
-        if leading:  # never overwrite the checkpoint of the pserver that took over
+        if outcome == "stopped":  # never overwrite a successor's or a reset's checkpoint
             await server.checkpoint()
+        if outcome != "lost":
             await lease.release()
 
 
@@ -410,19 +412,24 @@ async def run(
         raise ValueError(
             f"--index {settings.index} out of range: job {spec.job} has {spec.pservers} pservers"
         )
-    layout = await wait_for_layout(bus, spec, clock=clock, stopping=stopping)
-    if layout is None:
-        return
     what = f"job {spec.job} pserver {settings.index}"
     lease = await bus.lease(
         lease_name(spec.job, settings.index),
         holder=context.instance,
         ttl_seconds=settings.lease_seconds,
     )
-    while await _acquire(lease, context, clock, what):
-        server = ParameterServer(bus, spec, await restore(bus, spec, layout, settings.index))
+    # Each round serves one model: after a reset, wait for the next one.
+    while (found := await wait_for_layout(bus, spec, clock=clock, stopping=stopping)) is not None:
+        layout, generation = found
+        if not await _acquire(lease, context, clock, what):
+            break
+        if await read_generation(bus, spec.job) != generation:  # reset while standing by
+            await lease.release()
+            continue
+        state = await restore(bus, spec, layout, settings.index)
+        server = ParameterServer(bus, spec, state, generation)
         VERSION.set(server.state.ledger.applied_batches)
-        if await _serve_while_leading(server, lease, settings, context, clock):
+        if await _serve_while_leading(server, lease, settings, context, clock) == "stopped":
             break
     log.info("%s stopped", what)
 

@@ -52,6 +52,7 @@ class PServerStatus:
     duplicates: int  # pushes refused because already applied
     retrained: int  # batches applied again after a restore lost them
     watermark: int
+    generation: str  # of the model served (jobspec.StoredLayout.generation)
     applied: frozenset[tuple[int, int]]  # finished (epoch, shard), epochs >= from_epoch
     missing: frozenset[tuple[int, int]]  # unfinished pairs of epochs < from_epoch
     next_batch: int = 0
@@ -155,6 +156,7 @@ class StatusClient:
                 duplicates=header_int(header, "duplicates", minimum=0),
                 retrained=header_int(header, "retrained", minimum=0),
                 watermark=watermark,
+                generation=str(header.get("generation", "")),
                 applied=frozenset((int(e), int(s)) for e, s in applied) | finished,
                 missing=frozenset((int(e), int(s)) for e, s in missing),
                 next_batch=int(header.get("next_batch", 0)),

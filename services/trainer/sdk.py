@@ -30,7 +30,8 @@ The contract a training loop must keep:
   the shard (it is handed back and resumes at the first batch every pserver lacks).
 - Framework adapters' `gradients()` read the gradients and clear them for the next batch.
 - The first `initialize()` fixes the job's layout (array names, shapes, dtypes); a trainer
-  with another layout gets a LayoutError naming both and `tideshift training reset --job`.
+  with another layout gets a LayoutError naming both and `tideshift training reset --job`,
+  which the running coordinator and pservers follow (they start over at epoch 0).
 
 The loop is plain synchronous Python; the bus runs on an asyncio loop in a daemon thread.
 """
@@ -45,7 +46,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -68,22 +70,14 @@ from tideshift.services.trainer.busport import (
     member_key,
     task_durable,
 )
-from tideshift.services.trainer.jobs import read_layout, read_spec
+from tideshift.services.trainer.jobs import read_layout_generation, wait_for_spec_saying_so
 from tideshift.services.trainer.jobspec import (
     JobSpec,
     MemberBeat,
     PersistedCoordinator,
     StoredLayout,
 )
-from tideshift.services.trainer.layout import (
-    ArraySpec,
-    Layout,
-    LayoutError,
-    NamedArrays,
-    check_state,
-    describe,
-    plan,
-)
+from tideshift.services.trainer.layout import Layout, NamedArrays, check_job_state, describe, plan
 from tideshift.services.trainer.pserver_client import PServerClient
 from tideshift.services.trainer.task import BATCHES, Task
 
@@ -91,7 +85,6 @@ log = logging.getLogger("tideshift.trainer")
 R = TypeVar("R")
 
 POLL_SECONDS = 0.2
-WAITING_EVERY_SECONDS = 5.0  # how often a trainer waiting for its coordinator says so
 # A pserver restarting: ask again soon, then less often (it may take a few seconds).
 PSERVER_RETRY = exponential(initial=0.05, maximum=1.0)
 
@@ -181,7 +174,7 @@ class ElasticJob:
             )
         try:
             bus = loop.run(Bus.connect(url, name=f"trainer-{trainer}"))
-            spec = loop.run(_wait_for_spec(bus, job, spec_timeout, before_spec))
+            spec = loop.run(wait_for_spec_saying_so(bus, job, spec_timeout, before_spec))
         except BaseException:
             loop.stop()
             raise
@@ -224,14 +217,17 @@ class ElasticJob:
             f"init.{encode_token(self.spec.job)}", holder=self.trainer, ttl_seconds=10.0
         )
         while True:
-            layout = await read_layout(self.bus, self.spec)
-            if layout is not None:
-                _check_layout(self.spec.job, layout, arrays)
+            found = await read_layout_generation(self.bus, self.spec)
+            layout = None if found is None else found[0]
+            if found is not None:
+                layout, generation = found
+                check_job_state(self.spec.job, layout, arrays)
                 self.layout = layout
                 self.client = PServerClient(self.bus, self.spec, layout)
                 with contextlib.suppress(RequestFailed):
                     statuses = await self.client.status()
-                    if all(status.initialised for status in statuses):
+                    # Pservers still on the model from before a reset are not ready.
+                    if all(s.initialised and s.generation == generation for s in statuses):
                         await lease.release()
                         return
             if await lease.try_acquire():
@@ -242,7 +238,11 @@ class ElasticJob:
                         max_piece_bytes=self.spec.max_piece_bytes,
                     )
                     jobs = await self.bus.kv(TRAINER_JOBS_BUCKET)
-                    stored = StoredLayout(arrays=layout.to_json(), initialised_by=self.trainer)
+                    stored = StoredLayout(
+                        arrays=layout.to_json(),
+                        initialised_by=self.trainer,
+                        generation=uuid.uuid4().hex,
+                    )
                     await jobs.put(job_key(self.spec.job, "layout"), stored)
                     continue  # re-read: the stored layout is the one everybody uses
                 with contextlib.suppress(RequestFailed):
@@ -406,45 +406,3 @@ class ElasticJob:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_layout(job: str, layout: Layout, arrays: dict[str, np.ndarray]) -> None:
-    """LayoutError naming both layouts and how to reset the job unless `arrays` fit it."""
-    try:
-        check_state(layout, arrays)
-    except LayoutError as error:
-
-        def text(specs: Iterable[ArraySpec]) -> str:
-            return ", ".join(f"{s.name} {s.shape} {s.dtype}" for s in specs)
-
-        raise LayoutError(
-            f"job {job}: {error}. The job holds [{text(layout.arrays)}]; this trainer has "
-            f"[{text(describe(arrays))}]. If the job's layout is the wrong one, stop its "
-            f"coordinator and pservers, run `tideshift training reset --job {job}` and start "
-            "them again"
-        ) from None
-
-
-async def _wait_for_spec(
-    bus: Bus, job: str, timeout: float, stopping: asyncio.Event
-) -> JobSpec | None:
-    """The job's spec; None once `stopping` is set; TimeoutError after `timeout` seconds."""
-    started = time.monotonic()
-    say_at = started
-    while (spec := await read_spec(bus, job)) is None:
-        waited = time.monotonic() - started
-        if waited >= timeout:
-            raise TimeoutError(
-                f"job {job}: no job spec published within {timeout:.0f}s (is its coordinator up?)"
-            )
-        if time.monotonic() >= say_at:
-            log.warning(
-                "job %s: waiting for its coordinator to publish the job spec (%.0fs of %.0fs)",
-                job,
-                waited,
-                timeout,
-            )
-            say_at += WAITING_EVERY_SECONDS
-        if await wait_for_event(WALL_CLOCK, stopping, POLL_SECONDS):
-            return None
-    return spec

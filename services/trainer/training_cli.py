@@ -4,8 +4,9 @@ status: the job's epochs, shards applied, pservers and live trainers, as one JSO
 export: the pservers' current parameters to a `.npz` file of named arrays (what
     `ElasticJob.initialize` was given, as trained so far); `export_model` is the same in Python.
 reset: forget the job's layout, coordinator progress and pserver checkpoints, so the next
-    `initialize()` fixes the layout again. Stop the job's coordinator and pservers first: a
-    running pserver keeps the parameters it holds.
+    `initialize()` fixes the layout again. The job's running coordinator and pservers see
+    the layout go (or change) within a tick and start over at epoch 0; stop the trainers
+    of the wrong model first, or the first of them to call `initialize()` fixes it again.
 """
 
 from __future__ import annotations
@@ -28,13 +29,11 @@ from tideshift.services.trainer.busport import (
     MEMBER_TTL_SECONDS,
     job_key,
     member_prefix,
-    progress_key,
-    store_object,
 )
 from tideshift.services.trainer.jobs import read_layout, read_spec
 from tideshift.services.trainer.jobspec import JobSpec, PersistedCoordinator
-from tideshift.services.trainer.pserver import checkpoint_name
 from tideshift.services.trainer.pserver_client import PServerClient, StatusClient
+from tideshift.services.trainer.pserver_store import forget
 
 PROG = "tideshift training"
 
@@ -45,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("status", "epochs, shards applied, pservers and live trainers of a job"),
         ("export", "write the pservers' current parameters to a .npz file"),
-        ("reset", "forget a job's layout, progress and checkpoints (stop its services first)"),
+        ("reset", "forget a job's layout, progress and checkpoints (stop its trainers first)"),
     ):
         command = commands.add_parser(name, help=text, description=text)
         command.add_argument("--job", required=True, help="training job name")
@@ -133,9 +132,7 @@ async def reset(bus: Bus, job: str) -> dict[str, Any]:
     for part in ("layout", "state"):  # the spec stays: the coordinator rewrites it
         await jobs.delete(job_key(job, part))
     for index in range(spec.pservers):
-        # An empty checkpoint reads as none (pserver.restore): the bus keeps no delete.
-        await store_object(bus, checkpoint_name(job, index), b"")
-        await jobs.delete(progress_key(job, index))
+        await forget(bus, job, index)
     return {"job": job, "reset": True, "pservers": spec.pservers}
 
 

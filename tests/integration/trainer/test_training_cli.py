@@ -1,6 +1,8 @@
-"""`tideshift training reset|status|export` on a real job: a wrong first layout is named with
-the job's and the trainer's layouts and the reset command; after the reset the right model
-trains, and status and export show what the pservers hold."""
+"""`tideshift training reset|status|export` on a real job: a wrong first model that even
+trained a batch is named, with the job's and the trainer's layouts and the reset command, to
+the next trainer; the reset recovers the job while its coordinator and pservers keep running
+(none restarted), the right model trains every batch once, and status and export show what
+the pservers hold."""
 
 from __future__ import annotations
 
@@ -25,21 +27,21 @@ def model(width: int) -> dict[str, np.ndarray]:
     return {"w": np.zeros(width, dtype=np.float32), "b": np.zeros(2)}
 
 
-def initialize(url: str, job_name: str, width: int) -> None:
+def train(url: str, job_name: str, width: int, *, batches: int = 2) -> list[str]:
+    """Initialise a model of `width` and train; stop (handing the shard back) after
+    `batches` pushes."""
     with ElasticJob.connect(
         job_name, nats_url=url, trainer=f"w{width}", handle_sigterm=False
     ) as job:
         job.initialize(model(width))
-
-
-def train(url: str, job_name: str) -> list[str]:
-    with ElasticJob.connect(job_name, nats_url=url, trainer="right", handle_sigterm=False) as job:
-        job.initialize(model(4))
-        return [
-            task.push({"w": np.ones(4, dtype=np.float32), "b": np.ones(2)}, samples=1)
-            for task in job.tasks()
-            for _ in task.batches(lambda location: [location])
-        ]
+        outcomes = []
+        for task in job.tasks():
+            for _ in task.batches(lambda location: [0, 1]):
+                gradient = {"w": np.ones(width, dtype=np.float32), "b": np.ones(2)}
+                outcomes.append(task.push(gradient, samples=1))
+                if len(outcomes) == batches:
+                    job.request_stop()
+        return outcomes
 
 
 def training(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -67,33 +69,37 @@ async def test_a_wrong_first_layout_is_named_reset_and_the_right_model_trained_a
     try:
         for service in services:
             service.start()
-        await asyncio.to_thread(initialize, url, job, 3)
+        # The wrong model initialises the job and trains its first batch, then leaves.
+        assert await asyncio.to_thread(train, url, job, 3, batches=1) == ["applied"]
         with pytest.raises(LayoutError) as mismatch:
-            await asyncio.to_thread(initialize, url, job, 4)
+            await asyncio.to_thread(train, url, job, 4)
         message = str(mismatch.value)
         assert "w (3,) float32" in message and "w (4,) float32" in message, message
         assert f"tideshift training reset --job {job}" in message
 
-        assert set((await harness.stop_all()).values()) == {0}
         reset = await asyncio.to_thread(training, url, "reset", "--job", job)
         assert reset.returncode == 0, reset.stderr
-        for service in services:
-            service.start()
-        assert await asyncio.to_thread(train, url, job) == ["applied"]
-        assert await services[2].wait(60) == 0, services[2].tail()
+        outcomes = await asyncio.to_thread(train, url, job, 4, batches=3)
+        assert outcomes.count("applied") == 2, outcomes
+        coordinator = services[2]
+        assert await coordinator.wait(60) == 0, coordinator.tail()
+        assert [service.starts for service in services] == [1, 1, 1]  # nothing restarted
+        assert "the job was reset; starting over" in coordinator.stderr_path.read_text()
+        summary = coordinator.summary()
+        assert summary["batches_applied"] == [2, 2], summary  # the wrong model's one is gone
 
         status = await asyncio.to_thread(training, url, "status", "--job", job)
         assert status.returncode == 0, status.stderr
         seen = json.loads(status.stdout)
         assert seen["finished"] is True and seen["model"] is True
-        assert [p["batches_applied"] for p in seen["pservers"]] == [1, 1]
+        assert [p["batches_applied"] for p in seen["pservers"]] == [2, 2]
 
         out = tmp_path / "model.npz"
         export = await asyncio.to_thread(training, url, "export", "--job", job, "--out", str(out))
         assert export.returncode == 0, export.stderr
-        with np.load(out) as exported:
-            assert np.array_equal(exported["w"], np.full(4, -0.5, dtype=np.float32))
-            assert np.allclose(exported["b"], [-0.5, -0.5])
+        with np.load(out) as exported:  # two SGD steps of 0.5 on gradients of ones
+            assert np.array_equal(exported["w"], np.full(4, -1.0, dtype=np.float32))
+            assert np.allclose(exported["b"], [-1.0, -1.0])
     finally:
         await harness.stop_all()
         harness.kill_all()
