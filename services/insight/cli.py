@@ -16,7 +16,10 @@ from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import BaseModel
+
 from tideshift.events import (
+    LEASES_BUCKET,
     PLAN_DECIDED,
     PLANNER_STATUS,
     SCALE_COMMAND,
@@ -39,6 +42,17 @@ from tideshift.services.insight import history, picture
 
 # With --at, the history is read from this long before the instant asked about.
 AT_LOOKBACK = timedelta(hours=6)
+
+
+class LeaseValue(BaseModel):
+    """A lease's value in the leases bucket (`services/common/bus/kv.py`, `Lease`)."""
+
+    holder: str
+    expires_at: float
+
+    @property
+    def expires(self) -> datetime:
+        return datetime.fromtimestamp(self.expires_at, UTC)
 
 
 class Failure(Exception):
@@ -179,11 +193,13 @@ async def _status(args: argparse.Namespace) -> str:
     try:
         latest = await _kept(bus, filters, None)
         snapshot = await _snapshot(bus)
+        lease = await (await bus.kv(LEASES_BUCKET)).get(args.lease_name, LeaseValue)
     finally:
         await bus.close()
     plans = [e for e in latest if isinstance(e, PlanDecided)]
     kept = picture.Kept(
         plan=max(plans, key=lambda p: p.decided_at) if plans else None,
+        lease=picture.Lease(lease.holder, lease.expires) if lease is not None else None,
         statuses=[e for e in latest if isinstance(e, PlannerStatus)],
         results={e.target: e for e in latest if isinstance(e, ScaleResult)},
         workloads=[e for e in snapshot if isinstance(e, WorkloadChanged)],
@@ -217,6 +233,9 @@ def status_main(argv: Sequence[str]) -> int:
         prog="tideshift status",
         description="The current picture: planners, serving workloads, training jobs and "
         "what each node lends, from the latest plan, results and the cluster snapshot.",
+    )
+    parser.add_argument(
+        "--lease-name", default="planner", help="the planner's lease_name (default: planner)"
     )
     _common(parser)
     args = parser.parse_args(list(argv))

@@ -4,6 +4,10 @@ serving workload (demand, forecast, ready/desired replicas, why), each training 
 plan, planner statuses and scale results the history stream kept and the watcher's snapshot;
 `now` only ages them.
 
+The leader is the holder of the planner's lease (the leases bucket), which is current; each
+planner's mode and degraded reasons are its last announcement the history kept (a planner
+announces only changes, so one that started before the history existed has none).
+
 A target's role is the watcher's (its `tideshift.io/role` label); one the plan names but the
 snapshot does not (listed in the planner's settings) counts as serving when the plan sized it
 on a forecast, else as a training job. A node lends what the batch trainers on it borrow: each
@@ -35,9 +39,17 @@ GIB = 2.0**30
 class Planner:
     name: str
     leader: bool
-    mode: str
+    mode: str  # "unknown": no announcement kept
     reasons: tuple[str, ...]
-    age_s: float
+    age_s: float | None  # since its last announcement
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The planner's lease as the leases bucket holds it."""
+
+    holder: str
+    expires_at: datetime
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,7 @@ class Kept:
     """What the history and the snapshot hold now."""
 
     plan: PlanDecided | None
+    lease: Lease | None
     statuses: Sequence[PlannerStatus]
     results: Mapping[WorkloadRef, ScaleResult]
     workloads: Sequence[WorkloadChanged]
@@ -110,15 +123,31 @@ def picture(kept: Kept, now: datetime) -> Picture:
         at=now,
         plan_id=plan.plan_id if plan else None,
         plan_age_s=(now - plan.decided_at).total_seconds() if plan else None,
-        planners=tuple(
-            Planner(s.planner, s.leader, s.mode, s.reasons, (now - s.at).total_seconds())
-            for s in sorted(kept.statuses, key=lambda s: s.planner)
-        ),
+        planners=_planners(kept.statuses, kept.lease, now),
         serving=tuple(serving),
         jobs=tuple(jobs),
         nodes=tuple(_lending(kept.nodes, kept.pods, known.values())),
         infeasible=plan.infeasible if plan else (),
     )
+
+
+def _planners(
+    statuses: Sequence[PlannerStatus], lease: Lease | None, now: datetime
+) -> tuple[Planner, ...]:
+    holder = lease.holder if lease is not None and lease.expires_at > now else None
+    rows = {
+        s.planner: Planner(
+            s.planner,
+            s.planner == holder if lease is not None else s.leader,
+            s.mode,
+            s.reasons,
+            (now - s.at).total_seconds(),
+        )
+        for s in statuses
+    }
+    if holder is not None and holder not in rows:
+        rows[holder] = Planner(holder, True, "unknown", (), None)
+    return tuple(rows[name] for name in sorted(rows))
 
 
 def _target(
@@ -182,12 +211,13 @@ def _lending(
 
 def render(picture: Picture) -> str:
     lines = [f"tideshift status at {picture.at:%Y-%m-%d %H:%M:%S}Z"]
-    if not picture.planners:
-        lines.append("planners: none heard from (is a planner running?)")
+    if not any(p.leader for p in picture.planners):
+        lines.append("no planner leads (is a planner running?)")
     for p in picture.planners:
         role = "leader" if p.leader else "standby"
         why = f": {'; '.join(p.reasons)}" if p.reasons else ""
-        lines.append(f"planner {p.name}: {role}, {p.mode}{why} ({p.age_s:.0f}s ago)")
+        said = "no announcement kept" if p.age_s is None else f"announced {p.age_s:.0f}s ago"
+        lines.append(f"planner {p.name}: {role}, {p.mode}{why} ({said})")
     if picture.plan_id is None:
         lines.append("latest plan: none kept")
     else:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tideshift.events import (
+    LEASES_BUCKET,
     PLAN_DECIDED,
     PLANNER_STATUS,
     SCALE_COMMAND,
@@ -44,6 +45,7 @@ from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.executor.executor import Executor, RecordStore
 from tideshift.services.executor.service import ExecutorSettings, consume
 from tideshift.services.insight import cli
+from tideshift.services.insight.cli import LeaseValue
 from tideshift.services.watcher.snapshot import node_key, pod_key, workload_key
 
 WAIT = 20.0
@@ -233,6 +235,8 @@ async def test_status_shows_planners_workloads_jobs_and_what_nodes_lend(
         planner=planner, leader=True, mode="degraded", reasons=("forecasts stale",), at=now
     )
     await history.publish(PLANNER_STATUS.at(planner=planner), status)
+    leases = await history.kv(LEASES_BUCKET)
+    await leases.put(f"lease{unique}", LeaseValue(holder=planner, expires_at=now.timestamp() + 600))
     plan = PlanDecided(
         plan_id=f"plan-{unique}",
         policy=f"p{unique}",
@@ -245,7 +249,7 @@ async def test_status_shows_planners_workloads_jobs_and_what_nodes_lend(
         ),
     )
     await history.publish(PLAN_DECIDED.at(policy=plan.policy), plan)
-    argv = ["--nats-url", nats_server.url, "-o", "json"]
+    argv = ["--nats-url", nats_server.url, "--lease-name", f"lease{unique}", "-o", "json"]
 
     async def shown() -> Any:
         code, out, _ = await run_cli(cli.status_main, argv)()

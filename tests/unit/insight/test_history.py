@@ -139,6 +139,7 @@ def test_picture_sorts_targets_by_role_and_counts_what_nodes_lend() -> None:
     node = NodeChanged(change="added", name="n1", allocatable=Resources(cpu=8), observed_at=T0)
     kept = picture.Kept(
         plan=plan(0, 18, 24, "forecast", headroom=PARTS),
+        lease=picture.Lease("a", now + timedelta(seconds=5)),
         statuses=[PlannerStatus(planner="a", leader=True, mode="normal", at=T0)],
         results={WEB: result("k-p0", "would_scale", 18, 24)},
         workloads=[batch, web],
@@ -157,5 +158,30 @@ def test_picture_sorts_targets_by_role_and_counts_what_nodes_lend() -> None:
     assert (n1.batch_pods, n1.lent_cpu, n1.lent_memory_gib) == (2, 1.0, 2.0)
     assert seen.planners[0].age_s == 60.0 and seen.plan_age_s == 60.0
     text = picture.render(seen)
-    assert "planner a: leader, normal (60s ago)" in text
+    assert "planner a: leader, normal (announced 60s ago)" in text
     assert "Deployment.apps/shop/web: 17/18 -> 24, demand 160.0, forecast 240.0" in text
+
+
+def test_the_lease_says_who_leads_whatever_the_last_announcements_said() -> None:
+    now = T0 + timedelta(minutes=5)
+    said = [
+        PlannerStatus(planner="a", leader=True, mode="degraded", reasons=("stale",), at=T0),
+        PlannerStatus(planner="c", leader=False, mode="passive", at=T0),
+    ]
+    kept = picture.Kept(
+        plan=None, lease=picture.Lease("b", now + timedelta(seconds=5)), statuses=said,
+        results={}, workloads=[], nodes=[], pods=[],
+    )  # fmt: skip
+    seen = picture.picture(kept, now).planners
+    assert [(p.name, p.leader, p.mode, p.age_s) for p in seen] == [
+        ("a", False, "degraded", 300.0),
+        ("b", True, "unknown", None),
+        ("c", False, "passive", 300.0),
+    ]
+    expired = picture.Kept(
+        plan=None, lease=picture.Lease("b", now), statuses=said, results={}, workloads=[],
+        nodes=[], pods=[],
+    )  # fmt: skip
+    shown = picture.picture(expired, now)
+    assert not any(p.leader for p in shown.planners)
+    assert "no planner leads" in picture.render(shown)
