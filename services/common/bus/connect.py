@@ -126,6 +126,17 @@ async def _give_up(
     raise ConnectionError(f"no NATS server answered at {shown} within {timeout:.0f}s")
 
 
+def _why(violation: str) -> str:
+    """What a refused creation most likely means: only the provisioner creates streams and
+    buckets, so one missing is a provisioning step not run (or an older one)."""
+    if "$js.api.stream.create." not in violation.lower():
+        return ""
+    return (
+        " (streams and buckets are created by `tideshift nats provision` as the provisioner, "
+        "the chart's provisioning Job: has it run for this version?)"
+    )
+
+
 def _refusal(error: Exception, shown: str, user: str | None) -> NatsAuthError | None:
     """The error to fail at once with, when `error` says retrying cannot help."""
     if isinstance(error, ssl.SSLError):
@@ -184,7 +195,7 @@ async def open_connection(
             refused.set_result(failure)
         if "permissions violation" in text.lower():
             on_permission_violation()
-            log.error("NATS refused an operation of %s: %s", name, text)
+            log.error("NATS refused an operation of %s: %s%s", name, text, _why(text))
             return
         log.warning("NATS error: %s", text)
 

@@ -9,9 +9,10 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import aiomqtt
 import nats
@@ -21,7 +22,7 @@ import pytest
 from tideshift import events
 from tideshift.events.buckets import EXECUTOR_RECORDS_BUCKET, SNAPSHOT_BUCKET
 from tideshift.events.client import EventClient
-from tideshift.services.common.bus import SCALE_STREAM, Bus, NatsAuthError
+from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery, NatsAuthError
 from tideshift.services.common.bus.permissions import EXECUTOR_DURABLE, ROLES, markdown_table
 from tideshift.services.common.embedded_nats import EmbeddedNats
 
@@ -153,8 +154,12 @@ async def test_the_executor_may_not_publish_commands_but_consumes_and_reports(
         with pytest.raises(nats.errors.TimeoutError):
             await executor.js.publish(command_subject(unique).value, b"{}", timeout=2)
         await planner.publish_durable(command_subject(unique), command(unique))
-        deliveries = executor.consume(
-            command_subject(unique), stream=SCALE_STREAM, durable=EXECUTOR_DURABLE
+        # `consume` is an async generator: typed as one, so it can be closed here.
+        deliveries = cast(
+            AsyncGenerator[Delivery[events.ScaleCommand]],
+            executor.consume(
+                command_subject(unique), stream=SCALE_STREAM, durable=EXECUTOR_DURABLE
+            ),
         )
         delivery = await asyncio.wait_for(anext(deliveries), WAIT)
         await delivery.ack()

@@ -110,7 +110,9 @@ def test_a_service_role_cannot_provision(bare: EmbeddedNats) -> None:
     assert "Traceback" not in refused.stderr
 
 
-async def test_a_service_role_cannot_create_a_bucket(bare: EmbeddedNats) -> None:
+async def test_a_service_role_cannot_create_a_bucket_and_the_log_says_who_does(
+    bare: EmbeddedNats, caplog: pytest.LogCaptureFixture
+) -> None:
     planner = await as_role(bare, "planner")
     try:
         with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
@@ -118,6 +120,8 @@ async def test_a_service_role_cannot_create_a_bucket(bare: EmbeddedNats) -> None
         assert await missing(planner, [f"KV_{PINS_BUCKET}"]) == [f"KV_{PINS_BUCKET}"]
     finally:
         await planner.close()
+    refused = [r.getMessage() for r in caplog.records if "refused an operation" in r.getMessage()]
+    assert refused and "tideshift nats provision" in refused[0]
 
 
 async def test_a_service_waits_for_provisioning_then_goes_on(bare: EmbeddedNats) -> None:
