@@ -14,7 +14,7 @@ finite job stream among them) x every policy, in one run, and issue 26's goals p
 quantile to DIR/<scenario>-quantile-sweep.png (needs --out): the trade-off curve, not a point.
 
 Run: .venv/bin/python tests/benchmarks/bench_planner_scenarios.py [--out DIR] [--only NAME]
-     [--duration S] [--sweep 0.8,0.9,0.95,0.99]
+     [--duration S] [--sweep 0.8,0.9,0.95,0.99] [--jobs N]
 Runtime: about 1 ms per simulated step per policy on a quiet core, so a two-day scenario at
 10 s steps is about 20 s per policy quiet and several minutes on a loaded machine; all
 scenarios x 4 policies is tens of minutes. `--duration` trims every scenario (the job streams
@@ -24,10 +24,13 @@ are then cut short too). Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tideshift.services.planner.baselines import POLICIES
@@ -145,24 +148,47 @@ def run_scenario(
     return rows
 
 
+def report(
+    name: str, duration: float | None, out: Path | None, quantiles: Sequence[float]
+) -> tuple[str, list[tuple[str, str, bool]]]:
+    """One scenario's tables, goals (and sweep), as text, with its goals."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        begun = time.perf_counter()
+        rows = run_scenario(name, duration, out)
+        if quantiles:
+            assert out is not None
+            print(f"sweep plot: {sweep(name, quantiles, duration, out)}")
+        print(f"({name}: {time.perf_counter() - begun:.0f} s wall)")
+    return buffer.getvalue(), rows
+
+
 def main(argv: Sequence[str] = ()) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, help="also write the PNG plots here")
     parser.add_argument("--only", choices=NAMES, action="append", help="run only these")
     parser.add_argument("--duration", type=float, help="simulate this many seconds of each")
     parser.add_argument("--sweep", help="headroom quantiles, e.g. 0.8,0.9,0.95,0.99")
+    parser.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel")
     args = parser.parse_args(list(argv))
     if args.sweep and args.out is None:
         parser.error("--sweep: needs --out DIR for the PNG")
     started = time.perf_counter()
-    summary: dict[str, list[tuple[str, str, bool]]] = {}
-    for name in args.only or NAMES:
-        begun = time.perf_counter()
-        summary[name] = run_scenario(name, args.duration, args.out)
-        if args.sweep:
-            quantiles = [float(q) for q in args.sweep.split(",")]
-            print(f"sweep plot: {sweep(name, quantiles, args.duration, args.out)}")
-        print(f"({name}: {time.perf_counter() - begun:.0f} s wall)")
+    quantiles = [float(q) for q in args.sweep.split(",")] if args.sweep else []
+    names = args.only or NAMES
+    # The longest scenarios start first, so parallel workers finish together.
+    longest_first = sorted(
+        names, key=lambda name: -load_scenario(SCENARIOS / f"{name}.yaml").duration_s
+    )
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        reports = {
+            name: pool.submit(report, name, args.duration, args.out, quantiles)
+            for name in longest_first
+        }
+        summary = {}
+        for name in names:  # printed in the usual order as each finishes
+            text, summary[name] = reports[name].result()
+            print(text, end="", flush=True)
     print(f"\n## goals, every scenario\n{'scenario':<24} {'goal':<40} {'numbers':<45} verdict")
     for name, rows in summary.items():
         for goal, numbers, met in rows:
