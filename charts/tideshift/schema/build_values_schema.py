@@ -196,6 +196,16 @@ NATS = obj(
         ),
     }
 )
+RBAC = obj(
+    {
+        "namespaced": BOOLEAN,
+        "namespaces": {
+            "type": "array",
+            "items": string(pattern="^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"),
+            "uniqueItems": True,
+        },
+    }
+)
 REACTIONS = obj(
     {
         "enabled": BOOLEAN,
@@ -296,16 +306,7 @@ def build_schema() -> Schema:
                 },
             ),
             "priorityClassName": string(),
-            "rbac": obj(
-                {
-                    "namespaced": BOOLEAN,
-                    "namespaces": {
-                        "type": "array",
-                        "items": string(pattern="^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"),
-                        "uniqueItems": True,
-                    },
-                }
-            ),
+            "rbac": RBAC,
             "priorityClasses": PRIORITY_CLASSES,
             "nats": NATS,
             **{service: service_schema(service) for service in SERVICES},

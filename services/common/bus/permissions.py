@@ -52,6 +52,12 @@ def _provisioning() -> list[str]:
     return streams + buckets_
 
 
+def _history_keeping() -> list[str]:
+    """The decision history's limits are the executor's own settings (`history_*`), so it
+    alone creates and updates that stream (a copy of decisions; no delete or purge)."""
+    return [f"{API}.STREAM.{op}.{HISTORY_STREAM.name}" for op in ("CREATE", "UPDATE", "INFO")]
+
+
 def _kv_read(bucket: str) -> list[str]:
     """Open, get and list the keys of a bucket (provisioned: `Bus.kv` creates none then)."""
     stream = f"KV_{bucket}"
@@ -190,12 +196,7 @@ def _cluster_roles() -> list[Role]:
             [
                 _all(s.SCALE_RESULT),
                 _letters(EXECUTOR_DURABLE),
-                # The decision history's limits are the executor's own settings (`history_*`),
-                # so it alone creates and updates that stream (a copy; no delete or purge).
-                *[
-                    f"{API}.STREAM.{op}.{HISTORY_STREAM.name}"
-                    for op in ("CREATE", "UPDATE", "INFO")
-                ],
+                *_history_keeping(),
                 *_kv_write(b.EXECUTOR_RECORDS_BUCKET),
                 *_durable_pull(str(s.SCALE_COMMAND.stream), EXECUTOR_DURABLE, s.SCALE_COMMAND),
             ],
