@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from prometheus_client import Counter
+
 from tideshift.events import ScaleCommand, ScaleResult, encode_token
 from tideshift.services.cluster.port import ScaleState, UnsupportedTarget, WorkloadRef
 from tideshift.services.common.bus import KVConflict, TypedKV
@@ -39,6 +41,11 @@ log = logging.getLogger("tideshift.executor")
 
 Outcome = Literal["applied", "noop", "rejected", "failed", "would_scale"]
 CLAIM_ATTEMPTS = 5
+EVENTS = Counter(
+    "tideshift_executor_events_total",
+    "Kubernetes Events on scale targets, by reason and whether they were written",
+    ["reason", "written"],
+)
 
 
 REFUSED_REASON = "TideshiftRefused"  # a command for a target that did not join Tideshift
@@ -233,7 +240,10 @@ class Executor:
                 target, reason=reason, message=message, event_type=event_type
             )
         except Exception as error:
+            EVENTS.labels(reason, "false").inc()
             log.warning("cannot record an event on %s: %s", target, error)
+            return
+        EVENTS.labels(reason, "true").inc()
 
     async def _observed(
         self, command: ScaleCommand, state: ScaleState, decision: Decision

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tideshift.events import ScaleCommand, ScaleResult
 from tideshift.services.cluster.port import ScaleState, WorkloadRef
@@ -71,6 +72,11 @@ class FakeEvents:
         self.told.append((target, event_type, reason, message))
 
 
+def lost_events() -> float:
+    labels = {"reason": SCALED_REASON, "written": "false"}
+    return REGISTRY.get_sample_value("tideshift_executor_events_total", labels) or 0.0
+
+
 def command(target: WorkloadRef, desired: int, reason: str = REASON) -> ScaleCommand:
     return ScaleCommand(
         target=target,
@@ -123,8 +129,10 @@ async def test_a_refused_command_is_a_warning() -> None:
 async def test_an_event_that_cannot_be_written_costs_the_command_nothing() -> None:
     made, scales, events = executor(ScaleState(WEB, replicas=2, role="serving"))
     events.broken = True
+    before = lost_events()
     assert (await made.handle(command(WEB, 5))).outcome == "applied"
     assert scales.writes == [5]
+    assert lost_events() == before + 1
 
 
 async def test_observe_mode_writes_nothing_and_says_what_it_would_do() -> None:
