@@ -58,6 +58,18 @@ def _history_keeping() -> list[str]:
     return [f"{API}.STREAM.{op}.{HISTORY_STREAM.name}" for op in ("CREATE", "UPDATE", "INFO")]
 
 
+def _history_reading() -> list[str]:
+    """`streams.read_kept`: an ephemeral pull consumer on the history, fetched and deleted."""
+    stream = HISTORY_STREAM.name
+    return [
+        f"{API}.STREAM.INFO.{stream}",
+        f"{API}.CONSUMER.CREATE.{stream}",
+        f"{API}.CONSUMER.INFO.{stream}.*",
+        f"{API}.CONSUMER.MSG.NEXT.{stream}.*",
+        f"{API}.CONSUMER.DELETE.{stream}.*",
+    ]
+
+
 def _kv_read(bucket: str) -> list[str]:
     """Open, get and list the keys of a bucket (provisioned: `Bus.kv` creates none then)."""
     stream = f"KV_{bucket}"
@@ -202,13 +214,26 @@ def _cluster_roles() -> list[Role]:
             ],
             [],
         ),
-        _service(
-            "operator",
-            "`tideshift scale`: publishes a scale command and pins, waits for its result",
-            [command, _letters("tideshift-scale-cli"), *_kv_write(b.PINS_BUCKET)],
-            [_all(s.SCALE_RESULT)],
-        ),
+        _operator_role(),
     ]
+
+
+def _operator_role() -> Role:
+    s, b = subjects, buckets
+    return _service(
+        "operator",
+        "`tideshift scale`: publishes a scale command and pins, waits for its result; "
+        "`tideshift explain`/`status` read the decision history, leases and snapshot",
+        [
+            _all(s.SCALE_COMMAND),
+            _letters("tideshift-scale-cli"),
+            *_kv_write(b.PINS_BUCKET),
+            *_history_reading(),
+            *_kv_read(b.LEASES_BUCKET),
+            *_kv_read(b.SNAPSHOT_BUCKET),
+        ],
+        [_all(s.SCALE_RESULT)],
+    )
 
 
 def _training_roles() -> list[Role]:

@@ -10,12 +10,14 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nats.errors
 import nats.js.errors
 import pytest
 
+from tideshift import events
 from tideshift.events.buckets import PINS_BUCKET
 from tideshift.services.common.bus import SCALE_STREAM, Bus
 from tideshift.services.common.bus.permissions import ROLES
@@ -29,6 +31,7 @@ from tideshift.services.common.bus.streams import (
     BUCKETS,
     HISTORY_STREAM,
     TRAINER_MEMBER_TTL_SECONDS,
+    read_kept,
 )
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.trainer.busport import MEMBER_TTL_SECONDS
@@ -186,3 +189,48 @@ async def test_only_the_executor_keeps_the_decision_history_stream(
         assert info.config.max_msgs == HISTORY_STREAM.max_msgs
     finally:
         await executor.close()
+
+
+async def test_the_operator_reads_the_decision_history_but_the_reaction_cannot(
+    provisioned: EmbeddedNats,
+) -> None:
+    executor = await as_role(provisioned, "executor")
+    operator = await as_role(provisioned, "operator")
+    try:
+        await executor.ensure_streams((HISTORY_STREAM,))
+        target = events.WorkloadRef(kind="Deployment", namespace="history", name="web")
+        command = events.ScaleCommand(
+            target=target,
+            desired=3,
+            reason="test",
+            plan_id="p1",
+            issued_at=datetime.now(UTC),
+            idempotency_key="history-k1",
+            issuer="operator",
+        )
+        subject = events.SCALE_COMMAND.at(namespace="history", kind="Deployment", name="web")
+        await operator.publish_durable(subject, command)
+
+        async def copied() -> list[str]:
+            # The history sources the scale stream on its own schedule: read until it has it.
+            while True:
+                read = [
+                    s
+                    async for s, _ in read_kept(
+                        operator.js, HISTORY_STREAM, (subject.value,), since=None
+                    )
+                ]
+                if read:
+                    return read
+                await asyncio.sleep(0.1)
+
+        assert await asyncio.wait_for(copied(), 30) == [subject.value]
+    finally:
+        await operator.close()
+        await executor.close()
+    reaction = await as_role(provisioned, "reaction")
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            await reaction.connection.jetstream(timeout=1).stream_info(HISTORY_STREAM.name)
+    finally:
+        await reaction.close()
