@@ -87,13 +87,23 @@ async def _connect(url: str, credentials: str | None, timeout: float) -> Bus:
         raise Failure(f"cannot reach NATS at {url}: {error}") from None
 
 
-async def _kept(bus: Bus, filters: tuple[str, ...], since: datetime | None) -> list[Any]:
-    """The decoded events on `filters` (since `since`, else the last per subject); ones that
-    no longer decode are counted on stderr and skipped."""
+async def _kept(
+    bus: Bus,
+    filters: tuple[str, ...],
+    since: datetime | None,
+    *,
+    about: WorkloadRef | None = None,
+) -> list[Any]:
+    """The decoded events on `filters` (since `since`, else the last per subject), plans cut
+    down to `about`'s decision if given; ones that no longer decode are counted on stderr and
+    skipped."""
     events: list[Any] = []
     unreadable = 0
+    plans = PLAN_DECIDED.filter().value.removesuffix("*")
     try:
-        async for _, raw in read_kept(bus.js, HISTORY_STREAM, filters, since=since):
+        async for subject, payload in read_kept(bus.js, HISTORY_STREAM, filters, since=since):
+            narrow = about is not None and subject.startswith(plans)
+            raw = _narrowed(payload, about) if narrow and about is not None else payload
             try:
                 events.append(decode(raw, max_bytes=bus.max_message_bytes).data)
             except EventRejected:
@@ -103,6 +113,24 @@ async def _kept(bus: Bus, filters: tuple[str, ...], since: datetime | None) -> l
     if unreadable:
         print(f"skipped {unreadable} unreadable messages of the history", file=sys.stderr)
     return events
+
+
+def _narrowed(raw: bytes, target: WorkloadRef) -> bytes:
+    """A plan without the decisions about other targets, before it is validated: validating
+    every target of every plan of a day cost ~20x reading them (bench_insight_history.py).
+    Name and namespace select; the validated kind decides (`history.decisions`)."""
+    try:
+        body = json.loads(raw)
+        items = body["data"]["targets"]
+        body["data"]["targets"] = [
+            item
+            for item in items
+            if (item["target"]["name"], item["target"]["namespace"])
+            == (target.name, target.namespace)
+        ]
+    except (ValueError, KeyError, TypeError):
+        return raw  # not a plan's shape: the codec says what is wrong with it
+    return json.dumps(body).encode()
 
 
 def _explain_parser() -> argparse.ArgumentParser:
@@ -141,7 +169,7 @@ async def _explain(args: argparse.Namespace, target: WorkloadRef, since: datetim
     )
     bus = await _connect(args.nats_url, args.nats_credentials, args.timeout)
     try:
-        kept = await _kept(bus, filters, since)
+        kept = await _kept(bus, filters, since, about=target)
     finally:
         await bus.close()
     steps = history.decisions(target, kept)

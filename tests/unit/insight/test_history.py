@@ -20,8 +20,9 @@ from tideshift.events import (
     WorkloadChanged,
     WorkloadRef,
 )
+from tideshift.events.codec import decode, encode
 from tideshift.events.models import Headroom
-from tideshift.services.insight import history, picture
+from tideshift.services.insight import cli, history, picture
 
 T0 = datetime(2026, 11, 25, 10, 0, tzinfo=UTC)
 WEB = WorkloadRef("shop", "Deployment", "web")
@@ -185,3 +186,12 @@ def test_the_lease_says_who_leads_whatever_the_last_announcements_said() -> None
     shown = picture.picture(expired, now)
     assert not any(p.leader for p in shown.planners)
     assert "no planner leads" in picture.render(shown)
+
+
+def test_explain_validates_only_the_explained_targets_part_of_each_plan() -> None:
+    raw = encode(plan(0, 18, 24, "forecast", headroom=PARTS), source="t", subject="s")
+    narrowed = decode(cli._narrowed(raw, WEB)).data
+    assert isinstance(narrowed, PlanDecided)
+    assert [item.target for item in narrowed.targets] == [WEB]
+    assert narrowed.targets[0].headroom == PARTS
+    assert cli._narrowed(b"not json", WEB) == b"not json"  # the codec will say what it is
