@@ -111,7 +111,7 @@ def rebalance_partly(
     if gang_only is None:
         return at_floor
     total = solver.allocatable.sum(axis=0)
-    return _worth_moving(jobs, gang_only, at_floor, total=total, config=config)
+    return _worth_moving(jobs, gang_only, at_floor, fair=fair, total=total, config=config)
 
 
 def _worth_moving(
@@ -119,11 +119,13 @@ def _worth_moving(
     gang_only: Rebalance,
     at_floor: Rebalance,
     *,
+    fair: Sequence[int],
     total: FloatArray,
     config: PolicyConfig,
 ) -> Rebalance:
     """The floor's moves when what they buy over the horizon beyond letting the gangs in
-    exceeds their restarts; else the gangs only, saying so."""
+    exceeds their restarts; else the gangs only, saying so (the loss in percent of the
+    tier's work over the horizon)."""
     horizon = config.release_horizon_s
     kept = [item.kept_total for item in jobs]
     extra = change_gain(jobs, kept, at_floor.counts, horizon_s=horizon, total=total) - change_gain(
@@ -131,10 +133,15 @@ def _worth_moving(
     )
     if extra > 0:
         return at_floor
+    work = horizon * sum(
+        job_rate(item, count, total) for item, count in zip(jobs, kept, strict=True)
+    )
+    loss = -extra / work if work > 0 else 0.0
     why = {
-        i: f"{reason}; lifting the others to {config.rebalance_floor:.0%} of their share "
-        f"would not pay its restarts over the next {horizon:.0f} s ({extra:+.3g} weighted work)"
-        for i, reason in gang_only.reasons.items()
+        i: f"keeps {gang_only.counts[i]} above its fair share {fair[i]}: lifting the others to "
+        f"{config.rebalance_floor:.0%} of their share would not pay its restarts ({loss:.1%} "
+        f"less of the tier's work over the next {horizon:.0f} s)"
+        for i in gang_only.reasons
     }
     return Rebalance(gang_only.counts, gang_only.bounds, gang_only.excluded, why)
 
