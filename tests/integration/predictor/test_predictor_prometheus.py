@@ -83,9 +83,6 @@ def near(value: float, target: float, tolerance: float) -> bool:
     return abs(value - target) <= tolerance * target
 
 
-# Known flake: in full runs the outage-log count and the first fresh forecast depended on
-# other tests' workloads and on load (both mended, not yet seen green in a full run).
-@pytest.mark.xfail(strict=False, reason="flaky in full runs before its last mend; see comment")
 async def test_forecasts_track_the_rate_and_survive_a_prometheus_restart(
     bus: Bus,
     unique: str,
