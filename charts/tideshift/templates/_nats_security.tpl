@@ -62,3 +62,34 @@ presents, handed to the bus as TIDESHIFT_NATS_TLS_* (services/common/bus/connect
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/*
+A service's init container (dict "root" "service"): with logins on, only the provisioning Job
+creates the streams and buckets, so the service waits for them, with its own login, saying
+what is missing (`tideshift nats provision --wait`) rather than failing on a missing bucket.
+*/}}
+{{- define "tideshift.natsProvisionedWait" -}}
+{{- $root := .root }}
+{{- if and (include "tideshift.natsAuth" $root) $root.Values.nats.provision.enabled }}
+initContainers:
+  - name: wait-for-streams
+    image: {{ include "tideshift.image" $root }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    args: ["nats", "provision", "--wait"]
+    env:
+      {{- include "tideshift.natsEnv" $root | nindent 6 }}
+      {{- include "tideshift.natsLogin" (dict "root" $root "role" .service) | nindent 6 }}
+      {{- include "tideshift.natsTlsEnv" $root | nindent 6 }}
+    resources:
+      requests:
+        cpu: 20m
+        memory: 64Mi
+      limits:
+        memory: 192Mi
+    securityContext:
+      {{- toYaml $root.Values.securityContext | nindent 6 }}
+    volumeMounts:
+      {{- include "tideshift.natsVolumeMounts" $root | nindent 6 }}
+      {{- include "tideshift.natsTlsVolumeMounts" $root | nindent 6 }}
+{{- end }}
+{{- end -}}

@@ -97,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
             "Create Tideshift's JetStream streams and key/value and object buckets (idempotent). "
             "Log in as the provisioner: TIDESHIFT_NATS_USER=provisioner with "
             "TIDESHIFT_NATS_PASSWORD or TIDESHIFT_NATS_PASSWORD_FILE; TLS from "
-            "TIDESHIFT_NATS_TLS_CA_FILE (and _CERT_FILE/_KEY_FILE)."
+            "TIDESHIFT_NATS_TLS_CA_FILE (and _CERT_FILE/_KEY_FILE). With --wait, any service's "
+            "login only waits until it is done (the chart's init container of each service)."
         ),
     )
     parser.add_argument(
@@ -111,7 +112,21 @@ def _parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds to wait for the server to answer (default 60)",
     )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="create nothing: wait (up to 300 s) until the streams exist, saying what is missing",
+    )
     return parser
+
+
+async def _wait_at(url: str, timeout: float) -> list[str]:
+    bus = await Bus.connect(url, name="tideshift-provision-wait", connect_timeout=timeout)
+    try:
+        await wait_provisioned(bus)
+        return [spec.name for spec in STREAMS]
+    finally:
+        await bus.close()
 
 
 async def provision_at(
@@ -134,11 +149,13 @@ def main(argv: Sequence[str]) -> int:
         _parser().error("--nats-url: expected a NATS URL (or set TIDESHIFT_NATS_URL)")
     if not 0 < args.timeout <= 3600:
         _parser().error("--timeout: expected seconds between 0 and 3600")
+    work = _wait_at if args.wait else provision_at
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
-        created = asyncio.run(provision_at(args.nats_url, timeout=args.timeout))
-    except (ConnectionError, TimeoutError, nats.errors.Error) as error:
+        found = asyncio.run(work(args.nats_url, timeout=args.timeout))
+    except (ConnectionError, TimeoutError, NotProvisioned, nats.errors.Error) as error:
         reason = " ".join(str(error).split()) or type(error).__name__
         print(f"tideshift nats provision: {redact(args.nats_url)}: {reason}", file=sys.stderr)
         return 1
-    print(f"provisioned {len(created)} streams: {', '.join(created)}")
+    print(f"{'found' if args.wait else 'provisioned'} {len(found)} streams: {', '.join(found)}")
     return 0

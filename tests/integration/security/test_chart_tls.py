@@ -53,9 +53,9 @@ def pod_of(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return pod
 
 
-def tls_files(pod: dict[str, Any]) -> dict[str, str]:
-    """Each TLS variable of the pod's container -> the Secret and key the file comes from."""
-    container = pod["containers"][0]
+def tls_files(pod: dict[str, Any], containers: str = "containers") -> dict[str, str]:
+    """Each TLS variable of the pod's first container -> the Secret and key of its file."""
+    container = pod[containers][0]
     env = {item["name"]: item.get("value") for item in container["env"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v.get("secret") for v in pod["volumes"]}
@@ -76,7 +76,14 @@ def test_every_service_and_the_provisioning_job_get_the_ca_and_client_certificat
         TLS_KEY_VARIABLE: "tideshift-client/tls.key",
     }
     for service in ("watcher", "predictor", "planner", "executor"):
-        assert tls_files(pod_of(docs, "Deployment", f"ts-tideshift-{service}")) == expected
+        pod = pod_of(docs, "Deployment", f"ts-tideshift-{service}")
+        assert tls_files(pod) == expected
+        # It waits for the provisioning Job with its own login, over the same TLS.
+        assert tls_files(pod, "initContainers") == expected
+        (waiting,) = pod["initContainers"]
+        assert waiting["args"] == ["nats", "provision", "--wait"]
+        login = {item["name"]: item.get("value") for item in waiting["env"]}
+        assert login["TIDESHIFT_NATS_USER"] == service
     job = pod_of(docs, "Job", "ts-tideshift-nats-provision-1")
     assert tls_files(job) == expected
     env = {item["name"]: item.get("value") for item in job["containers"][0]["env"]}

@@ -30,6 +30,7 @@ from tideshift.services.common.bus.provision import (
 from tideshift.services.common.bus.streams import (
     BUCKETS,
     HISTORY_STREAM,
+    STREAMS,
     TRAINER_MEMBER_TTL_SECONDS,
     read_kept,
 )
@@ -234,3 +235,35 @@ async def test_the_operator_reads_the_decision_history_but_the_reaction_cannot(
             await reaction.connection.jetstream(timeout=1).stream_info(HISTORY_STREAM.name)
     finally:
         await reaction.close()
+
+
+def test_a_service_login_waits_for_provisioning_saying_what_is_missing(
+    bare: EmbeddedNats,
+) -> None:
+    """The chart's init container of each service: `tideshift nats provision --wait`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESHIFT_")}
+    env |= {
+        "TIDESHIFT_NATS_URL": bare.url,
+        "TIDESHIFT_NATS_USER": "executor",
+        "TIDESHIFT_NATS_PASSWORD": bare.passwords["executor"],
+    }
+    waiting = subprocess.Popen(
+        [TIDESHIFT, "nats", "provision", "--wait"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert waiting.stderr is not None
+        said = waiting.stderr.readline()
+        assert "waiting for streams" in said and "tideshift nats provision" in said
+        assert waiting.poll() is None
+        assert provision_command(bare, "provisioner").returncode == 0
+        out, _ = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0
+        assert out.startswith(f"found {len(STREAMS)} streams")
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
