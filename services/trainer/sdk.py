@@ -129,6 +129,7 @@ class ElasticJob:
         self._deliveries: Any = None
         self._beat: asyncio.Task[None] | None = None
         self._beat_stop = asyncio.Event()
+        self._attached = threading.Event()
         self.applied_batches = 0
         self.applied_samples = 0
 
@@ -144,6 +145,7 @@ class ElasticJob:
         grace_seconds: float = 10.0,
         spec_timeout: float = 120.0,
         handle_sigterm: bool = True,
+        standby: bool | None = None,
     ) -> ElasticJob:
         """Join `job` (default: $TIDESHIFT_JOB) on `nats_url` (default: $TIDESHIFT_NATS_URL).
 
@@ -151,6 +153,11 @@ class ElasticJob:
         saying so at once and every few seconds (a WARNING, shown without logging set up);
         raises ValueError when the job or URL is not given, TimeoutError when no spec comes,
         and SystemExit(0) on SIGTERM during the wait (the process stops cleanly).
+
+        A warm standby (`standby=True`, default: $TIDESHIFT_STANDBY is "1") connects, reads
+        the spec and may `initialize()`, but joins only when `attach()` is called or SIGUSR1
+        arrives: its imports and model are ready, so joining takes about a second; until then
+        `tasks()` waits and takes no work.
         """
         job = job or os.environ.get("TIDESHIFT_JOB")
         url = nats_url or os.environ.get("TIDESHIFT_NATS_URL")
@@ -186,9 +193,23 @@ class ElasticJob:
         self = cls(loop, bus, spec, trainer, grace_seconds)
         if catch:
             signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
-        self._beat = loop.run(self._start_membership())
-        log.info("job %s: trainer %s joined", job, trainer)
+        if standby if standby is not None else os.environ.get("TIDESHIFT_STANDBY") == "1":
+            if catch:
+                signal.signal(signal.SIGUSR1, lambda *_: self.attach())
+            log.info("job %s: trainer %s standing by; SIGUSR1 joins it", job, trainer)
+        else:
+            self.attach()
         return self
+
+    def attach(self) -> None:
+        """Join the job now (a warm standby's SIGUSR1); a no-op once joined."""
+        self._attached.set()
+
+    def _join(self) -> None:
+        """Announce this trainer and keep its member key, once, before its first task."""
+        if self._beat is None:
+            self._beat = self._loop.run(self._start_membership())
+            log.info("job %s: trainer %s joined", self.spec.job, self.trainer)
 
     def request_stop(self) -> None:
         """Finish the current batch, hand the rest back, end `tasks()` (what SIGTERM does)."""
@@ -289,6 +310,10 @@ class ElasticJob:
     def tasks(self) -> Iterator[Task]:
         """Shard tasks until the job finishes or this trainer is asked to stop."""
         self._require_client()
+        while not self._attached.wait(POLL_SECONDS):
+            if self.stopping:
+                return
+        self._join()
         while not self.stopping:
             delivery = self._loop.run(self._next_delivery())
             if delivery is None:
@@ -392,7 +417,8 @@ class ElasticJob:
         if self._deliveries is not None:
             with contextlib.suppress(Exception):
                 await self._deliveries.aclose()
-        await self._announce("left", "stopped" if self.stopping else "done")
+        if self._beat is not None:  # a standby that never joined has nothing to announce
+            await self._announce("left", "stopped" if self.stopping else "done")
         self._beat_stop.set()
         if self._beat is not None:
             await self._beat

@@ -1,21 +1,23 @@
 """Elastic training figures on the Paddle CTR example: throughput, goodput under churn, join
 and leave latency, pserver gradient throughput against raw NATS request/reply.
 
-Run: `.venv/bin/python tests/benchmarks/bench_elastic.py [--quick]`. Starts its own
-nats-server, pservers, coordinator and `examples/training/paddle_ctr/ctr.py` trainers.
+Run: `.venv/bin/python tests/benchmarks/bench_elastic.py [--quick] [--per-hour N |
+--simulated FILE...]`. Starts its own nats-server, pservers, coordinator and
+`examples/training/paddle_ctr/ctr.py` trainers.
 
-* samples/s with 1, 2 and 4 trainers: applied batches x batch size over a window, measured
+* samples/s with 1, 2, 3 and 4 trainers: applied batches x batch size over a window, measured
   once every trainer has applied its first batch (the job has open-ended epochs);
-* churn: starting from 2 trainers, every --churn-every seconds one is SIGTERMed, then one
-  added, then another added (2, 1, 2, 3 trainers: a time-weighted mean of 2); goodput =
-  samples/s under churn / steady samples/s with 2 trainers, both measured in this run;
-* goodput (b), the worst case: the churn above; from process start (what the run measured)
-  and from SDK connect (each join's process start -> SDK connect, Python and Paddle imports
-  that a cluster's image and scheduler charge anyway, given back);
-* goodput (a), at the planner's real churn: trainer changes per job-hour from
-  `tideshift simulate --json` (policy tideshift) on loadgen/scenarios/*.yaml, charged the
-  seconds of training each change cost in (b): 1 - changes/h x lost s per change / 3600;
-* join latency: trainer process start -> its first applied batch (from its log);
+* churn: from 2 trainers, one change per interval: one SIGTERMed, one added, another added,
+  one SIGTERMed (1, 2, 3, 2 trainers: a time-weighted mean of 2); goodput = samples/s under
+  churn / the same time-weighted mean of the steady rates, (r1 + 2 r2 + r3) / 4, all
+  measured in this run. Each churn runs twice: joins as new processes (from process start:
+  Python and Paddle imports, model build, SDK connect) and as warm standby processes
+  (`TIDESHIFT_STANDBY=1`, started before the window, joined by SIGUSR1: from SDK attach);
+* goodput (a): a change every 3600 / N s, N the trainer changes per job-hour the planner
+  makes in `tideshift simulate` (--per-hour, or computed from `simulate --json` outputs
+  given with --simulated as trainer_churn / (jobs.total x jobs.jct_s.mean), the highest);
+* goodput (b), the worst case: a change every --churn-every (20) s;
+* join latency: process start (cold) or SIGUSR1 (warm) -> the trainer's first applied batch;
 * leave latency: SIGTERM -> process exit;
 * gradient MB/s: dense pushes through the pserver (chunked, applied with SGD) against raw
   NATS request/reply of the same bytes in messages of the same size and concurrency.
@@ -28,8 +30,8 @@ import argparse
 import asyncio
 import json
 import re
+import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,21 +70,17 @@ def logged_at(trainer: ServiceProcess, what: str) -> float | None:
     return None
 
 
-def simulated_churn() -> dict[str, float]:
-    """Trainer changes per job-hour the tideshift policy makes, per shipped scenario with
-    training jobs (`trainer_churn` over the jobs' summed completion times)."""
+def simulated_rates(paths: list[Path]) -> dict[str, float]:
+    """Trainer changes per job-hour in `tideshift simulate --json` outputs (policy tideshift):
+    trainer pods started and stopped over the jobs' summed time (unfinished jobs count to
+    the end of the simulation)."""
     rates = {}
-    for scenario in sorted((REPO / "loadgen" / "scenarios").glob("*.yaml")):
-        result = subprocess.run(
-            [sys.executable, "-m", "tideshift.services.cli", "simulate", "--scenario",
-             str(scenario), "--policy", "tideshift", "--json"],
-            cwd=REPO, capture_output=True, text=True, timeout=900, check=True,
-        )  # fmt: skip
-        policy = json.loads(result.stdout)["policies"]["tideshift"]
-        jobs = policy.get("jobs", {})
-        job_hours = jobs.get("finished", 0) * jobs.get("jct_s", {}).get("mean", 0.0) / 3600
+    for path in paths:
+        policy = json.loads(path.read_text())["policies"]["tideshift"]
+        jobs = policy["jobs"]
+        job_hours = jobs["total"] * jobs["jct_s"]["mean"] / 3600
         if job_hours > 0:
-            rates[scenario.stem] = policy["trainer_churn"] / job_hours
+            rates[path.name] = policy["trainer_churn"] / job_hours
     return rates
 
 
@@ -103,8 +101,9 @@ class Job:
         )  # fmt: skip
         (workdir / label).mkdir(parents=True)
         self.bus = bus
-        self.trainers: list[ServiceProcess] = []
-        self.started_at: dict[str, float] = {}
+        self.trainers: list[ServiceProcess] = []  # joined (or joining) trainers
+        self.standbys: list[ServiceProcess] = []  # warm, not joined yet
+        self.started_at: dict[str, float] = {}  # process start (cold) or SIGUSR1 (warm)
         self.client: PServerClient | None = None
 
     async def start(self, trainers: int) -> None:
@@ -115,10 +114,35 @@ class Job:
             self.add()
         self.client = await client_of(self.bus, self.harness.job)
 
+    def _process(self, standby: bool) -> ServiceProcess:
+        name = f"t{len(self.trainers) + len(self.standbys) + 1}"
+        trainer = self.harness.script(name, SCRIPT, ["--grace-seconds", "10"])
+        trainer.env["TIDESHIFT_STANDBY"] = "1" if standby else "0"
+        return trainer
+
     def add(self) -> ServiceProcess:
-        name = f"t{len(self.trainers) + 1}"
-        self.started_at[name] = time.time()
-        trainer = self.harness.script(name, SCRIPT, ["--grace-seconds", "10"]).start()
+        """A new trainer process: joins after its imports and connect (a cold join)."""
+        trainer = self._process(standby=False)
+        self.started_at[trainer.name] = time.time()
+        self.trainers.append(trainer.start())
+        return trainer
+
+    async def prepare_standbys(self, count: int) -> None:
+        """Warm standby processes: imported, connected and initialised, not joined."""
+        started = [self._process(standby=True) for _ in range(count)]
+        for trainer in started:
+            self.standbys.append(trainer.start())
+
+        async def ready() -> bool:
+            return all(logged_at(t, "standing by") is not None for t in started)
+
+        await wait_until(ready, timeout=180, what="the warm standbys", every=0.2)
+
+    def attach(self) -> ServiceProcess:
+        """Join a warm standby (SIGUSR1)."""
+        trainer = self.standbys.pop(0)
+        self.started_at[trainer.name] = time.time()
+        trainer.signal(signal.SIGUSR1)
         self.trainers.append(trainer)
         return trainer
 
@@ -133,27 +157,28 @@ class Job:
         async def joined() -> bool:
             return all(first_batch_at(t) is not None for t in self.trainers if t.running)
 
-        await wait_until(joined, timeout=120, what="every trainer's first batch", every=0.2)
+        await wait_until(joined, timeout=180, what="every trainer's first batch", every=0.2)
 
     async def applied(self) -> int:
-        assert self.client is not None
+        client = self.client
+        assert client is not None
         counts: list[int] = []
 
         async def answered() -> bool:
-            count = await applied_total(self.client)  # type: ignore[arg-type]
+            count = await applied_total(client)
             counts.extend([] if count is None else [count])
             return bool(counts)
 
         await wait_until(answered, timeout=30, what="the pservers' counts")
         return counts[0]
 
-    def join_latencies(self) -> list[tuple[float, float]]:
-        """(process start -> first applied batch, connected -> first applied batch) each."""
+    def join_latencies(self, skip: int = 0) -> list[tuple[float, float]]:
+        """(start or SIGUSR1 -> first applied batch, start or SIGUSR1 -> SDK joined) of each
+        trainer after the first `skip`."""
         return [
-            (at - self.started_at[t.name], at - connected)
-            for t in self.trainers
-            if (at := first_batch_at(t)) is not None
-            and (connected := logged_at(t, "joined")) is not None
+            (at - self.started_at[t.name], joined - self.started_at[t.name])
+            for t in self.trainers[skip:]
+            if (at := first_batch_at(t)) is not None and (joined := logged_at(t, "joined"))
         ]
 
     async def stop(self) -> None:
@@ -161,7 +186,12 @@ class Job:
         self.harness.kill_all()
 
 
-async def steady(server: EmbeddedNats, bus: Bus, workdir: Path, trainers: int, window: float):
+Figures = tuple[float, list[tuple[float, float]], list[float]]  # samples/s, joins, leaves
+
+
+async def steady(
+    server: EmbeddedNats, bus: Bus, workdir: Path, trainers: int, window: float
+) -> Figures:
     job = Job(server, bus, workdir, f"steady{trainers}")
     try:
         await job.start(trainers)
@@ -174,23 +204,36 @@ async def steady(server: EmbeddedNats, bus: Bus, workdir: Path, trainers: int, w
         await job.stop()
 
 
-async def churn(server: EmbeddedNats, bus: Bus, workdir: Path, every: float):
-    job = Job(server, bus, workdir, "churn")
+# One change per interval from 2 trainers: 1, 2, 3, 2 trainers, a time-weighted mean of 2.
+PATTERN = ("remove", "join", "join", "remove")
+
+
+async def churn(
+    server: EmbeddedNats, bus: Bus, workdir: Path, every: float, *, warm: bool
+) -> Figures:
+    """samples/s over len(PATTERN) intervals of `every` s, the joins' latencies and the
+    leaves' (joins are new processes, or warm standbys when `warm`)."""
+    job = Job(server, bus, workdir, f"churn-{'warm' if warm else 'cold'}-{every:.0f}s")
     try:
         await job.start(2)
+        if warm:
+            await job.prepare_standbys(PATTERN.count("join"))
         await job.all_joined()
+        initial = len(job.trainers)
         before, started = await job.applied(), time.monotonic()
         leaves = []
-        for step in ("remove", "add", "add", "hold"):
-            if step == "remove":
+        for step, change in enumerate(PATTERN):
+            if change == "remove":
                 leaves.append(await job.remove())
-            elif step == "add":
+            elif warm:
+                job.attach()
+            else:
                 job.add()
-            await asyncio.sleep(max(0.0, every - (time.monotonic() - started) % every))
+            await asyncio.sleep(max(0.0, (step + 1) * every - (time.monotonic() - started)))
         elapsed = time.monotonic() - started
         rate = (await job.applied() - before) * DATA.batch_size / elapsed
         await job.all_joined()
-        return rate, job.join_latencies(), leaves
+        return rate, job.join_latencies(skip=initial), leaves
     finally:
         await job.stop()
 
@@ -268,7 +311,40 @@ def p99(values: list[float]) -> float:
     return float(np.percentile(values, 99)) if values else float("nan")
 
 
+def latency_line(label: str, values: list[float]) -> str:
+    if not values:
+        return f"{label}: no joins measured"
+    return (
+        f"{label}: p50 {statistics.median(values):.2f}s, p99 {p99(values):.2f}s, "
+        f"max {max(values):.2f}s over {len(values)}"
+    )
+
+
+async def goodput(
+    server: EmbeddedNats, bus: Bus, workdir: Path, every: float, baseline: float, label: str
+) -> list[float]:
+    """Both churns at one change every `every` s; prints them; returns the leave latencies."""
+    leaves: list[float] = []
+    for warm in (False, True):
+        rate, joins, leave = await churn(server, bus, workdir, every, warm=warm)
+        leaves += leave
+        clock = "from SDK attach (warm standby)" if warm else "from process start"
+        print(
+            f"goodput {label}, a change every {every:.0f}s ({3600 / every:.0f} per job-hour), "
+            f"joins {clock}: {rate:8.0f} samples/s = {rate / baseline:.1%} of steady",
+            flush=True,
+        )
+        start = "SIGUSR1" if warm else "process start"
+        print("  " + latency_line(f"join, {start} -> first applied batch", [a for a, _ in joins]))
+        print("  " + latency_line(f"join, {start} -> SDK joined", [j for _, j in joins]))
+    return leaves
+
+
 async def run(args: argparse.Namespace) -> None:
+    rates_per_hour = simulated_rates(args.simulated)
+    for name, per_hour in rates_per_hour.items():
+        print(f"simulate {name}: {per_hour:.1f} trainer changes per job-hour")
+    per_hour = max(rates_per_hour.values(), default=args.per_hour)
     server = EmbeddedNats()
     server.start()
     bus = await Bus.connect(server.url, name="bench")
@@ -277,49 +353,22 @@ async def run(args: argparse.Namespace) -> None:
         rates: dict[int, float] = {}
         joins: list[tuple[float, float]] = []
         leaves: list[float] = []
-        for trainers in (1, 2, 4):
+        for trainers in (1, 2, 3, 4):
             rates[trainers], join, leave = await steady(server, bus, workdir, trainers, args.window)
             joins += join
             leaves += leave
             print(f"steady {trainers} trainer(s): {rates[trainers]:8.0f} samples/s", flush=True)
-        churn_rate, join, leave = await churn(server, bus, workdir, args.churn_every)
-        joins += join
-        leaves += leave
-        goodput_start = churn_rate / rates[2]
-        # 3 changes (a leave, two joins); each join's imports given back for "from connect".
-        imports = statistics.mean(start - sdk for start, sdk in join) if join else 0.0
-        lost_start = (1 - goodput_start) * args.churn_every
-        lost_connect = max(0.0, lost_start - imports * 2 / 3)
-        goodput_connect = 1 - lost_connect / args.churn_every
+        baseline = (rates[1] + 2 * rates[2] + rates[3]) / 4
+        print(f"steady baseline for 1, 2, 3, 2 trainers: {baseline:8.0f} samples/s")
+        leaves += await goodput(server, bus, workdir, 3600 / per_hour, baseline, "(a)")
+        leaves += await goodput(server, bus, workdir, args.churn_every, baseline, "(b)")
         print(
-            f"goodput (b), 2,1,2,3 trainers, a change every {args.churn_every:.0f}s: "
-            f"{churn_rate:8.0f} samples/s; vs steady 2 from process start {goodput_start:.0%}, "
-            f"from SDK connect {goodput_connect:.0%} (lost per change {lost_start:.1f}s / "
-            f"{lost_connect:.1f}s; process start -> SDK connect {imports:.1f}s per join)"
+            f"scaling: 2 trainers {rates[2] / rates[1]:.2f}x, 3 {rates[3] / rates[1]:.2f}x, "
+            f"4 {rates[4] / rates[1]:.2f}x of one"
         )
-        for scenario, per_hour in simulated_churn().items():
-            print(
-                f"goodput (a), {scenario}: {per_hour:.1f} trainer changes per job-hour "
-                f"(one every {3600 / per_hour:.0f}s): from process start "
-                f"{1 - per_hour * lost_start / 3600:.1%}, from SDK connect "
-                f"{1 - per_hour * lost_connect / 3600:.1%} of steady"
-            )
-        print(
-            f"scaling: 2 trainers {rates[2] / rates[1]:.2f}x, "
-            f"4 trainers {rates[4] / rates[1]:.2f}x of one"
-        )
-        for label, values in (
-            ("process start", [start for start, _ in joins]),
-            ("SDK connected (after Python and Paddle imports)", [sdk for _, sdk in joins]),
-        ):
-            print(
-                f"join latency, {label} -> first applied batch: p50 "
-                f"{statistics.median(values):.2f}s, p99 {p99(values):.2f}s over {len(values)} joins"
-            )
-        print(
-            f"leave latency (SIGTERM -> exit): p50 {statistics.median(leaves):.2f}s, "
-            f"max {max(leaves):.2f}s over {len(leaves)} leaves (grace 10s)"
-        )
+        print(latency_line("steady jobs' joins, process start -> first applied batch",
+                           [a for a, _ in joins]))  # fmt: skip
+        print(latency_line("leave latency (SIGTERM -> exit, grace 10s)", leaves))
         print(
             "gradient throughput (dense float32, applied with SGD, in 256 KiB parts; median of 3):"
         )
@@ -336,7 +385,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 s windows, 1 and 8 MB pushes")
     parser.add_argument("--window", type=float, default=30.0, help="steady measuring window (s)")
-    parser.add_argument("--churn-every", type=float, default=20.0, help="seconds between changes")
+    parser.add_argument("--churn-every", type=float, default=20.0, help="(b): seconds per change")
+    parser.add_argument(
+        "--per-hour", type=float, default=50.0,
+        help="(a): trainer changes per job-hour (default 50: family-periodic-spikes, 6 h)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--simulated", type=Path, nargs="*", default=[],
+        help="`tideshift simulate --json` outputs; (a) takes their highest rate",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.window = 10.0

@@ -11,13 +11,15 @@ import asyncio
 import json
 import signal
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_harness import JobHarness, one_shard_job, wait_until
+from trainer_harness import REPO, JobHarness, one_shard_job, wait_until
 
 from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -100,6 +102,13 @@ async def test_a_batch_one_pserver_already_holds_is_a_duplicate_to_the_trainer(
     finally:
         await harness.stop_all()
         harness.kill_all()
+
+
+def training(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tideshift.services.cli", "training", *args, "--nats-url", url],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
 
 
 def free_port() -> int:
@@ -230,6 +239,64 @@ async def test_a_rolled_back_pserver_counts_what_it_trains_again_and_exactly_onc
         # To the trainer those pushes were not "applied": counting "applied" results would
         # not add up to the batches, which is why the check is on the pservers' counts.
         assert outcomes.count("applied") < 2 * BATCHES <= outcomes.count("applied") + 5 + 1
+    finally:
+        await harness.stop_all()
+        harness.kill_all()
+
+
+STANDBY_TRAINER = """
+import logging
+import numpy as np
+from tideshift.services.trainer.sdk import ElasticJob
+
+logging.basicConfig(level=logging.INFO)
+
+with ElasticJob.connect() as job:  # TIDESHIFT_STANDBY=1: joins on SIGUSR1
+    job.initialize({"w": np.zeros(4, dtype=np.float32), "b": np.zeros(2)})
+    print("initialised", flush=True)
+    for task in job.tasks():
+        for _ in task.batches(lambda location: [0, 1]):
+            gradient = {"w": np.ones(4, dtype=np.float32), "b": np.ones(2)}
+            print(task.push(gradient, samples=1), flush=True)
+"""
+
+
+async def test_a_warm_standby_trainer_takes_no_work_until_sigusr1_then_joins(
+    nats_server: EmbeddedNats, tmp_path: Path, unique: str
+) -> None:
+    """A standby connects and initialises but is no member and takes no task; SIGUSR1 joins
+    it and it trains the job to the end; a SIGTERMed standby exits 0 without joining."""
+    script = tmp_path / "standby_trainer.py"
+    script.write_text(STANDBY_TRAINER)
+    harness = one_shard_job(nats_server.url, f"warm-{unique}", tmp_path)
+    try:
+        harness.pserver(0).start()
+        harness.pserver(1).start()
+        coordinator = harness.coordinator().start()
+        warm, idle = (harness.script(name, script, []) for name in ("t-warm", "t-idle"))
+        for trainer in (warm, idle):
+            trainer.env["TIDESHIFT_STANDBY"] = "1"
+            trainer.start()
+
+        async def standing_by() -> bool:
+            return all(
+                "initialised" in t.stdout() and "standing by" in t.stderr_path.read_text()
+                for t in (warm, idle)
+            )
+
+        await wait_until(standing_by, timeout=90, what="both standbys ready")
+        status = await asyncio.to_thread(training, nats_server.url, "status", "--job", harness.job)
+        seen = json.loads(status.stdout)
+        assert seen["trainers"] == [] and seen["shards_applied_in_epoch"] == 0, seen
+        assert [p["batches_applied"] for p in seen["pservers"]] == [0, 0]
+        idle.signal(signal.SIGTERM)
+        assert await idle.wait(30) == 0, idle.tail()
+        warm.signal(signal.SIGUSR1)
+        assert await coordinator.wait(60) == 0, coordinator.tail()
+        assert await warm.wait(30) == 0, warm.tail()
+        assert warm.stdout().split() == ["initialised", "applied", "applied"]
+        assert "joined" in warm.stderr_path.read_text()
+        assert "joined" not in idle.stderr_path.read_text()
     finally:
         await harness.stop_all()
         harness.kill_all()
