@@ -22,6 +22,7 @@ import functools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -134,6 +135,9 @@ class KubernetesClusterPort:
         self._watching = False
         self._recent_reads: dict[WorkloadRef, tuple[float, Observed]] = {}
         self._recent_lock = threading.Lock()
+        # The uid of each target read lately: an Event names it, or `kubectl describe` (which
+        # selects Events by the object's uid) does not show the Event.
+        self._uids: OrderedDict[WorkloadRef, str] = OrderedDict()
         self.events = EventWriter(self.http, component=event_component)
 
     @classmethod
@@ -197,8 +201,9 @@ class KubernetesClusterPort:
     def _record_event(
         self, target: Workload | WorkloadRef, reason: str, message: str, event_type: EventType
     ) -> None:
+        uid = "" if isinstance(target, Workload) else self._uids.get(target, "")
         try:
-            self.events.record(target, reason, message, event_type=event_type)
+            self.events.record(target, reason, message, event_type=event_type, uid=uid)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             ref = target.ref if isinstance(target, Workload) else target
             raise _classified(ref, "record an event on", error) from error
@@ -268,10 +273,15 @@ class KubernetesClusterPort:
             observed = adapter.read(self.http, target)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             raise _classified(target, "read", error) from error
+        uid = str((observed.obj.get("metadata") or {}).get("uid") or "")
         with self._recent_lock:
             self._recent_reads[target] = (time.monotonic(), observed)
             if len(self._recent_reads) > 1024:
                 self._recent_reads.pop(next(iter(self._recent_reads)))
+            self._uids[target] = uid
+            self._uids.move_to_end(target)
+            if len(self._uids) > 4096:
+                self._uids.popitem(last=False)
         return observed
 
     def _recent_read(self, target: WorkloadRef) -> Observed | None:

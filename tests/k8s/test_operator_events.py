@@ -40,6 +40,7 @@ from tests.k8s.test_workloads_e2e import SERVING, batch_job, publish_forecast, t
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.devcluster.versions import default_bin_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -55,6 +56,7 @@ class Pipeline:
     nats_url: str
     admin: KubeHttp
     logs: Path
+    kubeconfig: Path
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -83,6 +85,18 @@ class Pipeline:
             timeout=60,
             check=False,
         )
+
+    def describe(self, kind: str, name: str) -> str:
+        """`kubectl describe`: where an operator looks first."""
+        kubectl = [str(default_bin_dir() / "kubectl"), "--kubeconfig", str(self.kubeconfig)]
+        done = subprocess.run(
+            [*kubectl, "describe", kind, name, "-n", self.namespace],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout
 
     def explain(self, name: str) -> dict[str, Any] | None:
         done = self.cli("explain", f"deploy/{name}", "-n", self.namespace, "-o", "json")
@@ -120,7 +134,7 @@ def running(k8s_cluster: Any, logs: Path, *, mode: str) -> Iterator[Pipeline]:
                 k8s_cluster.service_account_kubeconfig(namespace, service, path)
             )
             bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
-        pipeline = Pipeline(namespace, nats.url, admin, logs)
+        pipeline = Pipeline(namespace, nats.url, admin, logs, k8s_cluster.kubeconfig)
         common = ["--nats-url", nats.url, "--health-port", "-1"]
         argvs = {
             "watcher": ("watcher", "--kubeconfig", kubeconfig["watcher"], "--namespace", namespace),
@@ -170,6 +184,10 @@ def test_act_mode_leaves_events_and_explain_and_status_tell_the_story(
             lambda: pipeline.events("ctr", "TideshiftScaled"), "a TideshiftScaled Event on ctr"
         )
         assert grown["type"] == "Normal" and " trainers (2 -> " in grown["message"]
+        described = pipeline.describe("deployment", "web")
+        assert "Normal  TideshiftScaled" in described and "1 -> 3: forecast q0.95" in described
+        print(described[described.index("Events:") :])
+        print(pipeline.describe("job", "ctr").split("Events:")[1])
 
         def applied() -> Any:
             told = pipeline.explain("web")
@@ -205,6 +223,12 @@ def test_observe_mode_changes_nothing_and_says_what_it_would_do(
         )
         assert would["type"] == "Normal"
         assert would["message"].startswith("would scale 1 -> 3: forecast q0.95 peak 250.0")
+        described = pipeline.describe("deployment", "web")
+        assert (
+            "TideshiftWouldScale" in described and "Replicas:               1 desired" in described
+        )
+        print(described[described.index("Replicas:") :].splitlines()[0])
+        print(described[described.index("Events:") :])
 
         def observed() -> Any:
             told = pipeline.explain("web")

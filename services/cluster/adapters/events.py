@@ -54,8 +54,10 @@ class EventWriter:
         message: str,
         *,
         event_type: EventType = "Warning",
+        uid: str = "",
     ) -> None:
-        """Blocking; raises the client's errors. One reason is always of one type."""
+        """Blocking; raises the client's errors. One reason is always of one type. `uid`
+        names a target given by reference (a Workload carries its own)."""
         ref = target.ref if isinstance(target, Workload) else target
         now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         with self._lock:
@@ -82,7 +84,7 @@ class EventWriter:
         created = self.http.json(
             "POST",
             f"/api/v1/namespaces/{ref.namespace}/events",
-            body=self._body(target, reason, message, now) | {"type": event_type},
+            body=self._body(target, reason, message, now, uid) | {"type": event_type},
         )
         name = str((created.get("metadata") or {}).get("name", ""))
         if name:
@@ -97,7 +99,7 @@ class EventWriter:
                 self._written.popitem(last=False)
 
     def _body(
-        self, target: Workload | WorkloadRef, reason: str, message: str, now: str
+        self, target: Workload | WorkloadRef, reason: str, message: str, now: str, uid: str
     ) -> JsonObject:
         ref = target.ref if isinstance(target, Workload) else target
         involved: JsonObject = {
@@ -108,6 +110,8 @@ class EventWriter:
         }
         if isinstance(target, Workload) and target.uid:
             involved |= {"uid": target.uid, "resourceVersion": target.resource_version}
+        elif uid:
+            involved["uid"] = uid
         return {
             "apiVersion": "v1",
             "kind": "Event",
