@@ -191,15 +191,21 @@ class ElasticJob:
             log.info("job %s: trainer %s stopped before the job spec arrived", job, trainer)
             raise SystemExit(0)
         self = cls(loop, bus, spec, trainer, grace_seconds)
+        self._arm(catch=catch, standby=standby)
+        return self
+
+    def _arm(self, *, catch: bool, standby: bool | None) -> None:
+        """Take over SIGTERM (and SIGUSR1 for a standby) when asked; join unless standing by."""
         if catch:
             signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
         if standby if standby is not None else os.environ.get("TIDESHIFT_STANDBY") == "1":
             if catch:
                 signal.signal(signal.SIGUSR1, lambda *_: self.attach())
-            log.info("job %s: trainer %s standing by; SIGUSR1 joins it", job, trainer)
+            log.info(
+                "job %s: trainer %s standing by; SIGUSR1 joins it", self.spec.job, self.trainer
+            )
         else:
             self.attach()
-        return self
 
     def attach(self) -> None:
         """Join the job now (a warm standby's SIGUSR1); a no-op once joined."""
