@@ -43,7 +43,7 @@ from tideshift.services.predictor.sources import MetricSource, PrometheusSource,
 log = logging.getLogger("tideshift.predictor")
 
 # How often the announced workloads are checked against the watcher's snapshot (seconds).
-RESYNC_S = 300.0
+RESYNC_S = 120.0
 # Announcements waiting to be applied (~1 KB each) before the subscription drops: a burst of
 # new workloads (each starting its loops) must not lose the deletions queued behind it.
 ANNOUNCEMENTS_BUFFER = 16_384
