@@ -201,6 +201,10 @@ class KubernetesClusterPort:
     def _record_event(
         self, target: Workload | WorkloadRef, reason: str, message: str, event_type: EventType
     ) -> None:
+        if not isinstance(target, Workload):
+            # A watched workload carries its uid (the watcher's Warnings name it by reference).
+            watched = (i.cache.get(str(target)) for i in self.workloads)
+            target = next((w for w in watched if w is not None), target)
         uid = "" if isinstance(target, Workload) else self._uids.get(target, "")
         try:
             self.events.record(target, reason, message, event_type=event_type, uid=uid)
