@@ -133,7 +133,10 @@ def run_cli(main: Callable[[list[str]], int], argv: list[str]) -> Callable[[], A
         def call() -> int:
             # Process-wide, but nothing else prints while the command runs.
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                return main(argv)
+                try:
+                    return main(argv)
+                except SystemExit as exit_:  # argparse's usage errors
+                    return int(exit_.code or 0)
 
         code = await asyncio.to_thread(call)
         return code, out.getvalue(), err.getvalue()
@@ -170,6 +173,16 @@ async def test_explain_shows_the_decision_its_sizing_and_what_the_executor_did(
     (executed,) = step["executed"]
     assert (executed["outcome"], executed["previous"], executed["current"]) == ("applied", 2, 5)
     assert cluster.scale_state(web).replicas == 5
+    at = datetime.now(UTC).isoformat()
+    code, out, _ = await run_cli(cli.explain_main, [*argv, "--since", "2h", "--at", at])()
+    assert code == 2  # --since and --at exclude each other (argparse says so and exits 2)
+    code, out, _ = await run_cli(cli.explain_main, [*argv, "--at", at])()
+    assert code == 0 and [s["desired"] for s in json.loads(out)["steps"]] == [5]
+    before = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    code, _, err = await run_cli(cli.explain_main, [*argv, "--at", before])()
+    assert code == 2 and "unknown target" in err
+    code, _, err = await run_cli(cli.explain_main, [*argv, "--at", "yesterday"])()
+    assert code == 2 and "--at: expected an ISO 8601 time" in err
     code, text, _ = await run_cli(cli.explain_main, argv[:-2])()
     assert code == 0
     assert "2 -> 5  forecast 48.0, observed 20.0, rise 30.0 (x1.50) req/s" in text
