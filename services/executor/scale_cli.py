@@ -67,16 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--release", action="store_true", help="remove the override: the planner resumes control"
     )
     parser.add_argument("--reason", default="manual override", help="recorded with the command")
-    parser.add_argument(
-        "--nats-url",
-        default=os.environ.get("TIDESHIFT_NATS_URL") or DEFAULT_NATS_URL,
-        help=f"NATS server (default: $TIDESHIFT_NATS_URL or {DEFAULT_NATS_URL})",
-    )
-    parser.add_argument(
-        "--nats-credentials",
-        default=os.environ.get("TIDESHIFT_NATS_CREDENTIALS"),
-        help="NATS .creds file (default: $TIDESHIFT_NATS_CREDENTIALS)",
-    )
+    nats_arguments(parser)
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the result (default 30)"
     )
@@ -93,6 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="send without reading the target (e.g. one listed in the executor's managed_targets)",
     )
     return parser
+
+
+def nats_arguments(parser: argparse.ArgumentParser) -> None:
+    """--nats-url and --nats-credentials, as every operator command takes them."""
+    parser.add_argument(
+        "--nats-url",
+        default=os.environ.get("TIDESHIFT_NATS_URL") or DEFAULT_NATS_URL,
+        help=f"NATS server (default: $TIDESHIFT_NATS_URL or {DEFAULT_NATS_URL})",
+    )
+    parser.add_argument(
+        "--nats-credentials",
+        default=os.environ.get("TIDESHIFT_NATS_CREDENTIALS"),
+        help="NATS .creds file (default: $TIDESHIFT_NATS_CREDENTIALS)",
+    )
 
 
 def parse_target(parser: argparse.ArgumentParser, text: str, namespace: str) -> WorkloadRef:

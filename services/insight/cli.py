@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
@@ -37,7 +36,7 @@ from tideshift.events import (
 )
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.bus.streams import HISTORY_STREAM, read_kept
-from tideshift.services.executor.scale_cli import DEFAULT_NATS_URL, parse_duration, parse_target
+from tideshift.services.executor.scale_cli import nats_arguments, parse_duration, parse_target
 from tideshift.services.insight import history, picture
 
 # With --at, the history is read from this long before the instant asked about.
@@ -61,16 +60,7 @@ class Failure(Exception):
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    parser.add_argument(
-        "--nats-url",
-        default=os.environ.get("TIDESHIFT_NATS_URL") or DEFAULT_NATS_URL,
-        help=f"NATS server (default: $TIDESHIFT_NATS_URL or {DEFAULT_NATS_URL})",
-    )
-    parser.add_argument(
-        "--nats-credentials",
-        default=os.environ.get("TIDESHIFT_NATS_CREDENTIALS"),
-        help="NATS .creds file (default: $TIDESHIFT_NATS_CREDENTIALS)",
-    )
+    nats_arguments(parser)
     parser.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to reach NATS (default 10)"
     )

@@ -4,16 +4,16 @@ observe mode a TideshiftWouldScale Event and a `would_scale` result with nothing
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import REGISTRY
 
+from tests.unit.executor.test_executor_admission import FakeRecords, FakeScales
 from tideshift.events import ScaleCommand, ScaleResult
 from tideshift.services.cluster.port import ScaleState, WorkloadRef
 from tideshift.services.common.settings import parse_settings
-from tideshift.services.executor.decision import AppliedRecord
 from tideshift.services.executor.executor import (
     REFUSED_REASON,
     SCALED_REASON,
@@ -26,35 +26,6 @@ T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 WEB = WorkloadRef("shop", "Deployment.apps", "web")
 CTR = WorkloadRef("ml", "Job.batch.volcano.sh", "ctr")
 REASON = "forecast q0.95 peak 240.0 req/s over the next 90 s / 10 req/s per replica = 24"
-
-
-@dataclass
-class FakeScales:
-    """Our ScaleWriter port: one target's state; records every write."""
-
-    state: ScaleState
-    writes: list[int] = field(default_factory=list)
-
-    async def get_scale(self, target: WorkloadRef) -> ScaleState:
-        return replace(self.state, target=target)
-
-    async def set_scale(self, target: WorkloadRef, replicas: int) -> ScaleState:
-        self.writes.append(replicas)
-        self.state = replace(self.state, replicas=replicas)
-        return self.state
-
-
-@dataclass
-class FakeRecords:
-    kept: dict[WorkloadRef, AppliedRecord] = field(default_factory=dict)
-
-    async def get(self, target: WorkloadRef) -> tuple[AppliedRecord | None, int | None]:
-        record = self.kept.get(target)
-        return record, (1 if record else None)
-
-    async def put(self, target: WorkloadRef, record: AppliedRecord, revision: int | None) -> int:
-        self.kept[target] = record
-        return (revision or 0) + 1
 
 
 @dataclass
