@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Literal, Protocol
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from pydantic import Field, field_validator, model_validator
 
 from tideshift.events import (
@@ -74,6 +74,9 @@ COMMAND_RETRY = exponential(initial=2.0, maximum=30.0)
 
 RESULTS = Counter("tideshift_executor_results_total", "Scale results published", ["outcome"])
 RETRIES = Counter("tideshift_executor_retries_total", "Commands handed back for a retry")
+OBSERVING = Gauge(
+    "tideshift_executor_observe_mode", "1 while this executor is in observe mode (scales nothing)"
+)
 LATENCY = Histogram(
     "tideshift_executor_seconds",
     "From receiving a command to publishing its result",
@@ -379,6 +382,7 @@ async def serve(
         executor.admission = settings.admission()
         executor.events = port
         executor.observe = settings.mode == "observe"
+        OBSERVING.set(1 if executor.observe else 0)
         await _keep_history(context.bus, settings.history_stream())
         advertiser = _packing(executor, port, writer, settings) if writer is not None else None
         if advertiser is not None:

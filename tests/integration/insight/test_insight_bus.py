@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tideshift.events import (
     LEASES_BUCKET,
@@ -42,6 +43,8 @@ from tideshift.services.cluster.port import Resources as PortResources
 from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.common.runtime import ServiceContext
+from tideshift.services.executor import service as executor_service
 from tideshift.services.executor.executor import Executor, RecordStore
 from tideshift.services.executor.service import ExecutorSettings, consume
 from tideshift.services.insight import cli
@@ -300,3 +303,27 @@ async def test_errors_are_one_line_with_exit_2(
         cli.status_main, ["--nats-url", "nats://127.0.0.1:1", "--timeout", "1"]
     )()
     assert code == 2 and err.startswith("tideshift status: cannot reach NATS at nats://127.0.0.1:1")
+
+
+async def test_the_executor_service_keeps_the_history_with_its_limits_and_says_its_mode(
+    bus: Bus, unique: str
+) -> None:
+    settings = ExecutorSettings(
+        mode="observe",
+        durable=f"d{unique}",
+        record_bucket=f"exec_{unique}",
+        history_max_age_hours=30,
+        history_max_bytes=2**26,
+        history_max_messages=20_000,
+    )
+    context = ServiceContext(name="executor", settings=settings, bus=bus, instance=unique)
+    task = asyncio.create_task(executor_service.serve(context, cluster=SimClusterPort(sim(unique))))
+    try:
+        await asyncio.wait_for(context.ready.wait(), WAIT)
+        info = await bus.js.stream_info("TIDESHIFT_HISTORY")
+        limits = (info.config.max_age, info.config.max_bytes, info.config.max_msgs)
+        assert limits == (30 * 3600, 2**26, 20_000)
+        assert REGISTRY.get_sample_value("tideshift_executor_observe_mode") == 1
+    finally:
+        context.stopping.set()
+        await asyncio.wait_for(task, WAIT)
