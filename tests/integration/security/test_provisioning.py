@@ -9,17 +9,23 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import nats.errors
 import nats.js.errors
 import pytest
 
 from tideshift import events
-from tideshift.events.buckets import PINS_BUCKET
-from tideshift.services.common.bus import SCALE_STREAM, Bus
+from tideshift.events.buckets import (
+    PINS_BUCKET,
+    TRAINER_CHECKPOINTS_BUCKET,
+    TRAINER_JOBS_BUCKET,
+    TRAINER_MEMBERS_BUCKET,
+)
+from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery
 from tideshift.services.common.bus.permissions import ROLES
 from tideshift.services.common.bus.provision import (
     NotProvisioned,
@@ -32,6 +38,7 @@ from tideshift.services.common.bus.streams import (
     HISTORY_STREAM,
     STREAMS,
     TRAINER_MEMBER_TTL_SECONDS,
+    TRAINING_TASK_STREAM,
     read_kept,
 )
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -267,3 +274,47 @@ def test_a_service_login_waits_for_provisioning_saying_what_is_missing(
         if waiting.poll() is None:
             waiting.kill()
             waiting.wait()
+
+
+async def test_the_training_roles_do_their_jobs_on_a_provisioned_bus(
+    provisioned: EmbeddedNats,
+) -> None:
+    """The rights of trainers, coordinators and parameter servers, without any create."""
+    job = f"job-{os.getpid()}"
+    coordinator = await as_role(provisioned, "coordinator")
+    trainer = await as_role(provisioned, "trainer")
+    pserver = await as_role(provisioned, "pserver")
+    try:
+        lease = await coordinator.lease(f"coordinator-{job}", holder="c1", ttl_seconds=10)
+        assert await lease.try_acquire()
+        jobs = await coordinator.kv(TRAINER_JOBS_BUCKET)
+        await jobs.raw.put(job, b"{}")
+        task = events.ShardTask(job=job, epoch=0, shard=0, shards=1, issued_at=datetime.now(UTC))
+        await coordinator.publish_durable(events.SHARD_TASK.at(job=job), task)
+
+        members = await trainer.kv(TRAINER_MEMBERS_BUCKET, ttl_seconds=MEMBER_TTL_SECONDS)
+        await members.raw.put(f"{job}.t1", b"{}")
+        deliveries = cast(
+            AsyncGenerator[Delivery[events.ShardTask]],
+            trainer.consume(
+                events.SHARD_TASK.at(job=job), stream=TRAINING_TASK_STREAM, durable=f"{job}-t"
+            ),
+        )
+        delivery = await asyncio.wait_for(anext(deliveries), 30)
+        await delivery.ack()
+        await deliveries.aclose()
+        assert delivery.event.data.shard == 0
+
+        async def echo(payload: bytes) -> bytes:
+            return payload[::-1]
+
+        stop = await pserver.serve(f"tideshift.v1.training.pserver.{job}.0.push", echo)
+        reply = await trainer.request(f"tideshift.v1.training.pserver.{job}.0.push", b"abc")
+        await stop()
+        assert reply == b"cba"
+        await pserver.put_object(TRAINER_CHECKPOINTS_BUCKET, job, b"v1")
+        await pserver.put_object(TRAINER_CHECKPOINTS_BUCKET, job, b"v2")  # purges v1's chunks
+        assert await pserver.get_object(TRAINER_CHECKPOINTS_BUCKET, job) == b"v2"
+    finally:
+        for bus in (coordinator, trainer, pserver):
+            await bus.close()
