@@ -209,7 +209,11 @@ async def _status(args: argparse.Namespace) -> str:
     )
     bus = await _connect(args.nats_url, args.nats_credentials, args.timeout)
     try:
-        latest = await _kept(bus, filters, None)
+        try:
+            latest = await _kept(bus, filters, None)
+        except Failure as error:  # the cluster's side is still worth showing
+            print(f"tideshift status: {error}", file=sys.stderr)
+            latest = []
         snapshot = await _snapshot(bus)
         lease = await (await bus.kv(LEASES_BUCKET)).get(args.lease_name, LeaseValue)
     finally:

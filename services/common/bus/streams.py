@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
+import nats.errors
 import nats.js.errors
 from nats.js.api import (
     AckPolicy,
@@ -122,7 +123,11 @@ async def read_kept(
     try:
         pending = info.num_pending or 0
         while pending > 0:
-            for msg in await subscription.fetch(min(batch, pending), timeout=5.0):
+            try:
+                messages = await subscription.fetch(min(batch, pending), timeout=5.0)
+            except nats.errors.TimeoutError:  # what was counted expired before delivery
+                return
+            for msg in messages:
                 pending = msg.metadata.num_pending
                 yield msg.subject, msg.data
     finally:

@@ -327,3 +327,20 @@ async def test_the_executor_service_keeps_the_history_with_its_limits_and_says_i
     finally:
         context.stopping.set()
         await asyncio.wait_for(task, WAIT)
+
+
+async def test_without_a_history_explain_fails_and_status_shows_the_cluster(
+    bus: Bus, nats_server: EmbeddedNats, unique: str
+) -> None:
+    with contextlib.suppress(Exception):  # absent already: the point of the test
+        await bus.js.delete_stream("TIDESHIFT_HISTORY")
+    argv = ["--nats-url", nats_server.url]
+    code, _, err = await run_cli(cli.explain_main, ["deploy/web", "-n", unique, *argv])()
+    assert code == 2
+    assert err == (
+        "tideshift explain: no decision history: stream TIDESHIFT_HISTORY does not exist "
+        "(the executor creates it)\n"
+    )
+    code, out, err = await run_cli(cli.status_main, argv)()
+    assert code == 0 and "latest plan: none kept" in out
+    assert err.startswith("tideshift status: no decision history")
