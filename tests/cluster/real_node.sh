@@ -259,6 +259,8 @@ down() {
     rm -f "$WORK/api-dnat.port"
   fi
   "$REPO/.venv/bin/tideshift" dev cluster down --state-dir "$WORK/cluster" >/dev/null || true
+  # The kubelet bind-mounts its root directory onto itself.
+  if mountpoint -q "$WORK/kubelet"; then umount "$WORK/kubelet"; fi
   ip link delete "$BRIDGE" 2>/dev/null || true
   rm -rf /var/lib/cni/networks/tideshift-real
   log "down"
