@@ -17,15 +17,15 @@ Run: .venv/bin/python tests/benchmarks/bench_planner_scenarios.py [--out DIR] [-
      [--duration S] [--sweep 0.8,0.9,0.95,0.99] [--jobs N]
 Runtime: about 1 ms per simulated step per policy on a quiet core, so a two-day scenario at
 10 s steps is about 20 s per policy quiet and several minutes on a loaded machine; all
-scenarios x 4 policies is tens of minutes. `--duration` trims every scenario (the job streams
-are then cut short too). Asserts nothing.
+scenarios x 4 policies is tens of minutes (it prints each scenario's and its own wall time).
+`--jobs N` runs that many policy runs in parallel processes, longest first (under `nice`
+on a shared machine, several processes get more of the cores than one). `--duration` trims
+every scenario (the job streams are then cut short too). Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import math
 import sys
 import time
@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from tideshift.loadgen.profiles import RateProfile
 from tideshift.services.planner.baselines import POLICIES
 from tideshift.services.simulator import measures as msr
 from tideshift.services.simulator.cli import load_profiles
@@ -125,18 +126,27 @@ def sweep(name: str, quantiles: Sequence[float], duration: float | None, out: Pa
     return save_figure(figure, out / f"{name}-quantile-sweep.png")
 
 
-def run_scenario(
-    name: str, duration: float | None, out: Path | None
-) -> list[tuple[str, str, bool]]:
+def _scenario(name: str, duration: float | None) -> tuple[Scenario, list[RateProfile]]:
     path = SCENARIOS / f"{name}.yaml"
     scenario = _with(load_scenario(path), duration=duration, quantile=None)
-    profiles = load_profiles(scenario, path, None)
-    results = {}
-    for policy in POLICIES:
-        print(f"... {name}: {policy}", file=sys.stderr, flush=True)
-        results[policy] = run_policy(scenario, profiles, policy)
-        if out is not None:
-            plot(results[policy], scenario, out)
+    return scenario, load_profiles(scenario, path, None)
+
+
+def run_one(name: str, policy: str, duration: float | None, out: Path | None) -> PolicyResult:
+    """One policy on one scenario (one worker's task); its plots when `out` is given."""
+    scenario, profiles = _scenario(name, duration)
+    print(f"... {name}: {policy}", file=sys.stderr, flush=True)
+    result = run_policy(scenario, profiles, policy)
+    if out is not None:
+        plot(result, scenario, out)
+    return result
+
+
+def report(
+    name: str, results: dict[str, PolicyResult], duration: float | None, out: Path | None
+) -> list[tuple[str, str, bool]]:
+    """One scenario's tables and goals, printed; returns the goals."""
+    scenario, _ = _scenario(name, duration)
     if out is not None:
         plot_jct(list(results.values()), scenario, out)
     print(f"\n## {name} ({scenario.duration_s:.0f} s simulated)")
@@ -145,22 +155,9 @@ def run_scenario(
     print(f"\n{'goal':<40} {'numbers':<45} verdict")
     for goal, numbers, met in rows:
         print(f"{goal:<40} {numbers:<45} {_verdict(met)}")
+    spent = sum(result.wall_s for result in results.values())
+    print(f"({name}: {spent:.0f} s wall over its {len(results)} policies)", flush=True)
     return rows
-
-
-def report(
-    name: str, duration: float | None, out: Path | None, quantiles: Sequence[float]
-) -> tuple[str, list[tuple[str, str, bool]]]:
-    """One scenario's tables, goals (and sweep), as text, with its goals."""
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        begun = time.perf_counter()
-        rows = run_scenario(name, duration, out)
-        if quantiles:
-            assert out is not None
-            print(f"sweep plot: {sweep(name, quantiles, duration, out)}")
-        print(f"({name}: {time.perf_counter() - begun:.0f} s wall)")
-    return buffer.getvalue(), rows
 
 
 def main(argv: Sequence[str] = ()) -> int:
@@ -169,26 +166,26 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--only", choices=NAMES, action="append", help="run only these")
     parser.add_argument("--duration", type=float, help="simulate this many seconds of each")
     parser.add_argument("--sweep", help="headroom quantiles, e.g. 0.8,0.9,0.95,0.99")
-    parser.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel")
+    parser.add_argument("--jobs", type=int, default=1, help="policy runs in parallel processes")
     args = parser.parse_args(list(argv))
     if args.sweep and args.out is None:
         parser.error("--sweep: needs --out DIR for the PNG")
     started = time.perf_counter()
-    quantiles = [float(q) for q in args.sweep.split(",")] if args.sweep else []
     names = args.only or NAMES
-    # The longest scenarios start first, so parallel workers finish together.
-    longest_first = sorted(
-        names, key=lambda name: -load_scenario(SCENARIOS / f"{name}.yaml").duration_s
+    # The longest runs start first, so parallel workers finish together.
+    tasks = sorted(
+        ((name, policy) for name in names for policy in POLICIES),
+        key=lambda task: -load_scenario(SCENARIOS / f"{task[0]}.yaml").duration_s,
     )
+    summary = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        reports = {
-            name: pool.submit(report, name, args.duration, args.out, quantiles)
-            for name in longest_first
-        }
-        summary = {}
-        for name in names:  # printed in the usual order as each finishes
-            text, summary[name] = reports[name].result()
-            print(text, end="", flush=True)
+        runs = {task: pool.submit(run_one, *task, args.duration, args.out) for task in tasks}
+        for name in names:  # printed in the usual order as each scenario's runs finish
+            results = {policy: runs[name, policy].result() for policy in POLICIES}
+            summary[name] = report(name, results, args.duration, args.out)
+    for name in names if args.sweep else ():
+        quantiles = [float(q) for q in args.sweep.split(",")]
+        print(f"sweep plot: {sweep(name, quantiles, args.duration, args.out)}")
     print(f"\n## goals, every scenario\n{'scenario':<24} {'goal':<40} {'numbers':<45} verdict")
     for name, rows in summary.items():
         for goal, numbers, met in rows:
