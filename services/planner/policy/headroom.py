@@ -2,13 +2,38 @@
 within one start-up time (its lead time), at the quantile it asks for, from a bounded window
 of its recent observations (a split-conformal quantile: each finished lead time is one
 calibration score). Replicas ordered now are ready one lead time later; until then the
-replicas already there carry whatever demand does. Pure; time is an argument."""
+replicas already there carry whatever demand does.
+
+Rises that come back on a schedule (a batch run every two hours, a cron's burst) are rare
+among the scores, so the quantile over all of them misses every one: the large rises
+(onsets) are kept apart, and when they recur with a period, the rise they bring is held only
+around the time the next one is due, and released once it came. Pure; time is an argument."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from tideshift.services.planner.policy.model import Rises
+
+# A rise within one lead time is an onset when it is at least this large and beyond the
+# workload's usual rises (their q0.99): noise does not come back on a schedule.
+ONSET_MIN_RATIO = 2.0
+ONSET_USUAL_QUANTILE = 0.99
+# A schedule needs this many onsets in the window (three gaps) ...
+MIN_ONSETS = 4
+# ... most gaps (three in four) a whole number of periods apart, within this share of the
+# period, and every onset this close to the schedule fitted through them.
+PERIOD_TOLERANCE = 0.3
+MIN_REGULAR_GAPS = 0.75
+# The next onset is expected at least this share of the period off the schedule: a few
+# onsets understate how far one may fall (spikes every 1-3 h jittered by up to a tenth of
+# the period missed the window drawn from the six before them); a schedule kept to the
+# second pays a few minutes of room per period for it.
+MIN_SPREAD = 0.1
 
 
 def observe_rise(
@@ -23,9 +48,12 @@ def observe_rise(
     """`rises` after an observation at `now`: every observation a whole lead time old becomes
     a score, the highest demand seen within the lead time after it / it (at least
     `floor_rps`, so a rise from near zero within one replica's capacity is not a huge ratio);
-    scores older than `window_s` are dropped."""
+    a large score is an onset unless one started within the lead time before it (the same
+    jump, seen from the observations before it); scores and onsets older than `window_s` are
+    dropped."""
     pending = rises.pending if observed is None else (*rises.pending, (now, observed))
     scores = list(rises.scores)
+    onsets = list(rises.onsets)
     kept: list[tuple[float, float]] = []
     for index, (start, value) in enumerate(pending):
         if now - start < lead_time_s:
@@ -33,19 +61,106 @@ def observe_rise(
             continue
         later = [v for t, v in pending[index + 1 :] if t - start <= lead_time_s]
         # An observation nothing followed within the lead time (a gap) measures no rise.
-        if later:
-            scores.append((start, max(later) / max(value, floor_rps)))
+        if not later:
+            continue
+        score = max(later) / max(value, floor_rps)
+        if (
+            score >= ONSET_MIN_RATIO
+            and (not onsets or start - onsets[-1][0] > lead_time_s)
+            and score > _usual_rise(scores, onsets, lead_time_s)
+        ):
+            onsets.append((start, score))
+        scores.append((start, score))
     return Rises(
-        pending=tuple(kept), scores=tuple(item for item in scores if now - item[0] <= window_s)
+        pending=tuple(kept),
+        scores=tuple(item for item in scores if now - item[0] <= window_s),
+        onsets=tuple(item for item in onsets if now - item[0] <= window_s),
     )
 
 
-def rise_quantile(rises: Rises, quantile: float) -> float:
-    """The split-conformal `quantile` of the scores: the ceil((n + 1) q)-th smallest (the
-    largest when there are too few), never below 1; 1 with no score yet (the forecast and
-    the reaction to observed demand still apply)."""
-    ratios = sorted(score for _, score in rises.scores)
-    if not ratios:
+def _usual_rise(
+    scores: Sequence[tuple[float, float]],
+    onsets: Sequence[tuple[float, float]],
+    lead_time_s: float,
+) -> float:
+    """The q0.99 of the rises that are no onset's (an onset's jump scores from every
+    observation within a lead time before it: with frequent onsets, those would make the
+    usual rise as large as an onset and hide the next ones)."""
+    if not scores:
         return 1.0
-    rank = min(math.ceil((len(ratios) + 1) * quantile), len(ratios))
-    return max(1.0, ratios[rank - 1])
+    times = np.array([start for start, _ in scores], dtype=np.float64)
+    values = np.array([score for _, score in scores], dtype=np.float64)
+    if onsets:
+        starts = np.array([start for start, _ in onsets], dtype=np.float64)
+        latest = np.searchsorted(starts, times, side="right") - 1
+        since = times - starts[np.maximum(latest, 0)]
+        values = values[(latest < 0) | (since > lead_time_s)]
+    return conformal_quantile(values.tolist(), ONSET_USUAL_QUANTILE)
+
+
+def conformal_quantile(values: Sequence[float], quantile: float) -> float:
+    """The split-conformal `quantile` of `values`: the ceil((n + 1) q)-th smallest (the
+    largest when there are too few), never below 1; 1 when there is none."""
+    ordered = sorted(values)
+    if not ordered:
+        return 1.0
+    rank = min(math.ceil((len(ordered) + 1) * quantile), len(ordered))
+    return max(1.0, ordered[rank - 1])
+
+
+def rise_quantile(rises: Rises, quantile: float) -> float:
+    """The workload's `quantile` of its rises within one lead time; 1 with no score yet (the
+    forecast and the reaction to observed demand still apply)."""
+    return conformal_quantile([score for _, score in rises.scores], quantile)
+
+
+@dataclass(frozen=True, slots=True)
+class Recurrence:
+    """Onsets that come back on a schedule: the k-th is due at `phase_s + k x period_s`,
+    within `spread_s` (how far from that the next may fall), and brings `ratio`."""
+
+    period_s: float
+    phase_s: float
+    spread_s: float
+    ratio: float
+
+    def due(self, rises: Rises, *, now: float, lead_time_s: float) -> bool:
+        """Whether an onset may come within one lead time of `now`: `now` is within the next
+        one's window, and none came since that window opened. The window is its spread, a
+        lead time after it (an onset's time is an observation up to a lead time before the
+        jump) and two before it (the replicas take one to start, and the plan that orders
+        them may come up to about as late)."""
+        cycle = round((now - self.phase_s) / self.period_s)
+        due_at = self.phase_s + cycle * self.period_s
+        opens = due_at - self.spread_s - 2 * lead_time_s
+        if not opens <= now <= due_at + self.spread_s + lead_time_s:
+            return False
+        return not any(start >= opens for start, _ in rises.onsets)
+
+
+def recurrence(rises: Rises, quantile: float) -> Recurrence | None:
+    """The schedule the window's onsets follow, or None when they follow none: at least
+    `MIN_ONSETS`, most gaps whole periods (the median gap) apart, and every onset within
+    `PERIOD_TOLERANCE` of a period of the least-squares schedule through them. Its `ratio` is
+    the workload's `quantile` of the onsets' rises."""
+    if len(rises.onsets) < MIN_ONSETS:
+        return None
+    times = np.array([start for start, _ in rises.onsets], dtype=np.float64)
+    gaps = np.diff(times)
+    guess = float(np.median(gaps))
+    cycles = np.round(gaps / guess)
+    regular = (cycles >= 1) & (np.abs(gaps - cycles * guess) <= PERIOD_TOLERANCE * guess)
+    if float(np.mean(regular)) < MIN_REGULAR_GAPS:
+        return None
+    index = np.concatenate([[0.0], np.cumsum(np.maximum(cycles, 1.0))])
+    period, phase = (float(value) for value in np.polyfit(index, times, 1))
+    farthest = float(np.max(np.abs(times - (phase + period * index))))
+    if period <= 0 or farthest > PERIOD_TOLERANCE * period:
+        return None
+    # The farthest of n onsets from a line fitted through them (two of their n degrees of
+    # freedom) understates how far the next may fall: widened by (n + 1) / (n - 1), 1.67x
+    # on four onsets, 1.18x on twelve.
+    count = len(times)
+    spread = max(farthest * (count + 1) / (count - 1), MIN_SPREAD * period)
+    ratio = conformal_quantile([score for _, score in rises.onsets], quantile)
+    return Recurrence(period_s=period, phase_s=phase, spread_s=spread, ratio=ratio)

@@ -194,24 +194,26 @@ class PolicyConfig:
         le=1,
     )
     # Serving's safety net: demand above what the forecast allowed scales up at once and
-    # holds scale-down while the faded miss ratio (observed / allowed) is high.
+    # holds scale-down through the panic window.
     panic_window_s: float = tunable(
         60.0, "demand above what the forecast allowed holds scale-down this long, seconds", ge=0
     )
     miss_half_life_s: float = tunable(
         1800.0,
-        "half-life of the recent miss ratio (observed / allowed), which holds scale-down, seconds",
+        "unused since issue 26, kept so existing settings parse: the faded miss ratio it "
+        "timed held scale-down for hours after a spike; the priced rise replaced it, seconds",
         gt=0,
     )
     miss_tolerance: float = tunable(
         0.05,
-        "a miss counts only beyond this fraction above what the forecast allowed; scale-down "
-        "waits while the faded miss ratio is above 1 + this",
+        "a miss (which starts the panic window) counts only beyond this fraction above what "
+        "the forecast allowed",
         ge=0,
     )
     # Serving must cover the first lead time of a rise, which no reaction can (replicas take
     # their start-up delay): the rise is priced from the workload's own recent rises
-    # (policy/headroom.py), over a window long enough to hold a daily cycle's steepest ramp.
+    # (policy/headroom.py), over a window long enough to hold a daily cycle's steepest ramp;
+    # the large ones that recur on a schedule within it are held only when the next is due.
     rise_window_s: float = tunable(
         86400.0,
         "serving's headroom is the workload's quantile of its rises within one lead time "
@@ -219,10 +221,10 @@ class PolicyConfig:
         gt=0,
     )
     # Room serving releases moves trainers in and, when demand returns, out again (a restart
-    # each way).
+    # each way): an expected cost, so weighed on the forecast's median.
     release_horizon_s: float = tunable(
         900.0,
-        "serving scales down only to what the forecast needs over this long, seconds",
+        "serving scales down only to what the forecast's median needs over this long, seconds",
         ge=0,
     )
     # Batch capacity: per node, allocatable x (1 - margin) minus what non-batch pods use.
@@ -278,19 +280,18 @@ class SteadyRoom:
 @dataclass(frozen=True, slots=True)
 class Rises:
     """One serving workload's calibration window (policy/headroom.py): observations not yet
-    a lead time old, and the rises measured over each finished lead time."""
+    a lead time old, the rises measured over each finished lead time, and the large ones."""
 
     pending: tuple[tuple[float, float], ...] = ()  # (time, observed req/s)
     scores: tuple[tuple[float, float], ...] = ()  # (time, highest within lead time / then)
+    onsets: tuple[tuple[float, float], ...] = ()  # scores that may recur on a schedule
 
 
 @dataclass(frozen=True, slots=True)
 class Miss:
-    """How far observed serving demand recently ran above what the forecast allowed, and how
-    far it rose within a lead time."""
+    """Whether observed serving demand just ran above what the forecast allowed (the panic
+    window), and how far it rose within a lead time."""
 
-    at: float  # when `ratio` was measured
-    ratio: float  # observed / allowed, at least 1 (1 = no miss)
     panic_until: float  # no scale-down before this
     observed: float | None = None  # the latest observation (req/s)
     rises: Rises = field(default_factory=Rises)
@@ -305,6 +306,8 @@ class HeadroomParts:
     rise_ratio: float  # the calibrated rise within one lead time (>= 1)
     observed: float  # the reactive floor: demand observed now (0 when none)
     panic_hold: bool  # scale-down held: demand ran above what the forecast allowed
+    # A rise that recurs with this period (seconds) is due and set `rise_ratio`; 0: none.
+    recurring_period_s: float = 0.0
 
 
 Role = Literal["serving", "training"]

@@ -17,7 +17,7 @@ STALE_CLUSTER = "cluster view stale: holding serving scale-down, not growing tra
 
 # ---- serving --------------------------------------------------------------------------------
 
-# Leads every reason in which the safety net (observed demand, miss headroom or the panic
+# Leads every reason in which the safety net (observed demand, the priced rise or the panic
 # window), not the bare forecast, set serving's count.
 PANIC = "panic (safety net):"
 STALE_NO_SCALE_DOWN = "cluster view stale: not scaling down"
@@ -42,14 +42,15 @@ def serving_basis(
     *,
     peak: float,
     forecast_need: int,
-    rise: tuple[float, int] | None,
+    rise: tuple[float, int, float] | None,
     observed: float | None,
     observed_need: int,
     clamped: bool,
     safety_net: bool,
 ) -> str:
-    """How serving's count was reached; `rise` (the calibrated rise, the replicas it needs)
-    and `observed` only when they need more than the forecast."""
+    """How serving's count was reached; `rise` (the calibrated rise, the replicas it needs,
+    the period of the recurring rise that set it or 0) and `observed` only when they need
+    more than the forecast."""
     basis = (
         f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
         f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
@@ -57,9 +58,15 @@ def serving_basis(
     )
     basis += f" = {forecast_need}"
     if rise is not None:
+        ratio, need, period_s = rise
+        source = (
+            f"a rise recurring every {period_s / 60:.0f} min is due"
+            if period_s > 0
+            else f"q{workload.quantile:g} of recent rises"
+        )
         basis += (
-            f"; observed may rise x {rise[0]:.2f} within the {workload.lead_time_s:.0f} s "
-            f"lead time (q{workload.quantile:g} of recent rises), needs {rise[1]}"
+            f"; observed may rise x {ratio:.2f} within the {workload.lead_time_s:.0f} s "
+            f"lead time ({source}), needs {need}"
         )
     if observed is not None:
         basis += f"; observed {observed:.1f} req/s needs {observed_need}"
@@ -76,19 +83,18 @@ def not_observed_long_enough(workload: ServingWorkload) -> str:
     return f"no scale-down until {workload.stabilization_s:.0f} s observed"
 
 
-def recent_misses(ratio: float) -> str:
-    return f"{PANIC} recent forecast misses (x{ratio:.2f}): scale-down waits"
-
-
 def release_held(basis: str, kept: int, config: PolicyConfig) -> str:
     return (
-        f"{basis}; scale-down held: the forecast needs {kept} within "
+        f"{basis}; scale-down held: the forecast's median needs {kept} within "
         f"{config.release_horizon_s:.0f} s"
     )
 
 
 def release_to_forecast(basis: str, config: PolicyConfig) -> str:
-    return f"{basis}; scale down to what the forecast needs within {config.release_horizon_s:.0f} s"
+    return (
+        f"{basis}; scale down to what the forecast's median needs within "
+        f"{config.release_horizon_s:.0f} s"
+    )
 
 
 def down_to_stabilized(basis: str, workload: ServingWorkload) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 
 from tideshift.services.cluster.placement import compact_down, entry_rest
 from tideshift.services.planner.policy import reasons
-from tideshift.services.planner.policy.headroom import observe_rise, rise_quantile
+from tideshift.services.planner.policy.headroom import observe_rise, recurrence, rise_quantile
 from tideshift.services.planner.policy.model import (
     BoolArray,
     FloatArray,
@@ -66,15 +66,15 @@ def track_miss(
     now: float,
     config: PolicyConfig,
 ) -> Miss:
-    """The workload's miss after this observation: the previous ratio fades toward 1 with
-    `miss_half_life_s`; a new observation above what the forecast allowed raises the ratio
-    and starts a panic window."""
-    ratio, panic_until = 1.0, -math.inf
+    """The workload's miss after this observation: one above what the forecast allowed
+    starts a panic window.
+
+    No memory of the miss outlives the window: a miss ratio that held scale-down until it
+    faded kept serving at a spike's height for hours after it (a spike every two hours held
+    the maximum all day); the priced rise (policy/headroom.py) keeps what the workload's
+    own rises call for instead."""
+    panic_until = -math.inf if miss is None else miss.panic_until
     previous = None if miss is None else miss.observed
-    if miss is not None:
-        elapsed = max(0.0, now - miss.at)
-        ratio = 1.0 + (miss.ratio - 1.0) * 0.5 ** (elapsed / config.miss_half_life_s)
-        panic_until = miss.panic_until
     # A q0.95 forecast is exceeded 5 % of the time by design: only a miss beyond the
     # tolerance counts, or serving would chase every burst and trainers with it.
     if (
@@ -82,11 +82,8 @@ def track_miss(
         and allowed is not None
         and observed > allowed * (1.0 + config.miss_tolerance)
     ):
-        ratio = max(ratio, observed / max(allowed, 1e-9))
         panic_until = now + config.panic_window_s
     return Miss(
-        at=now,
-        ratio=ratio,
         panic_until=panic_until,
         observed=observed if observed is not None else previous,
         rises=Rises() if miss is None else miss.rises,
@@ -111,7 +108,7 @@ class Peaks:
 
     window: float  # over the look-ahead window (lead time + margin)
     allowed: float | None  # now: what the forecast allows for the demand observed now
-    release: float  # over the release horizon (at least the look-ahead window)
+    release: float  # the median's, over the release horizon (at least the look-ahead window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +137,10 @@ def plan_serving(
 
     The safety net: a forecast can be wrong and serving must not pay for it. Observed demand
     above what the forecast allowed for now sizes serving for that demand at once and holds
-    scale-down while the recent miss ratio is high. The headroom is priced: serving holds
-    what demand may reach one lead time from now at the workload's quantile of its own
-    recent rises (policy/headroom.py), not a multiple of the forecast.
+    scale-down through the panic window. The headroom is priced: serving holds what demand
+    may reach one lead time from now at the workload's quantile of its own recent rises, or
+    of the large rises that recur on a schedule when one is due (policy/headroom.py), not a
+    multiple of the forecast.
     """
     peaks: Peaks | None = None
     if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
@@ -164,7 +162,7 @@ def plan_serving(
         reason = reasons.scale_up(recommendation.basis, up=recommendation.replicas > current)
         return ServingSize(recommendation.replicas, reason, new_history, new_miss, None, parts)
     held_why = _scale_down_hold(
-        workload, new_miss, seen_since=seen_since, now=now, config=config, stale=cluster_stale
+        workload, new_miss, seen_since=seen_since, now=now, stale=cluster_stale
     )
     if held_why is not None:
         reason = f"{recommendation.basis}; {held_why}"
@@ -205,12 +203,21 @@ def _parts(
     workload: ServingWorkload, peaks: Peaks, miss: Miss, observed: float | None, now: float
 ) -> HeadroomParts:
     rise_ratio = rise_quantile(miss.rises, workload.quantile)
+    period_s = 0.0
+    recurring = recurrence(miss.rises, workload.quantile)
+    if (
+        recurring is not None
+        and recurring.ratio > rise_ratio
+        and recurring.due(miss.rises, now=now, lead_time_s=workload.lead_time_s)
+    ):
+        rise_ratio, period_s = recurring.ratio, recurring.period_s
     return HeadroomParts(
         forecast=max(peaks.window, 0.0),
         rise=(observed or 0.0) * rise_ratio,
         rise_ratio=rise_ratio,
         observed=observed or 0.0,
         panic_hold=now < miss.panic_until,
+        recurring_period_s=period_s,
     )
 
 
@@ -223,7 +230,10 @@ def forecast_peaks(
     if window is None:
         return None
     release_end = now + max(config.release_horizon_s, window_end - now)
-    release = forecast_peak(forecast, now, release_end, workload.quantile)
+    # Whether to release room is a bet on what the next minutes will use (a restart each way
+    # if they use it), so it is made on the forecast's median: the safety margin is the
+    # look-ahead window's quantile and the priced rise, which scale-down keeps anyway.
+    release = forecast_peak(forecast, now, release_end, 0.5)
     return Peaks(
         window=window,
         allowed=forecast_peak(forecast, now, now, workload.quantile),
@@ -248,7 +258,7 @@ def recommend(
         workload,
         peak=parts.forecast,
         forecast_need=forecast_need,
-        rise=(parts.rise_ratio, rise_need)
+        rise=(parts.rise_ratio, rise_need, parts.recurring_period_s)
         if rise_need > max(forecast_need, observed_need)
         else None,
         observed=parts.observed
@@ -289,7 +299,6 @@ def _scale_down_hold(
     *,
     seen_since: float,
     now: float,
-    config: PolicyConfig,
     stale: bool,
 ) -> str | None:
     """Why serving may not scale down now, or None."""
@@ -299,8 +308,6 @@ def _scale_down_hold(
         return reasons.not_observed_long_enough(workload)
     if now < miss.panic_until:
         return reasons.PANIC_WINDOW
-    if miss.ratio > 1.0 + config.miss_tolerance:
-        return reasons.recent_misses(miss.ratio)
     return None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.services.planner.policy.headroom import observe_rise, rise_quantile
+from tideshift.services.planner.policy.headroom import observe_rise, recurrence, rise_quantile
 from tideshift.services.planner.policy.model import Rises
 
 
@@ -52,3 +52,95 @@ def test_the_quantile_is_split_conformal_and_never_below_one() -> None:
     assert rise_quantile(Rises(scores=((0.0, 1.5), (1.0, 1.2))), 0.95) == pytest.approx(1.5)
     assert rise_quantile(Rises(scores=((0.0, 0.5),)), 0.95) == 1.0  # falls are no headroom
     assert rise_quantile(Rises(), 0.95) == 1.0
+
+
+def spikes(
+    *,
+    period_s: float,
+    count: int,
+    base: float = 100.0,
+    height: float = 5.0,
+    jitter_s: list[float] | None = None,
+) -> list[tuple[float, float]]:
+    """Observations every 20 s: `base`, and `height` x it for five minutes every `period_s`
+    (the k-th spike moved by jitter_s[k] seconds)."""
+    starts = [
+        1800.0 + k * period_s + (jitter_s[k] if jitter_s is not None else 0.0) for k in range(count)
+    ]
+    points = []
+    for step in range(int((starts[-1] + 1200.0) / 20.0)):
+        now = step * 20.0
+        inside = any(start <= now < start + 300.0 for start in starts)
+        points.append((now, base * height if inside else base))
+    return points
+
+
+def feed_lead(points: list[tuple[float, float]], *, lead_time_s: float = 45.0) -> Rises:
+    rises = Rises()
+    for now, observed in points:
+        rises = observe_rise(
+            rises,
+            observed=observed,
+            now=now,
+            lead_time_s=lead_time_s,
+            window_s=86400.0,
+            floor_rps=1.0,
+        )
+    return rises
+
+
+def test_a_large_rise_is_one_onset_however_many_observations_saw_it_coming() -> None:
+    rises = feed_lead(spikes(period_s=7200.0, count=3))
+    # Three spikes, each seen from the observations within a lead time before it: 3 onsets.
+    assert len(rises.onsets) == 3
+    assert all(ratio == pytest.approx(5.0) for _, ratio in rises.onsets)
+    # Among ~600 scores per spike, the few at its start are far below 5 %: the plain
+    # quantile ignores them, which is why onsets are kept apart.
+    assert rise_quantile(rises, 0.95) == pytest.approx(1.0)
+
+
+def test_onsets_on_a_schedule_are_found_despite_jitter() -> None:
+    jitter = [0.0, 400.0, -300.0, 500.0, -200.0, 100.0]
+    rises = feed_lead(spikes(period_s=7200.0, count=6, jitter_s=jitter))
+    found = recurrence(rises, 0.95)
+    assert found is not None
+    assert found.period_s == pytest.approx(7200.0, rel=0.05)
+    assert found.ratio == pytest.approx(5.0)
+    # The schedule's spread covers the jitter (the farthest spike from the fitted line).
+    assert 200.0 <= found.spread_s <= 0.3 * found.period_s
+
+
+def test_onsets_off_any_schedule_are_no_recurrence() -> None:
+    points = []
+    for start in (1800.0, 3000.0, 9000.0, 10000.0, 20000.0):  # gaps 1200, 6000, 1000, 10000
+        points += [(start - 40.0, 100.0), (start - 20.0, 100.0), (start, 500.0)]
+    points.append((20100.0, 100.0))
+    rises = feed_lead(sorted(points))
+    assert len(rises.onsets) == 5
+    assert recurrence(rises, 0.95) is None
+    assert recurrence(feed_lead(spikes(period_s=7200.0, count=3)), 0.95) is None  # too few
+
+
+def test_a_recurring_rise_is_due_around_its_time_and_not_after_it_came() -> None:
+    points = spikes(period_s=7200.0, count=5)
+    rises = feed_lead(points)
+    found = recurrence(rises, 0.95)
+    assert found is not None
+    last_spike = 1800.0 + 4 * 7200.0
+    next_spike = last_spike + 7200.0
+    # Between spikes: not due (nothing held for it).
+    assert not found.due(rises, now=last_spike + 3600.0, lead_time_s=45.0)
+    # Within a lead time before the next spike: due, so its replicas are ready when it comes.
+    assert found.due(rises, now=next_spike - 45.0, lead_time_s=45.0)
+    # Once it came (its onset recorded), it is no longer due: the room is released.
+    came = feed_lead(spikes(period_s=7200.0, count=6))
+    assert not found.due(came, now=next_spike + 120.0, lead_time_s=45.0)
+
+
+def test_frequent_onsets_do_not_make_themselves_usual() -> None:
+    # A spike every 20 min: the scores at each spike's start are about 4 % of all, more than
+    # the 1 % beyond the usual rise an onset must be; they are still onsets, on schedule.
+    rises = feed_lead(spikes(period_s=1200.0, count=8))
+    assert len(rises.onsets) == 8
+    found = recurrence(rises, 0.95)
+    assert found is not None and found.period_s == pytest.approx(1200.0, rel=0.02)
