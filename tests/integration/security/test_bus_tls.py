@@ -229,3 +229,36 @@ async def test_an_mqtt_reaction_client_connects_over_tls(
             tls_context=plain,
         ):
             pass
+
+
+def test_a_reaction_event_client_trusts_the_ca_through_ssl_cert_file(
+    server: EmbeddedNats, pki: dict[str, Path]
+) -> None:
+    """`EventClient` (reaction clients, `tideshift events tail`) reads no TIDESHIFT_NATS_TLS_*
+    yet: Python's default TLS context takes a private CA from SSL_CERT_FILE."""
+    code = (
+        "import asyncio\n"
+        "from tideshift.events.client import EventClient\n"
+        "async def main():\n"
+        f"    client = await EventClient.connect({server.url!r}, timeout=3)\n"
+        "    print('connected')\n"
+        "    await client.close()\n"
+        "asyncio.run(main())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDESHIFT_", "SSL_"))}
+    env |= {
+        "TIDESHIFT_NATS_USER": "reaction",
+        "TIDESHIFT_NATS_PASSWORD": server.passwords["reaction"],
+    }
+    without = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert without.returncode != 0
+    trusted = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env | {"SSL_CERT_FILE": str(pki["ca"])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert trusted.returncode == 0 and "connected" in trusted.stdout, trusted.stderr
