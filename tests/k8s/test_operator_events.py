@@ -58,6 +58,7 @@ class Pipeline:
     logs: Path
     kubeconfig: Path
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    rps: float = RPS  # what the stand-in predictor forecasts
     stop: threading.Event = field(default_factory=threading.Event)
 
     def eventually(self, check: Callable[[], Any], what: str) -> Any:
@@ -114,7 +115,7 @@ async def forecasts(pipeline: Pipeline) -> None:
     bus = await Bus.connect(pipeline.nats_url, name="operator-forecast")
     try:
         while not pipeline.stop.is_set():
-            await publish_forecast(bus, pipeline.namespace, rps=RPS)
+            await publish_forecast(bus, pipeline.namespace, rps=pipeline.rps)
             await asyncio.sleep(0.5)
     finally:
         await bus.close()
@@ -211,6 +212,30 @@ def test_act_mode_leaves_events_and_explain_and_status_tell_the_story(
         assert [p["leader"] for p in seen["planners"]] == [True]
         print(pipeline.cli("explain", "deploy/web", "-n", pipeline.namespace).stdout)
         print(pipeline.cli("status").stdout)
+
+
+def test_a_busy_target_keeps_one_event_whose_count_rises(k8s_cluster: Any, tmp_path: Path) -> None:
+    with running(k8s_cluster, tmp_path, mode="act") as pipeline:
+        for rps, replicas in ((RPS, 3), (450.0, 5), (150.0, 2), (350.0, 4)):
+            pipeline.rps = rps
+            pipeline.eventually(
+                lambda r=replicas: pipeline.replicas("web") == r, f"web at {replicas}"
+            )
+        (event,) = pipeline.eventually(
+            lambda: [e for e in pipeline.events("web", "TideshiftScaled") if e["count"] == 4],
+            "one TideshiftScaled Event on web counting the four scales",
+        )
+        assert event["message"].startswith("2 -> 4: forecast q0.95 peak 350.0 req/s")
+        assert len(pipeline.events("web", "TideshiftScaled")) == 1
+        told = pipeline.explain("web")
+        moves = [
+            (e["previous"], e["current"])
+            for s in (told or {}).get("steps", [])
+            for e in s["executed"]
+            if e["outcome"] == "applied"
+        ]
+        assert moves == [(1, 3), (3, 5), (5, 2), (2, 4)]
+        print(pipeline.describe("deployment", "web").split("Events:")[1])
 
 
 def test_observe_mode_changes_nothing_and_says_what_it_would_do(
