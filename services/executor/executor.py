@@ -184,10 +184,8 @@ class Executor:
         if why_not is not None:
             return self._unchanged(command, state, why_not)
         decision = decide(command.desired, state, max_step=self.max_step)
-        if self.observe:
-            return await self._observed(command, state, decision)
-        if self.dry_run:
-            return self._dry_run(command, state, decision)
+        if self.observe or self.dry_run:
+            return await self._unwritten(command, state, decision)
         claim = AppliedRecord(
             idempotency_key=command.idempotency_key,
             issued_at=clamp_issued_at(command.issued_at, utc_now(self.clock)),
@@ -245,36 +243,30 @@ class Executor:
             return
         EVENTS.labels(reason, "true").inc()
 
-    async def _observed(
-        self, command: ScaleCommand, state: ScaleState, decision: Decision
-    ) -> ScaleResult:
-        """Observe mode: what would be written, told on the target, nothing changed."""
-        if decision.action == "noop":
-            return self._unchanged(command, state, decision.message)
-        words = scale_message(state, decision.replicas, command, decision)
-        await self._tell(command.target, WOULD_SCALE_REASON, f"would scale {words}", "Normal")
-        return self.result_for(
-            command,
-            "would_scale",
-            previous=state.replicas,
-            current=decision.replicas,
-            message=f"observe mode: would set {decision.replicas}; {decision.message}".rstrip("; "),
-            dry_run=True,
-        )
-
     def _unchanged(self, command: ScaleCommand, state: ScaleState, message: str) -> ScaleResult:
         return self.result_for(
             command, "noop", previous=state.replicas, current=state.replicas, message=message
         )
 
-    def _dry_run(self, command: ScaleCommand, state: ScaleState, decision: Decision) -> ScaleResult:
-        outcome: Outcome = "applied" if decision.action == "apply" else "noop"
+    async def _unwritten(
+        self, command: ScaleCommand, state: ScaleState, decision: Decision
+    ) -> ScaleResult:
+        """Observe mode and dry run write nothing; the result says what would have been
+        written. Observe mode also tells the target (a TideshiftWouldScale Event) and reports
+        `would_scale`, where a dry run reports `applied`."""
+        label = "observe mode" if self.observe else "dry run"
+        outcome: Outcome = "would_scale" if self.observe else "applied"
+        if decision.action == "noop":
+            outcome = "noop"
+        elif self.observe:
+            words = scale_message(state, decision.replicas, command, decision)
+            await self._tell(command.target, WOULD_SCALE_REASON, f"would scale {words}", "Normal")
         return self.result_for(
             command,
             outcome,
             previous=state.replicas,
             current=decision.replicas,
-            message=f"dry run: would set {decision.replicas}; {decision.message}".rstrip("; "),
+            message=f"{label}: would set {decision.replicas}; {decision.message}".rstrip("; "),
             dry_run=True,
         )
 
