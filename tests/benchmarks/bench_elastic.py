@@ -9,10 +9,12 @@ Run: `.venv/bin/python tests/benchmarks/bench_elastic.py [--quick] [--per-hour N
   once every trainer has applied its first batch (the job has open-ended epochs);
 * churn: from 2 trainers, one change per interval: one SIGTERMed, one added, another added,
   one SIGTERMed (1, 2, 3, 2 trainers: a time-weighted mean of 2); goodput = samples/s under
-  churn / the same time-weighted mean of the steady rates, (r1 + 2 r2 + r3) / 4, all
-  measured in this run. Each churn runs twice: joins as new processes (from process start:
-  Python and Paddle imports, model build, SDK connect) and as warm standby processes
-  (`TIDESHIFT_STANDBY=1`, started before the window, joined by SIGUSR1: from SDK attach);
+  churn / the same time-weighted mean of steady rates, (r1 + 2 r2 + r3) / 4, measured in the
+  same job just before (3 and 2 trainers) and after (1) the churn, since other load on a
+  shared machine moves rates by tens of % within minutes. Each churn runs twice: joins as
+  new processes (from process start: Python and Paddle imports, model build, SDK connect)
+  and as warm standby processes (`TIDESHIFT_STANDBY=1`, started before the window, joined
+  by SIGUSR1: from SDK attach);
 * goodput (a): a change every 3600 / N s, N the trainer changes per job-hour the planner
   makes in `tideshift simulate` (--per-hour, or computed from `simulate --json` outputs
   given with --simulated as trainer_churn / (jobs.total x jobs.jct_s.mean), the highest);
@@ -172,6 +174,12 @@ class Job:
         await wait_until(answered, timeout=30, what="the pservers' counts")
         return counts[0]
 
+    async def measure(self, window: float) -> float:
+        """Samples/s applied over the next `window` seconds."""
+        before, started = await self.applied(), time.monotonic()
+        await asyncio.sleep(window)
+        return (await self.applied() - before) * DATA.batch_size / (time.monotonic() - started)
+
     def join_latencies(self, skip: int = 0) -> list[tuple[float, float]]:
         """(start or SIGUSR1 -> first applied batch, start or SIGUSR1 -> SDK joined) of each
         trainer after the first `skip`."""
@@ -196,9 +204,7 @@ async def steady(
     try:
         await job.start(trainers)
         await job.all_joined()
-        before, started = await job.applied(), time.monotonic()
-        await asyncio.sleep(window)
-        rate = (await job.applied() - before) * DATA.batch_size / (time.monotonic() - started)
+        rate = await job.measure(window)
         return rate, job.join_latencies(), [await job.remove() for _ in range(trainers)]
     finally:
         await job.stop()
@@ -209,19 +215,23 @@ PATTERN = ("remove", "join", "join", "remove")
 
 
 async def churn(
-    server: EmbeddedNats, bus: Bus, workdir: Path, every: float, *, warm: bool
-) -> Figures:
-    """samples/s over len(PATTERN) intervals of `every` s, the joins' latencies and the
-    leaves' (joins are new processes, or warm standbys when `warm`)."""
+    server: EmbeddedNats, bus: Bus, workdir: Path, every: float, *, warm: bool, window: float
+) -> tuple[float, float, list[tuple[float, float]], list[float]]:
+    """(samples/s over len(PATTERN) intervals of `every` s, the same job's steady rate for
+    the same trainer counts measured just before and after, the joins' latencies, the
+    leaves'); joins are new processes, or warm standbys when `warm`. The steady rates are
+    taken next to the churn because other load on the machine moves them by tens of %."""
     job = Job(server, bus, workdir, f"churn-{'warm' if warm else 'cold'}-{every:.0f}s")
     try:
-        await job.start(2)
+        await job.start(3)
         if warm:
             await job.prepare_standbys(PATTERN.count("join"))
         await job.all_joined()
+        rates = {3: await job.measure(window)}
+        leaves = [await job.remove()]
+        rates[2] = await job.measure(window)
         initial = len(job.trainers)
         before, started = await job.applied(), time.monotonic()
-        leaves = []
         for step, change in enumerate(PATTERN):
             if change == "remove":
                 leaves.append(await job.remove())
@@ -233,7 +243,10 @@ async def churn(
         elapsed = time.monotonic() - started
         rate = (await job.applied() - before) * DATA.batch_size / elapsed
         await job.all_joined()
-        return rate, job.join_latencies(skip=initial), leaves
+        leaves.append(await job.remove())
+        rates[1] = await job.measure(window)
+        baseline = (rates[1] + 2 * rates[2] + rates[3]) / 4
+        return rate, baseline, job.join_latencies(skip=initial), leaves
     finally:
         await job.stop()
 
@@ -321,17 +334,20 @@ def latency_line(label: str, values: list[float]) -> str:
 
 
 async def goodput(
-    server: EmbeddedNats, bus: Bus, workdir: Path, every: float, baseline: float, label: str
+    server: EmbeddedNats, bus: Bus, workdir: Path, every: float, window: float, label: str
 ) -> list[float]:
     """Both churns at one change every `every` s; prints them; returns the leave latencies."""
     leaves: list[float] = []
     for warm in (False, True):
-        rate, joins, leave = await churn(server, bus, workdir, every, warm=warm)
+        rate, baseline, joins, leave = await churn(
+            server, bus, workdir, every, warm=warm, window=window
+        )
         leaves += leave
         clock = "from SDK attach (warm standby)" if warm else "from process start"
         print(
             f"goodput {label}, a change every {every:.0f}s ({3600 / every:.0f} per job-hour), "
-            f"joins {clock}: {rate:8.0f} samples/s = {rate / baseline:.1%} of steady",
+            f"joins {clock}: {rate:7.0f} samples/s vs {baseline:7.0f} steady "
+            f"= {rate / baseline:.1%}",
             flush=True,
         )
         start = "SIGUSR1" if warm else "process start"
@@ -358,10 +374,8 @@ async def run(args: argparse.Namespace) -> None:
             joins += join
             leaves += leave
             print(f"steady {trainers} trainer(s): {rates[trainers]:8.0f} samples/s", flush=True)
-        baseline = (rates[1] + 2 * rates[2] + rates[3]) / 4
-        print(f"steady baseline for 1, 2, 3, 2 trainers: {baseline:8.0f} samples/s")
-        leaves += await goodput(server, bus, workdir, 3600 / per_hour, baseline, "(a)")
-        leaves += await goodput(server, bus, workdir, args.churn_every, baseline, "(b)")
+        leaves += await goodput(server, bus, workdir, 3600 / per_hour, args.window, "(a)")
+        leaves += await goodput(server, bus, workdir, args.churn_every, args.window, "(b)")
         print(
             f"scaling: 2 trainers {rates[2] / rates[1]:.2f}x, 3 {rates[3] / rates[1]:.2f}x, "
             f"4 {rates[4] / rates[1]:.2f}x of one"
