@@ -234,7 +234,8 @@ up() {
   log "kubelet, node $NODE"
   start_kubelet
   route_api
-  mkdir -p "$WORK/nats"
+  # A fresh JetStream store: a previous run's cluster state would be bootstrapped as current.
+  rm -rf "$WORK/nats" && mkdir -p "$WORK/nats"
   start nats "$REPO/.venv/bin/nats-server" -a "$(host_ip)" -p "$NATS_PORT" -js -sd "$WORK/nats"
   log "helm install: the chart's services as pods on $NODE"
   install_chart
