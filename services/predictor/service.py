@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from tideshift.events.models import ForecastIssued, WorkloadChanged, WorkloadRef
 from tideshift.events.subjects import DEMAND_OBSERVED, FORECAST, WORKLOAD_CHANGED
@@ -50,6 +50,7 @@ ANNOUNCEMENTS_BUFFER = 16_384
 # Model fits running at once (each in a thread): see WorkloadForecaster._learn.
 FITS_AT_ONCE = 2
 
+WORKLOADS = Gauge("tideshift_predictor_workloads", "workloads being forecast")
 REFUSED = Counter(
     "tideshift_predictor_announcements_skipped_total",
     "announced workloads not forecast: max_announced_workloads reached",
@@ -172,6 +173,7 @@ class Fleet:
             )
         task = asyncio.create_task(_all(loops))
         self.loops[ref] = (spec, task)
+        WORKLOADS.set(len(self.loops))
         log.info("%s: forecasting (%s)", ref, "announced" if announced else "settings")
 
     def apply(self, event: WorkloadChanged) -> None:
@@ -187,6 +189,7 @@ class Fleet:
         running = self.loops.pop(ref, None)
         if running is not None:
             running[1].cancel()
+            WORKLOADS.set(len(self.loops))
             forget_metrics(f"{ref.namespace}/{ref.name}")
             self._release_soon()
             self.full = False

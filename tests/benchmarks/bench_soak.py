@@ -3,13 +3,18 @@ with names nobody announced?
 
 Runs a real nats-server and the planner and predictor as processes (`tideshift run ...`; the
 predictor on its sim metric source, so neither needs a cluster), then floods each subject they
-consume with `--names` distinct valid events: workloads announced (`WorkloadChanged`), forecasts,
-observed demand and scale results for unknown workloads, pods, and deleted nodes. Each subject
+consume with `--names` distinct valid events: workloads announced (`WorkloadChanged`) and then
+deleted (objects that came and went: "after" is what the services keep once they are gone; the
+peak is what the announced ones cost while they existed, at most the predictor's
+max_announced_workloads), forecasts, observed demand and scale results for unknown workloads,
+pods, and deleted nodes. Each subject
 is published for at most `--budget` seconds (the count actually sent is printed). RSS of each
-service (VmRSS from /proc) is printed before the flood, at its peak, and after it once `--settle`
-seconds have passed; the goal is "after" within 50 MB of "before".
+service (VmRSS from /proc) is printed before the flood, at its peak, and after it once the
+predictor forecasts none of the flood's workloads any more (at most `--settle` seconds); the
+goal is "after" within 50 MB of "before".
 
 Usage: .venv/bin/python tests/benchmarks/bench_soak.py [--names 1000000] [--budget 120]
+       [--settle 30] [--only workload]   (--only: the subjects whose label contains it)
 It asserts nothing; it prints figures.
 """
 
@@ -55,6 +60,27 @@ def ready(port: int) -> bool:
         return False
 
 
+def metric(port: int, name: str) -> float | None:
+    """An unlabelled sample from a service's /metrics; None when absent or unreachable."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            lines = answer.read().decode().splitlines()
+    except OSError:
+        return None
+    return next((float(line.split()[1]) for line in lines if line.startswith(name + " ")), None)
+
+
+async def caught_up(port: int, settle_s: float) -> float:
+    """Seconds until the predictor forecasts no workload (the flood's were all deleted; a
+    dropped deletion waits for its resync with the snapshot), at most `settle_s`."""
+    started = time.monotonic()
+    while time.monotonic() - started < settle_s:
+        if metric(port, "tideshift_predictor_workloads") == 0:
+            break
+        await asyncio.sleep(2)
+    return time.monotonic() - started
+
+
 def ref(index: int) -> events.WorkloadRef:
     return events.WorkloadRef(kind="Deployment", namespace="soak", name=f"w-{index}")
 
@@ -72,6 +98,13 @@ def _workload(i: int) -> tuple[str, events.EventData]:
     return events.WORKLOAD_CHANGED.at(
         namespace="soak", kind="Deployment", name=f"w-{i}"
     ).value, event
+
+
+def _gone(i: int) -> tuple[str, events.EventData]:
+    """The announced workload `i` deleted: the flood's objects came and went."""
+    subject, event = _workload(i)
+    assert isinstance(event, events.WorkloadChanged)
+    return subject, event.model_copy(update={"change": "deleted"})
 
 
 def _forecast(i: int) -> tuple[str, events.EventData]:
@@ -111,6 +144,7 @@ def _node(i: int) -> tuple[str, events.EventData]:
 
 FLOODS: dict[str, Callable[[int], tuple[str, events.EventData]]] = {
     "workload.changed (serving, announced)": _workload,
+    "workload.changed (the same, deleted)": _gone,
     "forecast (unannounced)": _forecast,
     "demand.observed (unannounced)": _observed,
     "scale.result (unknown target)": _result,
@@ -133,14 +167,20 @@ class Sampler:
             await asyncio.sleep(0.2)
 
 
-async def flood(url: str, names: int, budget_s: float) -> dict[str, int]:
+async def flood(url: str, names: int, budget_s: float, only: str) -> dict[str, int]:
     bus = await Bus.connect(url, name="soak")
     sent: dict[str, int] = {}
     try:
         for label, make in FLOODS.items():
+            if only not in label:
+                continue
             deadline = time.monotonic() + budget_s
+            # Deletions go to the names announced, however many the budget allowed.
+            wanted = (
+                sent.get("workload.changed (serving, announced)", names) if make is _gone else names
+            )
             count = 0
-            while count < names and time.monotonic() < deadline:
+            while count < wanted and time.monotonic() < deadline:
                 subject, event = make(count)
                 await bus.connection.publish(subject, events.encode(event, source="soak"))
                 count += 1
@@ -203,8 +243,9 @@ async def main_async(args: argparse.Namespace) -> None:
             sampler, stop = Sampler(pids), asyncio.Event()
             watching = asyncio.create_task(sampler.run(stop))
             print(f"flooding {args.names:,} names per subject (at most {args.budget:g} s each)")
-            await flood(nats.url, args.names, args.budget)
-            await asyncio.sleep(args.settle)  # what the services still hold once they caught up
+            await flood(nats.url, args.names, args.budget, args.only)
+            took = await caught_up(processes["predictor"][1], args.settle)
+            await asyncio.sleep(5)  # the predictor hands removed models' memory back 1 s later
             stop.set()
             await watching
             after = {name: rss_mb(pid) for name, pid in pids.items()}
@@ -222,7 +263,12 @@ async def main_async(args: argparse.Namespace) -> None:
                 print(
                     f"{name:<10}", *(f"{mb:>10.1f}" for mb in figures), f"{grown:>+13.1f}", verdict
                 )
-            print(f"\nlogs: {logs}")
+            port = processes["predictor"][1]
+            at_cap = metric(port, "tideshift_predictor_announcements_skipped_total")
+            left = metric(port, "tideshift_predictor_workloads")
+            print(f"\npredictor: {at_cap} announcements skipped at the cap; {left} workloads")
+            print(f"forecast {took:.0f} s after the flood (at most --settle {args.settle:g})")
+            print(f"logs: {logs}")
         finally:
             for process, _ in processes.values():
                 process.terminate()
@@ -234,7 +280,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--names", type=int, default=1_000_000, help="distinct names per subject")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds per subject at most")
-    parser.add_argument("--settle", type=float, default=30.0, help="seconds after the flood")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=600.0,
+        help="at most this long for the predictor to drop "
+        "the flood's workloads (it resyncs with the snapshot every 2 min)",
+    )
+    parser.add_argument("--only", default="", help="flood only the subjects whose label has this")
     asyncio.run(main_async(parser.parse_args()))
 
 
