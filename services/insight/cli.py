@@ -58,6 +58,13 @@ class Failure(Exception):
     """What the command prints as its one-line error before exiting 2."""
 
 
+class NoHistory(Failure):
+    """The history stream does not exist (yet)."""
+
+
+NOT_ALLOWED = "may this login read it? the operator's may: TIDESHIFT_NATS_USER=operator"
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     nats_arguments(parser)
@@ -99,7 +106,9 @@ async def _kept(
             except EventRejected:
                 unreadable += 1
     except LookupError as error:
-        raise Failure(f"no decision history: {error} (the executor creates it)") from None
+        raise NoHistory(f"no decision history: {error} (the executor creates it)") from None
+    except TimeoutError:
+        raise Failure(f"NATS did not answer reading the decision history ({NOT_ALLOWED})") from None
     if unreadable:
         print(f"skipped {unreadable} unreadable messages of the history", file=sys.stderr)
     return events
@@ -211,11 +220,16 @@ async def _status(args: argparse.Namespace) -> str:
     try:
         try:
             latest = await _kept(bus, filters, None)
-        except Failure as error:  # the cluster's side is still worth showing
+        except NoHistory as error:  # the cluster's side is still worth showing
             print(f"tideshift status: {error}", file=sys.stderr)
             latest = []
-        snapshot = await _snapshot(bus)
-        lease = await (await bus.kv(LEASES_BUCKET)).get(args.lease_name, LeaseValue)
+        try:
+            snapshot = await _snapshot(bus)
+            lease = await (await bus.kv(LEASES_BUCKET)).get(args.lease_name, LeaseValue)
+        except TimeoutError:
+            raise Failure(
+                f"NATS did not answer reading the cluster snapshot ({NOT_ALLOWED})"
+            ) from None
     finally:
         await bus.close()
     plans = [e for e in latest if isinstance(e, PlanDecided)]

@@ -344,3 +344,55 @@ async def test_without_a_history_explain_fails_and_status_shows_the_cluster(
     code, out, err = await run_cli(cli.status_main, argv)()
     assert code == 0 and "latest plan: none kept" in out
     assert err.startswith("tideshift status: no decision history")
+
+
+async def test_explain_and_status_as_the_operator_on_an_authenticated_bus(
+    unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logins on, streams provisioned: the executor keeps the history, the planner's plan and
+    the operator's command land in it, and the operator's login reads them back."""
+    web = WorkloadRef(unique, "Deployment", "web")
+    with EmbeddedNats(auth=True) as server:
+
+        async def login(role: str) -> Bus:
+            password = server.passwords[role]
+            return await Bus.connect(server.url, name=role, user=role, password=password)
+
+        executor, planner, operator = [
+            await login(role) for role in ("executor", "planner", "operator")
+        ]
+        try:
+            await executor.ensure_streams((ExecutorSettings().history_stream(),))
+            now = datetime.now(UTC)
+            command = ScaleCommand(
+                target=web, desired=5, reason=REASON, plan_id="op", issued_at=now,
+                idempotency_key=f"k{unique}", issuer="operator",
+            )  # fmt: skip
+            where = {"namespace": unique, "kind": web.kind, "name": web.name}
+            await operator.publish_durable(SCALE_COMMAND.at(**where), command)
+            decided = TargetDecision(target=web, current=2, desired=4, reason=REASON)
+            plan = PlanDecided(plan_id="p1", policy="tideshift", decided_at=now, targets=(decided,))
+            await planner.publish(PLAN_DECIDED.at(policy="tideshift"), plan)
+        finally:
+            for bus in (executor, planner, operator):
+                await bus.close()
+        monkeypatch.setenv("TIDESHIFT_NATS_USER", "operator")
+        monkeypatch.setenv("TIDESHIFT_NATS_PASSWORD", server.passwords["operator"])
+        argv = ["deploy/web", "-n", unique, "--nats-url", server.url, "-o", "json"]
+
+        async def both() -> Any:
+            code, out, _ = await run_cli(cli.explain_main, argv)()
+            steps = json.loads(out)["steps"] if code == 0 else []
+            return steps if len(steps) == 2 else None
+
+        steps = await eventually(both, "the plan and the operator's command in explain")
+        assert [(s["desired"], s["reason"]) for s in steps] == [
+            (4, REASON),
+            (5, f"operator: {REASON}"),
+        ]
+        code, out, err = await run_cli(cli.status_main, ["--nats-url", server.url])()
+        assert (code, err) == (0, "") and f"Deployment.apps/{unique}/web: ?/? -> 4" in out
+        monkeypatch.setenv("TIDESHIFT_NATS_USER", "reaction")
+        monkeypatch.setenv("TIDESHIFT_NATS_PASSWORD", server.passwords["reaction"])
+        code, _, err = await run_cli(cli.explain_main, [*argv, "--timeout", "3"])()
+        assert code == 2 and err.startswith("tideshift explain: NATS did not answer reading")
