@@ -2,6 +2,7 @@
 # Builds the pinned Kubernetes control plane that the k8s tests and `tideshift dev cluster` run:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm, from
 # Go modules (there is no Docker here, so no kind/k3d images).
+# TIDESHIFT_BUILD_KUBELET=1 adds the kubelet (tests/cluster/real_node.sh: one real node).
 #
 #   bash tests/cluster/build.sh            # build what is missing, print where it went
 #   bash tests/cluster/build.sh --print-bin-dir
@@ -63,8 +64,14 @@ declare -A WANT=(
   [kwok]="$KWOK_VERSION"
   [helm]="$HELM_VERSION"
 )
+NAMES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
+# The kubelet only for tests/cluster/real_node.sh (one real node), which sets this.
+if [[ "${TIDESHIFT_BUILD_KUBELET:-}" == 1 ]]; then
+  WANT[kubelet]="$K8S_VERSION"
+  NAMES+=(kubelet)
+fi
 missing=()
-for name in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm; do
+for name in "${NAMES[@]}"; do
   is_current "$name" "${WANT[$name]}" || missing+=("$name")
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
@@ -136,7 +143,7 @@ fi
 # Kubernetes: k8s.io/kubernetes requires its staging modules at v0.0.0 with replaces to
 # ./staging/src/...; the wrapper points every one of them at the published staging release.
 K8S_CMDS=()
-for name in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+for name in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
   needs "$name" && K8S_CMDS+=("$name")
 done
 if [[ ${#K8S_CMDS[@]} -gt 0 ]]; then

@@ -25,8 +25,6 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE_ROOT="${TIDESHIFT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tideshift}"
 WORK="$CACHE_ROOT/real-node"
 BIN_DIR="$(bash "$REPO/tests/cluster/build.sh" --print-bin-dir)"
-K8S_VERSION="$(basename "$(dirname "$BIN_DIR")")"
-K8S_VERSION="${K8S_VERSION#k8s-}"
 IMAGE="${TIDESHIFT_IMAGE:-localhost/tideshift:dev}"
 PAUSE_IMAGE="localhost/tideshift-pause:1"
 NODE="${TIDESHIFT_NODE_NAME:-tideshift-real-0}"
@@ -44,19 +42,6 @@ log() { printf '[real_node.sh %s] %s\n' "$(date +%T)" "$*"; }
 die() { echo "real_node.sh: $*" >&2; exit 1; }
 
 host_ip() { ip -4 route get 1.1.1.1 | sed -n 's/.* src \([0-9.]*\).*/\1/p'; }
-
-build_kubelet() { # the wrapper module build.sh made for the control plane, one more command
-  [[ -x "$BIN_DIR/kubelet" ]] && return
-  local dir="$CACHE_ROOT/go/work/k8s-$K8S_VERSION/kubernetes" version_pkg="k8s.io/component-base/version"
-  [[ -f "$dir/go.mod" ]] || die "no $dir/go.mod: run 'make k8s-binaries' first"
-  log "building kubelet $K8S_VERSION (about 2 min with build.sh's Go caches)"
-  (cd "$dir" && GOMODCACHE="$CACHE_ROOT/go/mod" GOCACHE="$CACHE_ROOT/go/build" GOTOOLCHAIN=local \
-    GOFLAGS="-mod=mod -modcacherw -buildvcs=false" CGO_ENABLED=0 \
-    go build -trimpath -o "$BIN_DIR/.kubelet.partial" \
-    -ldflags "-s -w -X $version_pkg.gitVersion=$K8S_VERSION -X $version_pkg.gitMajor=1" \
-    k8s.io/kubernetes/cmd/kubelet)
-  mv -f "$BIN_DIR/.kubelet.partial" "$BIN_DIR/kubelet"
-}
 
 start() { # name command... (output to $WORK/name.log, pid to $WORK/name.pid)
   local name=$1
@@ -223,7 +208,7 @@ up() {
   command -v containerd >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     --no-install-recommends containerd >/dev/null
   mkdir -p "$WORK"
-  build_kubelet
+  TIDESHIFT_BUILD_KUBELET=1 bash "$REPO/tests/cluster/build.sh"
   log "control plane (no kwok nodes)"
   "$REPO/.venv/bin/tideshift" dev cluster up --state-dir "$WORK/cluster" --nodes 0 \
     --gpu-nodes 0 --no-crds --no-storage >/dev/null
