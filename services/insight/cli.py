@@ -15,7 +15,7 @@ from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tideshift.events import (
     LEASES_BUCKET,
@@ -47,7 +47,8 @@ class LeaseValue(BaseModel):
     """A lease's value in the leases bucket (`services/common/bus/kv.py`, `Lease`)."""
 
     holder: str
-    expires_at: float
+    # Unix seconds; beyond year 5000 or not a number, the value reads as absent.
+    expires_at: float = Field(ge=0, le=1e11, allow_inf_nan=False)
 
     @property
     def expires(self) -> datetime:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from tideshift.events import (
     NodeChanged,
     PlanDecided,
@@ -195,3 +197,12 @@ def test_explain_validates_only_the_explained_targets_part_of_each_plan() -> Non
     assert [item.target for item in narrowed.targets] == [WEB]
     assert narrowed.targets[0].headroom == PARTS
     assert cli._narrowed(b"not json", WEB) == b"not json"  # the codec will say what it is
+
+
+def test_a_lease_value_out_of_range_reads_as_absent_not_as_a_crash() -> None:
+    assert cli.LeaseValue.model_validate_json(b'{"holder": "a", "expires_at": 12}').expires == (
+        datetime(1970, 1, 1, 0, 0, 12, tzinfo=UTC)
+    )
+    for bad in (b'{"holder": "a", "expires_at": 1e400}', b'{"holder": "a", "expires_at": -1}'):
+        with pytest.raises(ValueError, match="expires_at"):
+            cli.LeaseValue.model_validate_json(bad)
