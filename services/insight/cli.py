@@ -208,6 +208,8 @@ def explain_main(argv: Sequence[str]) -> int:
             since = now - parse_duration(args.since)
     except ValueError as error:
         parser.error(f"{'--at' if args.at else '--since'}: {error}")
+    except OverflowError:  # `--since 99999999d`, `--at 0001-01-01`
+        parser.error(f"{'--at' if args.at else '--since'}: beyond the calendar")
     return _print(_explain(args, target, since), "explain")
 
 

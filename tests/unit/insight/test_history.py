@@ -206,3 +206,22 @@ def test_a_lease_value_out_of_range_reads_as_absent_not_as_a_crash() -> None:
     for bad in (b'{"holder": "a", "expires_at": 1e400}', b'{"holder": "a", "expires_at": -1}'):
         with pytest.raises(ValueError, match="expires_at"):
             cli.LeaseValue.model_validate_json(bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--since", "2x"], "--since: expected a duration > 0 such as 90s, 30m, 2h or 1d"),
+        (["--since", "99999999d"], "--since: beyond the calendar"),
+        (["--at", "0001-01-01T00:00Z"], "--at: beyond the calendar"),
+        (["--at", "noon"], "--at: expected an ISO 8601 time such as 2026-11-25T10:00Z"),
+        (["--timeout", "0"], "--timeout: expected seconds > 0"),
+    ],
+)
+def test_bad_explain_arguments_exit_2_naming_the_argument(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.explain_main(["deploy/web", *argv])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"tideshift explain: error: {said}")
