@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +54,12 @@ def openmetrics(out: Path, *, end: float) -> None:
     out.write_text("\n".join([*lines, "# EOF"]) + "\n")
 
 
-@pytest.fixture(scope="module")
-def history(prometheus_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Prometheus serving the backfilled blocks: its base URL."""
+@contextmanager
+def backfilled_prometheus(prometheus_binary: str, workdir: Path) -> Iterator[str]:
+    """A Prometheus serving DAYS days of the trace, backfilled with promtool: its base URL."""
     promtool = shutil.which("promtool")
     if promtool is None:
         missing_dependency("promtool is missing: install the Debian package `prometheus`")
-    workdir = tmp_path_factory.mktemp("history")
     source, data = workdir / "web.om", workdir / "data"
     openmetrics(source, end=time.time() - 60)
     subprocess.run(
@@ -70,18 +70,18 @@ def history(prometheus_binary: str, tmp_path_factory: pytest.TempPathFactory) ->
     )
     port = free_port()
     (workdir / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
-    log = (workdir / "prometheus.log").open("ab")
-    server = subprocess.Popen(
-        [
-            prometheus_binary,
-            f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={data}",
-            "--storage.tsdb.retention.time=60d",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with (workdir / "prometheus.log").open("ab") as log:
+        server = subprocess.Popen(
+            [
+                prometheus_binary,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={data}",
+                "--storage.tsdb.retention.time=60d",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: ready(url, server), timeout=120, what="prometheus on the backfill")
@@ -89,7 +89,12 @@ def history(prometheus_binary: str, tmp_path_factory: pytest.TempPathFactory) ->
     finally:
         server.terminate()
         server.wait(30)
-        log.close()
+
+
+@pytest.fixture(scope="module")
+def history(prometheus_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with backfilled_prometheus(prometheus_binary, tmp_path_factory.mktemp("history")) as url:
+        yield url
 
 
 def ready(url: str, server: subprocess.Popen[bytes]) -> bool:
@@ -101,44 +106,47 @@ def ready(url: str, server: subprocess.Popen[bytes]) -> bool:
         return False
 
 
+def create_labelled(admin: KubeHttp, namespace: str) -> None:
+    """A serving Deployment whose demand query reads the history, and a training Job."""
+    web = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "web",
+            "labels": {"tideshift.io/role": "serving"},
+            "annotations": {
+                "tideshift.io/capacity-rps": "20",
+                "tideshift.io/max-replicas": "20",
+                "tideshift.io/lead-time-seconds": "60",
+                "tideshift.io/demand-query": QUERY,
+            },
+        },
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": pod_template({"app": "web"}, cpu="1"),
+        },
+    }
+    create(admin, collection("Deployment", namespace), web)
+    trainer = pod_template({"app": "train"}, cpu="2")
+    trainer["spec"]["restartPolicy"] = "Never"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "train",
+            "labels": {"tideshift.io/role": "training"},
+            "annotations": {"tideshift.io/min-replicas": "1", "tideshift.io/max-replicas": "8"},
+        },
+        "spec": {"parallelism": 1, "template": trainer},
+    }
+    create(admin, collection("Job", namespace), job)
+
+
 @pytest.fixture
 def labelled(k8s_cluster: Any, k8s_namespace: str) -> str:
-    """A serving Deployment whose demand query reads the history, and a training Job."""
     with k8s_cluster.api_client() as api_client:
-        admin = KubeHttp(api_client)
-        web = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {
-                "name": "web",
-                "labels": {"tideshift.io/role": "serving"},
-                "annotations": {
-                    "tideshift.io/capacity-rps": "20",
-                    "tideshift.io/max-replicas": "20",
-                    "tideshift.io/lead-time-seconds": "60",
-                    "tideshift.io/demand-query": QUERY,
-                },
-            },
-            "spec": {
-                "replicas": 2,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": pod_template({"app": "web"}, cpu="1"),
-            },
-        }
-        create(admin, collection("Deployment", k8s_namespace), web)
-        trainer = pod_template({"app": "train"}, cpu="2")
-        trainer["spec"]["restartPolicy"] = "Never"
-        job = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": "train",
-                "labels": {"tideshift.io/role": "training"},
-                "annotations": {"tideshift.io/min-replicas": "1", "tideshift.io/max-replicas": "8"},
-            },
-            "spec": {"parallelism": 1, "template": trainer},
-        }
-        create(admin, collection("Job", k8s_namespace), job)
+        create_labelled(KubeHttp(api_client), k8s_namespace)
     return k8s_namespace
 
 

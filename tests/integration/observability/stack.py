@@ -149,6 +149,8 @@ def _argvs(stack: Stack, kubeconfig: dict[str, str]) -> dict[str, list[str]]:
         "planner": tideshift(
             "run", "planner", *common("planner"), "--tick-seconds", "1",
             "--debounce-seconds", "0.2", "--min-trainer-lifetime-s", "0",
+            # Minutes stand for hours here: scale-down looks one minute ahead, not 15.
+            "--release-horizon-s", "60",
         ),
         "executor": tideshift(
             "run", "executor", *common("executor"), "--kubeconfig", kubeconfig["executor"],
@@ -184,7 +186,7 @@ def _workloads(admin: KubeHttp, namespace: str) -> None:
         },
     }
     create(admin, collection("Deployment", namespace), web)
-    trainer = pod_template({"app": "train"}, cpu="2")
+    trainer = pod_template({"app": "train"}, cpu="4")
     trainer["spec"]["restartPolicy"] = "Never"
     train = {
         "apiVersion": "batch/v1",
@@ -200,8 +202,11 @@ def _workloads(admin: KubeHttp, namespace: str) -> None:
 
 
 @contextmanager
-def monitored_stack(k8s_cluster: Any, prometheus_binary: str, workdir: Path) -> Iterator[Stack]:
-    """Everything started, the workloads created; torn down on exit."""
+def monitored_stack(
+    k8s_cluster: Any, prometheus_binary: str, workdir: Path, *, initial_rate: float = 0.0
+) -> Iterator[Stack]:
+    """Everything started, the workloads created; torn down on exit. With `initial_rate`, the
+    services start once Prometheus sees that demand (no ramp from zero to forecast from)."""
     namespace = f"t-obs-{uuid.uuid4().hex[:6]}"
     logs = workdir / "logs"
     logs.mkdir(parents=True)
@@ -220,6 +225,7 @@ def monitored_stack(k8s_cluster: Any, prometheus_binary: str, workdir: Path) -> 
             )
             bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
         exporter = RateExporter(workdir)
+        exporter.set_rate(initial_rate)
         exporter.start()
         stop.callback(exporter.stop)
         (workdir / "prometheus").mkdir()
@@ -229,6 +235,8 @@ def monitored_stack(k8s_cluster: Any, prometheus_binary: str, workdir: Path) -> 
         _prometheus_config(prometheus, stack)
         prometheus.start()
         stop.callback(prometheus.stop)
+        if initial_rate > 0:
+            stack.eventually(lambda: _rate(stack) >= 0.95 * initial_rate, "the initial demand")
         for name, argv in _argvs(stack, kubeconfig).items():
             handle = stop.enter_context((logs / f"{name}.log").open("ab"))
             stack.processes[name] = subprocess.Popen(
@@ -237,6 +245,11 @@ def monitored_stack(k8s_cluster: Any, prometheus_binary: str, workdir: Path) -> 
         stop.callback(_terminate, list(stack.processes.values()))
         _workloads(admin, namespace)
         yield stack
+
+
+def _rate(stack: Stack) -> float:
+    result = stack.query('sum(rate(http_requests_total{app="web"}[1m]))')
+    return float(result[0]["value"][1]) if result else 0.0
 
 
 def _terminate(processes: list[subprocess.Popen[bytes]]) -> None:
