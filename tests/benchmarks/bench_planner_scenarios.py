@@ -30,7 +30,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from tideshift.loadgen.profiles import RateProfile
@@ -179,16 +179,20 @@ def main(argv: Sequence[str] = ()) -> int:
     )
     summary = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        runs = {task: pool.submit(run_one, *task, args.duration, args.out) for task in tasks}
-        for name in names:  # printed in the usual order as each scenario's runs finish
-            results = {policy: runs[name, policy].result() for policy in POLICIES}
-            summary[name] = report(name, results, args.duration, args.out)
+        runs = {pool.submit(run_one, *task, args.duration, args.out): task for task in tasks}
+        done: dict[str, dict[str, PolicyResult]] = {name: {} for name in names}
+        for finished in as_completed(runs):  # each scenario printed once its runs are done
+            name, policy = runs[finished]
+            done[name][policy] = finished.result()
+            if len(done[name]) == len(POLICIES):
+                results = {policy: done[name][policy] for policy in POLICIES}
+                summary[name] = report(name, results, args.duration, args.out)
     for name in names if args.sweep else ():
         quantiles = [float(q) for q in args.sweep.split(",")]
         print(f"sweep plot: {sweep(name, quantiles, args.duration, args.out)}")
     print(f"\n## goals, every scenario\n{'scenario':<24} {'goal':<40} {'numbers':<45} verdict")
-    for name, rows in summary.items():
-        for goal, numbers, met in rows:
+    for name in names:
+        for goal, numbers, met in summary[name]:
             print(f"{name:<24} {goal:<40} {numbers:<45} {_verdict(met)}")
     print(f"\nbenchmark runtime: {time.perf_counter() - started:.0f} s wall")
     return 0
