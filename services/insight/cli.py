@@ -252,18 +252,25 @@ async def _status(args: argparse.Namespace) -> str:
 
 
 async def _snapshot(bus: Bus) -> list[Any]:
-    """The watcher's snapshot: every node, pod and labelled workload it last saw."""
-    kv = await bus.kv(SNAPSHOT_BUCKET)
+    """The watcher's snapshot: every node, pod and labelled workload it last saw; a value
+    that no longer validates is counted on stderr and left out."""
     models: dict[str, type[NodeChanged | PodChanged | WorkloadChanged]] = {
         "node": NodeChanged,
         "pod": PodChanged,
         "workload": WorkloadChanged,
     }
     found: list[Any] = []
-    for key in await kv.keys():
+    unreadable = 0
+    for key, raw in (await (await bus.kv(SNAPSHOT_BUCKET)).values()).items():
         model = models.get(key.partition(".")[0])
-        if model is not None and (value := await kv.get(key, model)) is not None:
-            found.append(value)
+        if model is None:
+            continue
+        try:
+            found.append(model.model_validate_json(raw))
+        except ValueError:
+            unreadable += 1
+    if unreadable:
+        print(f"skipped {unreadable} unreadable values of the snapshot", file=sys.stderr)
     return found
 
 

@@ -6,7 +6,8 @@ history stream as the executor creates it; the plans go in as the planner publis
 NATS), each naming `--targets` targets with their sizing, plus one scale command per plan for
 the explained target. Prints the stream's bytes per plan, the time to read the window raw (an
 ephemeral consumer, no decoding: the baseline) and the time `explain` takes end to end (read,
-decode, fold), with its ratio to the baseline.
+decode, fold), with its ratio to the baseline; then, with the watcher's snapshot of `--nodes`
+nodes and `--pods` pods written, the time `status` takes against listing the snapshot's keys.
 """
 
 from __future__ import annotations
@@ -16,15 +17,22 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tideshift.events import (
     PLAN_DECIDED,
     SCALE_COMMAND,
+    SNAPSHOT_BUCKET,
+    NodeChanged,
     PlanDecided,
+    PodChanged,
+    Resources,
     ScaleCommand,
+    ServingPolicy,
     TargetDecision,
+    WorkloadChanged,
     WorkloadRef,
 )
 from tideshift.events.models import Headroom
@@ -33,6 +41,7 @@ from tideshift.services.common.bus.streams import HISTORY_STREAM, read_kept
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.executor.service import ExecutorSettings
 from tideshift.services.insight import cli
+from tideshift.services.watcher.snapshot import node_key, pod_key, workload_key
 
 REASON = "forecast q0.95 peak 240.0 req/s over the next 90 s / 10 req/s per replica = 24"
 PARTS = Headroom(forecast=240.0, rise=200.0, rise_ratio=1.25, observed=160.0, panic_hold=False)
@@ -75,12 +84,35 @@ async def kept_in_full(bus: Bus, messages: int) -> Any:
     return info
 
 
-def quietly(argv: list[str]) -> int:
+def quietly(command: Callable[[list[str]], int], argv: list[str]) -> int:
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-        return cli.explain_main(argv)
+        return command(argv)
 
 
-async def main(plans: int, targets: int) -> None:
+async def snapshot(bus: Bus, *, nodes: int, pods: int, targets: int) -> None:
+    """The watcher's snapshot of a cluster this size (the keys and values it writes)."""
+    kv, now = await bus.kv(SNAPSHOT_BUCKET), datetime.now(UTC)
+    for n in range(nodes):
+        node = NodeChanged(
+            change="added", name=f"n{n}", allocatable=Resources(cpu=32), observed_at=now
+        )
+        await kv.put(node_key(node.name), node)
+    owners = [WorkloadRef("shop", "Deployment", f"web-{i}") for i in range(targets)]
+    for ref in owners:
+        workload = WorkloadChanged(
+            change="added", workload=ref, role="serving", replicas=20, requests=Resources(cpu=1),
+            serving=ServingPolicy(capacity_rps=10), observed_at=now,
+        )  # fmt: skip
+        await kv.put(workload_key(ref), workload)
+    for p in range(pods):
+        pod = PodChanged(
+            change="added", namespace="shop", name=f"p{p}", phase="Running", node=f"n{p % nodes}",
+            owner=owners[p % targets], role="serving", observed_at=now,
+        )  # fmt: skip
+        await kv.put(pod_key("shop", pod.name), pod)
+
+
+async def main(plans: int, targets: int, *, nodes: int, pods: int) -> None:
     with EmbeddedNats() as server:
         bus = await Bus.connect(server.url, name="bench-insight", max_message_bytes=8 << 20)
         await bus.ensure_streams()
@@ -100,8 +132,17 @@ async def main(plans: int, targets: int) -> None:
         argv = [f"deploy/{target.name}", "-n", "shop", "--since", "1d", "--nats-url", server.url]
         started = time.perf_counter()
         # In a thread: the command runs its own event loop.
-        code = await asyncio.to_thread(quietly, [*argv, "-o", "json"])
+        code = await asyncio.to_thread(quietly, cli.explain_main, [*argv, "-o", "json"])
         explained = time.perf_counter() - started
+        bus = await Bus.connect(server.url, name="bench-insight")
+        await snapshot(bus, nodes=nodes, pods=pods, targets=targets)
+        started = time.perf_counter()
+        keys = await (await bus.kv(SNAPSHOT_BUCKET)).keys()
+        listed = time.perf_counter() - started
+        await bus.close()
+        started = time.perf_counter()
+        status_code = await asyncio.to_thread(quietly, cli.status_main, ["--nats-url", server.url])
+        pictured = time.perf_counter() - started
     state = info.state
     print(f"plans: {plans} x {targets} targets, published in {filled:.1f} s")
     per_plan = state.bytes / plans / 1024
@@ -110,11 +151,20 @@ async def main(plans: int, targets: int) -> None:
     print(f"raw read of {len(raw)} messages: {baseline:.2f} s (baseline)")
     ratio = explained / baseline
     print(f"explain end to end (exit {code}): {explained:.2f} s, {ratio:.1f}x the raw read")
+    print(
+        f"snapshot: {nodes} nodes, {pods} pods, {targets} workloads; listing its {len(keys)} keys:"
+    )
+    print(
+        f"  {listed:.2f} s (baseline); status end to end (exit {status_code}): {pictured:.2f} s, "
+    )
+    print(f"  {pictured / listed:.1f}x the listing")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--plans", type=int, default=5760)
     parser.add_argument("--targets", type=int, default=50)
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--pods", type=int, default=5000)
     args = parser.parse_args()
-    asyncio.run(main(args.plans, args.targets))
+    asyncio.run(main(args.plans, args.targets, nodes=args.nodes, pods=args.pods))
