@@ -247,6 +247,13 @@ def headline(results: Sequence[PolicyResult], since: str) -> str:
     )
 
 
+def _plot(result: PolicyResult, scenario: Scenario, out: Path) -> str:
+    try:
+        return f"plot {plot(result, scenario, out)}"
+    except ImportError:  # the container image leaves matplotlib out
+        return "no plot: matplotlib is not installed (pip install 'tideshift[report]')"
+
+
 def whatif_main(argv: Sequence[str]) -> int:
     parser = _whatif_parser()
     args = parser.parse_args(list(argv))
@@ -268,7 +275,7 @@ def whatif_main(argv: Sequence[str]) -> int:
     for name in args.policies or list(POLICIES):
         say(f"simulating {name} ...")
         result = run_policy(scenario, profiles, name, progress=say)
-        say(f"{name}: done in {result.wall_s:.1f} s; plot {plot(result, scenario, args.out)}")
+        say(f"{name}: done in {result.wall_s:.1f} s; {_plot(result, scenario, args.out)}")
         results.append(result)
     print(headline(results, since_text))
     print(format_table(results))
