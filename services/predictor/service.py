@@ -221,15 +221,19 @@ class Fleet:
         """The workloads the watcher's snapshot holds; None when it cannot be read."""
         try:
             kv = await self.context.bus.kv(self.settings.snapshot_bucket)
-            held = {}
-            for key in await kv.keys():
-                if key.startswith("workload."):
-                    event = await kv.get(key, WorkloadChanged)
-                    if event is not None:
-                        held[event.workload] = event
+            values = await kv.values()  # one pass, not a request per key
         except Exception as error:  # no snapshot yet: live announcements only
             log.warning("no workloads from %s: %s", self.settings.snapshot_bucket, error)
             return None
+        held = {}
+        for key, value in values.items():
+            if key.startswith("workload."):
+                try:
+                    event = WorkloadChanged.model_validate_json(value)
+                except ValueError as error:  # the watcher wrote it: skip, say so, go on
+                    log.warning("snapshot %s: unreadable %s: %s", kv.bucket, key, error)
+                    continue
+                held[event.workload] = event
         return held
 
     async def bootstrap(self) -> None:
@@ -244,8 +248,11 @@ class Fleet:
         new one. A workload is removed once absent from two snapshots in a row (its own
         announcement may be read before the watcher's snapshot write lands)."""
         absent: set[WorkloadRef] = set()
-        while not await wait_for_event(self.clock, self.context.stopping, self.resync_s):
+        wait = self.resync_s
+        while not await wait_for_event(self.clock, self.context.stopping, wait):
             held = await self.snapshot()
+            # A failed read (a busy server) is tried again soon, not a whole period later.
+            wait = self.resync_s if held is not None else min(self.resync_s, 10.0)
             if held is None:
                 continue
             announced = set(self.loops) - self.static
