@@ -135,9 +135,7 @@ class KubernetesClusterPort:
         self._watching = False
         self._recent_reads: dict[WorkloadRef, tuple[float, Observed]] = {}
         self._recent_lock = threading.Lock()
-        # The uid of each target read lately: an Event names it, or `kubectl describe` (which
-        # selects Events by the object's uid) does not show the Event.
-        self._uids: OrderedDict[WorkloadRef, str] = OrderedDict()
+        self._uids: OrderedDict[WorkloadRef, str] = OrderedDict()  # see _record_event
         self.events = EventWriter(self.http, component=event_component)
 
     @classmethod
@@ -201,8 +199,10 @@ class KubernetesClusterPort:
     def _record_event(
         self, target: Workload | WorkloadRef, reason: str, message: str, event_type: EventType
     ) -> None:
+        # An Event names the object's uid, or `kubectl describe` (which selects Events by uid)
+        # does not show it: a watched workload carries its own (the watcher's Warnings name
+        # it by reference); a target the executor read lately, the one remembered then.
         if not isinstance(target, Workload):
-            # A watched workload carries its uid (the watcher's Warnings name it by reference).
             watched = (i.cache.get(str(target)) for i in self.workloads)
             target = next((w for w in watched if w is not None), target)
         uid = "" if isinstance(target, Workload) else self._uids.get(target, "")
