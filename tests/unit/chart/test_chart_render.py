@@ -346,6 +346,17 @@ def test_notes_tell_how_to_tail_events_and_where_metrics_are(tmp_path: Path) -> 
     assert "delete pvc -l app.kubernetes.io/instance=ts" in notes, "Retain claims are explained"
 
 
+def test_notes_say_how_to_see_why_and_how_to_leave_observe_mode(tmp_path: Path) -> None:
+    acting = render_notes(tmp_path / "act", {}, namespace="shop")
+    assert "tideshift explain deploy/<name> -n <namespace>" in acting
+    assert "Observe mode" not in acting
+    observing = render_notes(
+        tmp_path / "observe", {"executor": {"config": {"mode": "observe"}}}, namespace="shop"
+    )
+    assert "helm upgrade ts charts/tideshift -n shop --reuse-values" in observing
+    assert "--set executor.config.mode=act" in observing
+
+
 def test_notes_for_external_nats_point_at_the_secret(tmp_path: Path) -> None:
     notes = render_notes(
         tmp_path,
