@@ -12,8 +12,11 @@ dead-lettering; this module is for scripts that only need to listen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import ssl
+from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -23,6 +26,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
+from tideshift.events import tls
 from tideshift.events.codec import DEFAULT_MAX_BYTES, Envelope, EventRejected, decode
 from tideshift.events.models import EventData
 from tideshift.events.subjects import ROOT, BoundSubject
@@ -30,6 +34,35 @@ from tideshift.events.subjects import ROOT, BoundSubject
 log = logging.getLogger("tideshift.events")
 T = TypeVar("T", bound=EventData)
 RejectHandler = Callable[[str, bytes, EventRejected], None]
+
+
+async def _open(url: str, options: dict[str, Any], timeout: float) -> Client:
+    """Connect, reconnecting for ever once connected; ConnectionError after `timeout`, or at
+    once with what to set when the TLS handshake fails (retrying cannot fix it)."""
+    where = urlsplit(url)  # the scheme, host and port only: a URL may carry a password
+    shown = f"{where.scheme}://{where.netloc.rpartition('@')[2]}"
+    refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def quiet(error: Exception) -> None:
+        # nats-py's default prints a traceback per failed attempt; one line is enough.
+        if isinstance(error, ssl.SSLError) and not refused.done():
+            refused.set_result(tls.handshake_failure(error, shown))
+        log.debug("NATS: %s", error)
+
+    connecting = asyncio.ensure_future(
+        nats.connect(
+            url, max_reconnect_attempts=-1, reconnect_time_wait=1, error_cb=quiet, **options
+        )
+    )
+    either: set[asyncio.Future[Any]] = {connecting, refused}
+    await asyncio.wait(either, timeout=timeout, return_when=FIRST_COMPLETED)
+    if not connecting.done():
+        connecting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, nats.errors.Error, OSError):
+        return await connecting
+    if refused.done():
+        raise ConnectionError(refused.result())
+    raise ConnectionError(f"no NATS server answered at {shown} within {timeout:.0f}s")
 
 
 class EventClient:
@@ -47,41 +80,29 @@ class EventClient:
         password: str | None = None,
         timeout: float = 10.0,
     ) -> EventClient:
-        """Connect, reconnecting for ever once connected; ConnectionError if never reached.
+        """Connect, reconnecting for ever once connected; ConnectionError if never reached
+        or when the TLS handshake fails.
 
         `credentials` is the path of a NATS .creds file; `user`/`password` the login of a
         server with users (the read-only `reaction` user of Tideshift's bundled NATS), by
-        default from TIDESHIFT_NATS_USER and TIDESHIFT_NATS_PASSWORD.
+        default from TIDESHIFT_NATS_USER and TIDESHIFT_NATS_PASSWORD. TLS (a private CA, a
+        client certificate) from TIDESHIFT_NATS_TLS_CA_FILE, _CERT_FILE and _KEY_FILE.
         """
 
         if user is None and credentials is None:
             # How Tideshift's chart hands a reaction pod its login (the read-only `reaction`).
             user = os.environ.get("TIDESHIFT_NATS_USER") or None
             password = os.environ.get("TIDESHIFT_NATS_PASSWORD") if user else None
-
-        async def quiet(error: Exception) -> None:
-            # nats-py's default prints a traceback per failed attempt; one line is enough.
-            log.debug("NATS: %s", error)
-
-        try:
-            connection = await asyncio.wait_for(
-                nats.connect(
-                    url,
-                    name=name,
-                    user_credentials=credentials,
-                    user=user,
-                    password=password,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=1,
-                    error_cb=quiet,
-                ),
-                timeout,
-            )
-        except (TimeoutError, nats.errors.NoServersError, OSError) as error:
-            where = urlsplit(url)  # the host and port only: a URL may carry a password
-            raise ConnectionError(
-                f"no NATS server answered at {where.hostname}:{where.port} within {timeout:.0f}s"
-            ) from error
+        options: dict[str, Any] = {
+            "name": name,
+            "user_credentials": credentials,
+            "user": user,
+            "password": password,
+        }
+        # The same TIDESHIFT_NATS_TLS_* as the services (the chart sets them in reaction pods).
+        if (context := tls.context_from_environment()) is not None:
+            options["tls"] = context
+        connection = await _open(url, options, timeout)
         return cls(connection)
 
     async def close(self) -> None:

@@ -1,8 +1,8 @@
 """How every service runs: logging, signals, the bus, health and metrics endpoints.
 
 `run_service` starts the embedded nats-server when no URL is configured, connects the bus,
-declares the streams, serves `/healthz`, `/readyz` and `/metrics`, runs the service body
-until SIGTERM or SIGINT, then drains and exits 0.
+serves `/healthz`, `/readyz` and `/metrics`, waits until the streams are provisioned, runs the
+service body until SIGTERM or SIGINT, then drains and exits 0.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tideshift.services.common.bus import Bus, NatsAuthError
+from tideshift.services.common.bus import Bus, NatsAuthError, provision
 from tideshift.services.common.embedded_nats import EmbeddedNats, NatsServerError
 from tideshift.services.common.settings import ServiceSettings
 
@@ -142,24 +142,8 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, context.stopping.set)
     runner = await _start_health_server(context)
-    code = 0
     try:
-        await bus.ensure_streams()
-        task = asyncio.create_task(body(context), name=name)
-        stop_wait = asyncio.create_task(context.stopping.wait())
-        done, _ = await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if task not in done:
-            log.info("%s stopping: draining (up to %.0fs)", name, SHUTDOWN_GRACE_SECONDS)
-            try:
-                await asyncio.wait_for(asyncio.shield(task), SHUTDOWN_GRACE_SECONDS)
-            except TimeoutError:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        stop_wait.cancel()
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            log.error("%s failed", name, exc_info=task.exception())
-            code = 1
+        code = await _run_body(context, body) if await _provisioned(context) else 0
     finally:
         if runner is not None:
             await runner.cleanup()
@@ -167,6 +151,45 @@ async def _serve(
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
     return code
+
+
+async def _provisioned(context: ServiceContext) -> bool:
+    """Wait until the streams exist: the provisioner creates them (a service role may not),
+    and the embedded server did as it started. False when told to stop first."""
+    waiting = asyncio.create_task(provision.wait_provisioned(context.bus))
+    stop_wait = asyncio.create_task(context.stopping.wait())
+    await asyncio.wait({waiting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    stop_wait.cancel()
+    if not waiting.done():
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        return False
+    waiting.result()  # NotProvisioned once the wait's time is up
+    return True
+
+
+async def _run_body(
+    context: ServiceContext, body: Callable[[ServiceContext], Coroutine[Any, Any, None]]
+) -> int:
+    """Run the body until it ends or the stop signal; after the signal, let it drain."""
+    name = context.name
+    task = asyncio.create_task(body(context), name=name)
+    stop_wait = asyncio.create_task(context.stopping.wait())
+    done, _ = await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    if task not in done:
+        log.info("%s stopping: draining (up to %.0fs)", name, SHUTDOWN_GRACE_SECONDS)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), SHUTDOWN_GRACE_SECONDS)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    stop_wait.cancel()
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        log.error("%s failed", name, exc_info=task.exception())
+        return 1
+    return 0
 
 
 def run_service(
@@ -183,7 +206,7 @@ def run_service(
         return 2
     try:
         return asyncio.run(_serve(name, settings, body, password))
-    except (NatsServerError, NatsAuthError) as error:
+    except (NatsServerError, NatsAuthError, provision.NotProvisioned) as error:
         # A refused login cannot succeed by retrying: say so at once.
         print(f"tideshift {name}: {error}", file=sys.stderr)
         return 1

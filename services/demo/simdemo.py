@@ -207,8 +207,8 @@ class _SimDemoRun:
         await asyncio.wait_for(log_ready.wait(), 10)
 
     async def _connect(self, name: str) -> Bus:
+        # The embedded server provisioned the streams as it started.
         bus = await Bus.connect(self.nats.url, name=f"demo-{name}")
-        await bus.ensure_streams()
         self._buses.append(bus)
         return bus
 

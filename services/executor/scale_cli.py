@@ -40,7 +40,7 @@ from tideshift.events import (
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.kinds import ALIASES, normalise_kind
 from tideshift.services.cluster.port import ClusterError, UnsupportedTarget
-from tideshift.services.common.bus import Bus
+from tideshift.services.common.bus import Bus, provision
 from tideshift.services.executor.decision import Admission
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -229,7 +229,8 @@ async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
         print(f"tideshift scale: {error}", file=sys.stderr)
         return 1
     try:
-        await bus.ensure_streams()
+        # The streams are the provisioner's to create; missing, nothing could be delivered.
+        await provision.check_provisioned(bus)
         if args.release:
             await release(bus, target)
             print(f"{target}: released; the planner resumes control")
@@ -239,6 +240,9 @@ async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
         held = f"until {until.isoformat(timespec='seconds')}" if until else "until --release"
         print(f"{target}: pinned at {args.replicas} {held}")
         result = await scale(bus, target, args.replicas, reason=args.reason, timeout=args.timeout)
+    except provision.NotProvisioned as error:
+        print(f"tideshift scale: {error}; nothing sent", file=sys.stderr)
+        return 1
     finally:
         await bus.close()
     if result is None:

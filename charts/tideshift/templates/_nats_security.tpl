@@ -8,7 +8,8 @@ and the `provisioner`, which only the provisioning Job (nats-provision.yaml) log
 
 {{/*
 TLS to NATS (nats.tls): the CA a Tideshift pod trusts and, for mutual TLS, the certificate it
-presents, handed to the bus as TIDESHIFT_NATS_TLS_* (services/common/bus/connect.py).
+presents, handed to every client as TIDESHIFT_NATS_TLS_* (events/tls.py): the services, the
+provisioning Job, the reaction Deployment and the `helm test` Pod.
 */}}
 {{- define "tideshift.natsTlsCaSecret" -}}
 {{- .Values.nats.tls.caSecret | default .Values.nats.bundled.tls.secretName -}}

@@ -5,8 +5,9 @@ nats-py retries a refused login like an unreachable server until the timeout, re
 `NatsAuthError`, and a TLS handshake that fails (an unknown CA, a missing client certificate)
 with `NatsTlsError`. No message carries the password of a `nats://user:password@host` URL.
 
-TLS is set in one place for every client (services, the CLIs, the trainer SDK): the
-TIDESHIFT_NATS_TLS_* environment variables below, which the chart sets from its values.
+TLS is set in one place for every client (services, the CLIs, the trainer SDK, the users'
+`EventClient`): the TIDESHIFT_NATS_TLS_* environment variables of `events.tls`, which the
+chart sets from its values.
 """
 
 from __future__ import annotations
@@ -25,9 +26,24 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
+from tideshift.events import tls
+from tideshift.events.tls import TLS_CA_VARIABLE, TLS_CERT_VARIABLE, TLS_KEY_VARIABLE
 from tideshift.services.common.bus.permissions import inbox_prefix
 
 log = logging.getLogger("tideshift.bus")
+
+
+__all__ = [
+    "TLS_CA_VARIABLE",
+    "TLS_CERT_VARIABLE",
+    "TLS_KEY_VARIABLE",
+    "NatsAuthError",
+    "NatsTlsError",
+    "login_from_environment",
+    "open_connection",
+    "redact",
+    "tls_from_environment",
+]
 
 
 class NatsAuthError(ConnectionError):
@@ -37,13 +53,6 @@ class NatsAuthError(ConnectionError):
 class NatsTlsError(NatsAuthError):
     """The TLS handshake failed: the server's certificate is not trusted, or the server wants
     a client certificate this client does not have. Retrying cannot fix either."""
-
-
-# The CA bundle that signed the server's certificate (PEM); unset = the system's CAs.
-TLS_CA_VARIABLE = "TIDESHIFT_NATS_TLS_CA_FILE"
-# A client certificate and its key (PEM), for a server that verifies clients (mutual TLS).
-TLS_CERT_VARIABLE = "TIDESHIFT_NATS_TLS_CERT_FILE"
-TLS_KEY_VARIABLE = "TIDESHIFT_NATS_TLS_KEY_FILE"
 
 
 def redact(url: str) -> str:
@@ -70,46 +79,11 @@ def login_from_environment() -> tuple[str | None, str | None]:
 
 
 def tls_from_environment() -> ssl.SSLContext | None:
-    """The TLS context TIDESHIFT_NATS_TLS_* describe, or None when none is set (nats-py then
-    uses the system's CAs if the server requires TLS)."""
-    paths = {
-        name: os.environ.get(name) or None
-        for name in (TLS_CA_VARIABLE, TLS_CERT_VARIABLE, TLS_KEY_VARIABLE)
-    }
-    ca, cert, key = paths.values()
-    if not any(paths.values()):
-        return None
-    if (cert is None) != (key is None):
-        missing = TLS_KEY_VARIABLE if key is None else TLS_CERT_VARIABLE
-        raise NatsTlsError(
-            f"{missing}: expected a PEM file, given with {TLS_CERT_VARIABLE} and "
-            f"{TLS_KEY_VARIABLE} together (a client certificate and its key)"
-        )
-    name = TLS_CA_VARIABLE
+    """The TLS context TIDESHIFT_NATS_TLS_* describe (`events.tls`), or None when none is set."""
     try:
-        context = ssl.create_default_context(cafile=ca)
-        if cert is not None:
-            name = f"{TLS_CERT_VARIABLE}/{TLS_KEY_VARIABLE}"
-            context.load_cert_chain(cert, key)
-    except (OSError, ValueError) as error:
-        shown = " ".join(str(error).split())
-        raise NatsTlsError(f"{name}: expected readable PEM files ({shown})") from None
-    return context
-
-
-def _tls_failure(error: ssl.SSLError, shown: str) -> NatsTlsError:
-    """What to fix, named by the setting: the CA for an untrusted server, else the client
-    certificate (a server that verifies clients ends the handshake of one without)."""
-    reason = error.reason or str(error)
-    if isinstance(error, ssl.SSLCertVerificationError):
-        reason = f"certificate verify failed: {error.verify_message}"
-        hint = f"set {TLS_CA_VARIABLE} to the CA bundle that signed the server's certificate"
-    else:
-        hint = (
-            f"the server may require a client certificate: set {TLS_CERT_VARIABLE} "
-            f"and {TLS_KEY_VARIABLE}"
-        )
-    return NatsTlsError(f"NATS at {shown}: TLS handshake failed ({reason}); {hint}")
+        return tls.context_from_environment()
+    except tls.TlsSettingError as error:
+        raise NatsTlsError(str(error)) from None
 
 
 async def _give_up(
@@ -140,7 +114,7 @@ def _why(violation: str) -> str:
 def _refusal(error: Exception, shown: str, user: str | None) -> NatsAuthError | None:
     """The error to fail at once with, when `error` says retrying cannot help."""
     if isinstance(error, ssl.SSLError):
-        return _tls_failure(error, shown)
+        return NatsTlsError(tls.handshake_failure(error, shown))
     if "authorization violation" not in str(error).lower():
         return None
     who = f"user {user!r}" if user else "an anonymous client"

@@ -13,11 +13,9 @@ publish rights, so `$JS.API` must stay with trusted identities).
 
 Streams and buckets are created by one `provisioner` identity (`provision.py`): creating or
 redefining a stream is an admin right. Service roles hold no update, delete or purge right on a
-stream, and cannot create a bucket. They keep `STREAM.CREATE` on the event streams only because
-every service still calls `Bus.ensure_streams` at start: nats-server answers a create with the
-stream's existing configuration as a no-op and refuses one with any other configuration, so
-the right cannot change a provisioned stream; it goes once services wait for provisioning
-(`provision.wait_provisioned`) instead.
+stream, and create neither streams nor buckets: services wait for provisioning
+(`provision.wait_provisioned`), `tideshift scale` checks for it. One exception: the executor
+creates and updates its decision-history stream, whose limits are its own settings.
 """
 
 from __future__ import annotations
@@ -39,8 +37,8 @@ def inbox_prefix(role: str) -> str:
 
 
 def _streams_use() -> list[str]:
-    """Open the event streams; CREATE only as the no-op `Bus.ensure_streams` sends (above)."""
-    return [f"{API}.STREAM.{op}.{spec.name}" for spec in STREAMS for op in ("CREATE", "INFO")]
+    """Look the event streams up (to wait for provisioning); no create."""
+    return [f"{API}.STREAM.INFO.{spec.name}" for spec in STREAMS]
 
 
 def _provisioning() -> list[str]:

@@ -64,26 +64,43 @@ async def missing(bus: Bus, names: Sequence[str]) -> list[str]:
     return absent
 
 
+def _missing_line(absent: Sequence[str]) -> str:
+    return (
+        f"streams {', '.join(absent)} missing: run `tideshift nats provision` as the "
+        "provisioner (the chart's provisioning Job)"
+    )
+
+
+def _event_streams(names: Sequence[str] | None) -> list[str]:
+    # The event streams by default: every service role may look them up, and provisioning
+    # creates them last, so once they exist every bucket does too.
+    return list(names) if names is not None else [spec.name for spec in STREAMS]
+
+
+async def check_provisioned(bus: Bus, names: Sequence[str] | None = None) -> None:
+    """NotProvisioned at once, naming what is missing, unless every stream of `names`
+    exists (a command-line tool fails rather than waits)."""
+    if absent := await missing(bus, _event_streams(names)):
+        raise NotProvisioned(_missing_line(absent))
+
+
 async def wait_provisioned(
     bus: Bus, names: Sequence[str] | None = None, *, timeout: float = 300.0
 ) -> None:
-    """Return once every stream of `names` exists (default: the event streams, which every
-    service role may look up and provisioning creates last); until then say every few
-    seconds what is missing and who creates it. NotProvisioned after `timeout`."""
-    wanted = list(names) if names is not None else [spec.name for spec in STREAMS]
+    """Return once every stream of `names` exists (default: the event streams); until then
+    say every few seconds what is missing and who creates it. NotProvisioned after
+    `timeout`."""
+    wanted = _event_streams(names)
     deadline = time.monotonic() + timeout
-    said = 0.0
+    said: float | None = None
     while absent := await missing(bus, wanted):
         now = time.monotonic()
         if now >= deadline:
-            raise NotProvisioned(
-                f"streams {', '.join(absent)} still missing after {timeout:.0f}s: run "
-                "`tideshift nats provision` as the provisioner (the chart's provisioning Job)"
-            )
-        if now - said >= 10 * WAIT_POLL_SECONDS:
+            raise NotProvisioned(f"after {timeout:.0f}s, {_missing_line(absent)}")
+        if said is None or now - said >= 10 * WAIT_POLL_SECONDS:
             log.warning(
-                "waiting for streams %s: `tideshift nats provision` (the chart's provisioning "
-                "Job) creates them",
+                "waiting for streams %s: `tideshift nats provision` as the provisioner (the "
+                "chart's provisioning Job) creates them",
                 ", ".join(absent),
             )
             said = now

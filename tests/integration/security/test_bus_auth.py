@@ -24,6 +24,7 @@ from tideshift.events.buckets import EXECUTOR_RECORDS_BUCKET, SNAPSHOT_BUCKET
 from tideshift.events.client import EventClient
 from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery, NatsAuthError
 from tideshift.services.common.bus.permissions import EXECUTOR_DURABLE, ROLES, markdown_table
+from tideshift.services.common.bus.provision import check_provisioned
 from tideshift.services.common.embedded_nats import EmbeddedNats
 
 WAIT = 10.0
@@ -45,7 +46,6 @@ async def as_role(server: EmbeddedNats, role: str) -> Bus:
 @pytest.fixture
 async def planner(server: EmbeddedNats) -> AsyncIterator[Bus]:
     bus = await as_role(server, "planner")
-    await bus.ensure_streams()
     try:
         yield bus
     finally:
@@ -150,7 +150,6 @@ async def test_the_executor_may_not_publish_commands_but_consumes_and_reports(
 ) -> None:
     executor = await as_role(server, "executor")
     try:
-        await executor.ensure_streams()
         with pytest.raises(nats.errors.TimeoutError):
             await executor.js.publish(command_subject(unique).value, b"{}", timeout=2)
         await planner.publish_durable(command_subject(unique), command(unique))
@@ -186,7 +185,6 @@ async def test_the_watcher_publishes_the_cluster_and_not_commands(
 ) -> None:
     watcher = await as_role(server, "watcher")
     try:
-        await watcher.ensure_streams()
         snapshot = await watcher.kv(SNAPSHOT_BUCKET)
         await snapshot.raw.put(f"pod.{unique}", b"{}")
         with pytest.raises(nats.errors.TimeoutError):
@@ -242,7 +240,7 @@ async def test_a_client_takes_its_login_from_the_environment_as_the_chart_gives_
     monkeypatch.setenv("TIDESHIFT_NATS_PASSWORD_FILE", str(password_file))
     bus = await Bus.connect(server.url, name="sdk-like", connect_timeout=60)
     try:
-        await bus.ensure_streams()
+        await check_provisioned(bus)
     finally:
         await bus.close()
     password_file.write_text("stale")

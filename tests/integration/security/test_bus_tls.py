@@ -1,10 +1,12 @@
 """TLS on the bus (issue 25), against a real nats-server serving certificates made here: a
-service trusts the server through TIDESHIFT_NATS_TLS_CA_FILE; a client without that CA, or
-without the client certificate a mutual-TLS server asks for, fails at once with one line
-naming the setting to fix; MQTT reaction clients connect over TLS too."""
+service or a reaction client (`EventClient`, `tideshift events tail`) trusts the server
+through TIDESHIFT_NATS_TLS_CA_FILE; a client without that CA, or without the client
+certificate a mutual-TLS server asks for, fails at once with one line naming the setting to
+fix; MQTT reaction clients connect over TLS too."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import ssl
@@ -13,12 +15,15 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiomqtt
 import pytest
 
+from tideshift import events
+from tideshift.events.client import EventClient
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.bus.connect import (
     TLS_CA_VARIABLE,
@@ -231,34 +236,97 @@ async def test_an_mqtt_reaction_client_connects_over_tls(
             pass
 
 
-def test_a_reaction_event_client_trusts_the_ca_through_ssl_cert_file(
-    server: EmbeddedNats, pki: dict[str, Path]
-) -> None:
-    """`EventClient` (reaction clients, `tideshift events tail`) reads no TIDESHIFT_NATS_TLS_*
-    yet: Python's default TLS context takes a private CA from SSL_CERT_FILE."""
-    code = (
-        "import asyncio\n"
-        "from tideshift.events.client import EventClient\n"
-        "async def main():\n"
-        f"    client = await EventClient.connect({server.url!r}, timeout=3)\n"
-        "    print('connected')\n"
-        "    await client.close()\n"
-        "asyncio.run(main())\n"
+async def event_client(server: EmbeddedNats) -> EventClient:
+    # The long timeout: a TLS failure that waited for it would not be "at once".
+    return await EventClient.connect(
+        server.url, user="reaction", password=server.passwords["reaction"], timeout=60
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDESHIFT_", "SSL_"))}
+
+
+def plan(unique: str) -> tuple[events.BoundSubject[events.PlanDecided], events.PlanDecided]:
+    decided = events.PlanDecided(plan_id=unique, policy=unique, decided_at=datetime.now(UTC))
+    return events.PLAN_DECIDED.at(policy=unique), decided
+
+
+async def test_a_reaction_client_trusts_a_private_ca_from_the_environment(
+    server: EmbeddedNats, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConnectionError) as refused:
+        await asyncio.wait_for(event_client(server), 30)
+    assert "certificate verify failed" in str(refused.value)
+    assert TLS_CA_VARIABLE in str(refused.value)
+    monkeypatch.setenv(TLS_CA_VARIABLE, str(pki["ca"]))
+    planner = await connect(server)
+    client = await event_client(server)
+    try:
+        subject, decided = plan("tls-reaction")
+        events_ = client.subscribe(subject)
+        # Core NATS keeps nothing: publish until the subscription (made on first read) sees it.
+        received = asyncio.ensure_future(anext(events_))
+        while not received.done():
+            await planner.publish(subject, decided)
+            await asyncio.wait({received}, timeout=0.2)
+        assert received.result().data.plan_id == "tls-reaction"
+        await events_.aclose()
+    finally:
+        await client.close()
+        await planner.close()
+
+
+async def test_a_reaction_client_presents_its_certificate_for_mutual_tls(
+    mutual: EmbeddedNats, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TLS_CA_VARIABLE, str(pki["ca"]))
+    with pytest.raises(ConnectionError) as refused:
+        await asyncio.wait_for(event_client(mutual), 30)
+    assert TLS_CERT_VARIABLE in str(refused.value) and TLS_KEY_VARIABLE in str(refused.value)
+    monkeypatch.setenv(TLS_CERT_VARIABLE, str(pki["client_cert"]))
+    with pytest.raises(ConnectionError, match=f"^{TLS_KEY_VARIABLE}: expected a PEM file"):
+        await event_client(mutual)
+    monkeypatch.setenv(TLS_KEY_VARIABLE, str(pki["client_key"]))
+    client = await event_client(mutual)
+    try:
+        mine = [c for c in connections(mutual) if c.get("name") == "tideshift-events-client"]
+        assert mine and mine[0].get("tls_version")
+    finally:
+        await client.close()
+
+
+def test_events_tail_reads_over_tls_with_the_ca_from_the_environment(
+    server: EmbeddedNats, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESHIFT_")}
     env |= {
         "TIDESHIFT_NATS_USER": "reaction",
         "TIDESHIFT_NATS_PASSWORD": server.passwords["reaction"],
+        TLS_CA_VARIABLE: str(pki["ca"]),
     }
-    without = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert without.returncode != 0
-    trusted = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env | {"SSL_CERT_FILE": str(pki["ca"])},
-        capture_output=True,
+    subject, decided = plan("tls-tail")
+    tail = subprocess.Popen(
+        [TIDESHIFT, "events", "tail", subject.value, "--count", "1", "--nats-url", server.url],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
     )
-    assert trusted.returncode == 0 and "connected" in trusted.stdout, trusted.stderr
+
+    async def publish_until_tail_exits() -> None:
+        planner = await connect(server)
+        try:
+            deadline = time.monotonic() + 60
+            while tail.poll() is None and time.monotonic() < deadline:
+                await planner.publish(subject, decided)
+                await asyncio.sleep(0.2)  # a tail exits after its one event: poll for that
+        finally:
+            await planner.close()
+
+    monkeypatch.setenv(TLS_CA_VARIABLE, str(pki["ca"]))
+    try:
+        asyncio.run(publish_until_tail_exits())
+        out, err = tail.communicate(timeout=WAIT)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait()
+    assert tail.returncode == 0, err
+    assert json.loads(out.splitlines()[0])["data"]["plan_id"] == "tls-tail"

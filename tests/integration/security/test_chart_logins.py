@@ -22,6 +22,7 @@ from tideshift.services.common.bus.permissions import (
     nats_conf_authorization,
     password_variable,
 )
+from tideshift.services.common.bus.provision import check_provisioned, provision_at
 from tideshift.services.common.embedded_nats import find_nats_server
 from tideshift.services.common.ports import free_port
 
@@ -122,9 +123,10 @@ async def test_the_rendered_bundled_config_logs_in_each_role(
     chart_nats: tuple[str, dict[str, str]],
 ) -> None:
     url, passwords = chart_nats
+    await provision_at(url, user="provisioner", password=passwords["provisioner"])
     planner = await Bus.connect(url, name="chart", user="planner", password=passwords["planner"])
     try:
-        await planner.ensure_streams()
+        await check_provisioned(planner)
     finally:
         await planner.close()
     with pytest.raises(NatsAuthError):

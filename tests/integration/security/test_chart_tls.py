@@ -42,8 +42,8 @@ TLS_VALUES = (
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
 
 
-def rendered() -> list[dict[str, Any]]:
-    out = run_helm("template", "ts", str(CHART), *TLS_VALUES).stdout
+def rendered(*extra: str) -> list[dict[str, Any]]:
+    out = run_helm("template", "ts", str(CHART), *TLS_VALUES, *extra).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -91,6 +91,23 @@ def test_every_service_and_the_provisioning_job_get_the_ca_and_client_certificat
     server = pod_of(docs, "StatefulSet", "ts-tideshift-nats")
     (tls,) = [v for v in server["volumes"] if v["name"] == "tls"]
     assert tls["secret"]["secretName"] == "nats-cert"
+
+
+def test_reaction_clients_get_the_ca_and_client_certificate_too() -> None:
+    """The reaction Deployment and the `helm test` Pod read events over the same TLS."""
+    docs = rendered("--set", "reactions.enabled=true", "--set", "reactions.script=pass")
+    expected = {
+        TLS_CA_VARIABLE: "nats-cert/ca.crt",
+        TLS_CERT_VARIABLE: "tideshift-client/tls.crt",
+        TLS_KEY_VARIABLE: "tideshift-client/tls.key",
+    }
+    reactions = pod_of(docs, "Deployment", "ts-tideshift-reactions")
+    assert tls_files(reactions) == expected
+    check = next(d for d in docs if d["metadata"]["name"] == "ts-tideshift-test-pipeline")
+    assert tls_files(check["spec"]) == expected
+    reactions_on = ("--set", "reactions.enabled=true", "--set", "reactions.script=pass")
+    plain = run_helm("template", "ts", str(CHART), *reactions_on).stdout
+    assert "ts-tideshift-reactions" in plain and "TIDESHIFT_NATS_TLS_" not in plain
 
 
 @pytest.fixture(scope="module")

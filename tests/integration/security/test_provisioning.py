@@ -9,6 +9,8 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +44,7 @@ from tideshift.services.common.bus.streams import (
     read_kept,
 )
 from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.common.ports import free_port
 from tideshift.services.trainer.busport import MEMBER_TTL_SECONDS
 
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
@@ -152,7 +155,7 @@ async def test_a_service_waits_for_provisioning_then_goes_on(bare: EmbeddedNats)
 
 
 @pytest.mark.parametrize("role", SERVICE_ROLES)
-async def test_a_service_role_cannot_delete_purge_or_redefine_a_stream(
+async def test_a_service_role_cannot_create_delete_purge_or_redefine_a_stream(
     provisioned: EmbeddedNats, admin: Bus, role: str
 ) -> None:
     before = (await admin.js.stream_info(SCALE_STREAM.name)).config
@@ -168,10 +171,10 @@ async def test_a_service_role_cannot_delete_purge_or_redefine_a_stream(
         widened.max_msgs = 10
         with pytest.raises(nats.errors.TimeoutError):
             await js.update_stream(widened)
-        # CREATE is a no-op for the same configuration, and refused by the server otherwise.
-        with pytest.raises(nats.js.errors.BadRequestError, match="different configuration"):
-            await js.add_stream(widened)
-        await bus.ensure_streams()
+        # Creating is the provisioner's: refused even with the stream's own configuration.
+        for config in (widened, SCALE_STREAM.config()):
+            with pytest.raises(nats.errors.TimeoutError):
+                await js.add_stream(config)
     finally:
         await bus.close()
     assert (await admin.js.stream_info(SCALE_STREAM.name)).config == before
@@ -318,3 +321,55 @@ async def test_the_training_roles_do_their_jobs_on_a_provisioned_bus(
     finally:
         for bus in (coordinator, trainer, pserver):
             await bus.close()
+
+
+@pytest.mark.parametrize("role", SERVICE_ROLES)
+async def test_a_service_role_cannot_create_a_missing_stream(bare: EmbeddedNats, role: str) -> None:
+    bus = await as_role(bare, role)
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            await bus.connection.jetstream(timeout=1).add_stream(SCALE_STREAM.config())
+        assert await missing(bus, [SCALE_STREAM.name]) == [SCALE_STREAM.name]
+    finally:
+        await bus.close()
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def test_a_service_started_first_waits_for_provisioning_then_serves(bare: EmbeddedNats) -> None:
+    """A service names the missing streams and who creates them, is not ready meanwhile, and
+    goes on once the provisioner has run (it never creates a stream itself)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESHIFT_")}
+    env |= {
+        "TIDESHIFT_NATS_URL": bare.url,
+        "TIDESHIFT_NATS_USER": "predictor",
+        "TIDESHIFT_NATS_PASSWORD": bare.passwords["predictor"],
+    }
+    service = subprocess.Popen(
+        [TIDESHIFT, "run", "predictor", "--health-port", str(port)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert service.stderr is not None
+        lines = iter(service.stderr.readline, "")
+        said = next(line for line in lines if "waiting for streams" in line)
+        assert SCALE_STREAM.name in said and "tideshift nats provision" in said
+        assert service.poll() is None and not ready(port)
+        assert provision_command(bare, "provisioner").returncode == 0
+        deadline = time.monotonic() + 60
+        while not ready(port):
+            assert service.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+    assert service.returncode == 0
