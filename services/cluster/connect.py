@@ -7,6 +7,7 @@ service imports the adapter or the Kubernetes client itself (an import-linter co
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from tideshift.services.cluster.informer import WatchTuning
 from tideshift.services.cluster.kubernetes import KubernetesClusterPort
@@ -16,12 +17,13 @@ async def open_kubernetes(
     kubeconfig: str | None,
     *,
     context: str | None = None,
-    namespace: str | None = None,
+    namespace: str | Sequence[str] | None = None,
     label_selector: str | None = None,
     resync_seconds: float | None = None,
 ) -> KubernetesClusterPort:
     """A port on the cluster of `kubeconfig` (else `$KUBECONFIG`, `~/.kube/config`, in-cluster);
-    its `packing_writer()` writes deletion costs and Node extended resources there."""
+    its `packing_writer()` writes deletion costs and Node extended resources there. It lists
+    and watches `namespace` (one, or several), else the whole cluster."""
     tuning = WatchTuning(resync_seconds=resync_seconds) if resync_seconds is not None else None
     return await asyncio.to_thread(
         KubernetesClusterPort.from_kubeconfig,

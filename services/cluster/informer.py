@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import ChainMap, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic
@@ -290,6 +290,29 @@ class Informer(Generic[Obj]):
                 failures += 1
                 log.exception("%s watch hit an unexpected error; retrying", self.resource)
                 stop.wait(self.tuning.retry.delay(failures))
+
+
+class InformerGroup(Generic[Obj]):
+    """One resource's informers, one per watched namespace, read as one: a Role in each
+    namespace grants no cluster-wide list, so a port limited to some namespaces lists and
+    watches each of them on its own (the caches never share a key: keys carry the namespace)."""
+
+    def __init__(self, members: list[Informer[Obj]]) -> None:
+        self.members: list[Informer[Obj]] = members
+        self.resource = members[0].resource
+
+    @property
+    def cache(self) -> Mapping[str, Obj]:
+        caches: list[dict[str, Obj]] = [member.cache for member in self.members]
+        return ChainMap(*caches)
+
+    @property
+    def watching(self) -> bool:
+        return all(member.watching for member in self.members)
+
+    def relist(self, cause: str) -> None:
+        for member in self.members:
+            member.relist(cause)
 
 
 class OwnerCache:

@@ -1,5 +1,6 @@
 """The Kubernetes cluster port: lists and watches through one informer per resource (Nodes,
-Pods, and each supported scale target kind labelled `tideshift.io/role: serving|training`),
+Pods, and each supported scale target kind labelled `tideshift.io/role: serving|training`;
+per namespace when limited to some, which is all a Role in each of them grants),
 reads and writes a target's scale, and records events.
 
 Decides how a scale write meets a conflict (re-read, bounded) and which client errors are
@@ -23,7 +24,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,12 @@ from tideshift.services.cluster.conversions import (
     pod_from_object,
     workload_from_object,
 )
-from tideshift.services.cluster.informer import Informer, OwnerCache, WatchTuning
+from tideshift.services.cluster.informer import (
+    Informer,
+    InformerGroup,
+    OwnerCache,
+    WatchTuning,
+)
 from tideshift.services.cluster.port import (
     ClusterChange,
     ClusterError,
@@ -84,7 +90,7 @@ class KubernetesClusterPort:
         self,
         api_client: ApiClient,
         *,
-        namespace: str | None = None,
+        namespace: str | Sequence[str] | None = None,
         label_selector: str | None = None,
         tuning: WatchTuning | None = None,
         adapters: Mapping[str, TargetAdapter] | None = None,
@@ -100,7 +106,10 @@ class KubernetesClusterPort:
         # Test seam: runs between the read and the write of a scale (to provoke a conflict).
         self.before_write = before_write
         self.owners = OwnerCache(self.http)
-        pods_path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        # A namespace, several (one informer each), or None: the whole cluster.
+        scopes: list[str | None] = (
+            [namespace] if isinstance(namespace, str) else [*namespace] if namespace else [None]
+        )
         self.nodes = Informer[Node](
             self.http,
             resource="nodes",
@@ -110,27 +119,33 @@ class KubernetesClusterPort:
             label_selector=None,
             tuning=self.tuning,
         )
-        self.pods = Informer[Pod](
-            self.http,
-            resource="pods",
-            path=pods_path,
-            convert=lambda raw: pod_from_object(raw, self.owners.resolve),
-            key=_pod_key,
-            label_selector=label_selector,
-            tuning=self.tuning,
+        self.pods = InformerGroup(
+            [
+                Informer[Pod](
+                    self.http,
+                    resource="pods",
+                    path=f"/api/v1/namespaces/{scope}/pods" if scope else "/api/v1/pods",
+                    convert=lambda raw: pod_from_object(raw, self.owners.resolve),
+                    key=_pod_key,
+                    label_selector=label_selector,
+                    tuning=self.tuning,
+                )
+                for scope in scopes
+            ]
         )
-        # One informer per supported kind, over objects labelled with a role only.
+        # One informer per supported kind (and namespace), over objects labelled with a role.
         self.workloads = [
             Informer[Workload](
                 self.http,
                 resource=kind,
-                path=adapter.collection(namespace),
+                path=adapter.collection(scope),
                 convert=functools.partial(workload_from_object, adapter),
                 key=_workload_key,
                 label_selector=WORKLOAD_SELECTOR,
                 tuning=self.tuning,
             )
             for kind, adapter in self.adapters.items()
+            for scope in scopes
         ]
         self._watching = False
         self._recent_reads: dict[WorkloadRef, tuple[float, Observed]] = {}
@@ -237,7 +252,7 @@ class KubernetesClusterPort:
         self._watching = True
         informers: list[tuple[str, Informer[Any]]] = [
             ("nodes", self.nodes),
-            ("pods", self.pods),
+            *(("pods", informer) for informer in self.pods.members),
             *((informer.resource, informer) for informer in self.workloads),
         ]
         threads = [

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Annotated, Protocol
 
 from pydantic import Field
 
@@ -24,6 +24,8 @@ log = logging.getLogger("tideshift.watcher")
 
 # The first list may fail while the apiserver is still coming up: wait this long, try again.
 START_RETRY = fixed(2.0)
+# A Kubernetes namespace name (a DNS-1123 label): it becomes part of the API paths watched.
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
 class WatcherCluster(WatchedCluster, Protocol):
@@ -42,6 +44,11 @@ class WatcherSettings(ServiceSettings):
     kube_context: str | None = Field(default=None, description="kubeconfig context to use")
     namespace: str | None = Field(
         default=None, description="watch pods of this namespace only; unset = all namespaces"
+    )
+    namespaces: list[Annotated[str, Field(pattern=NAMESPACE_PATTERN)]] = Field(
+        default_factory=list,
+        description="watch these namespaces only, one watch each (with `namespace`: it too); "
+        "empty = `namespace`, or all namespaces",
     )
     label_selector: str | None = Field(
         default=None, description="watch only pods matching this label selector"
@@ -87,7 +94,7 @@ async def serve(
     port = cluster or await open_kubernetes(
         settings.kubeconfig,
         context=settings.kube_context,
-        namespace=settings.namespace,
+        namespace=sorted({*settings.namespaces, *filter(None, [settings.namespace])}) or None,
         label_selector=settings.label_selector,
         resync_seconds=settings.resync_seconds,
     )

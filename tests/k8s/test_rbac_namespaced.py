@@ -2,21 +2,26 @@
 objects are applied as `helm template` renders them, and the apiserver's own authorizer
 (SubjectAccessReview, as `kubectl auth can-i --as` asks it) says what each ServiceAccount may
 do: scale and annotate only in the listed namespaces; read nodes, and the executor list pods,
-cluster-wide; the settings follow the namespaces."""
+cluster-wide; the settings follow the namespaces; and the watcher, run with those Roles only,
+announces objects of the listed namespaces and never one outside."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes.client import ApiException
 
-from tests.k8s.cluster_objects import create
+from tests.k8s.cluster_objects import collection, create, deployment, wait_until
 from tests.unit.chart.chart_support import CHART, HelmFailed, run_helm
 from tideshift.services.cluster.adapters.http import KubeHttp
+from tideshift.services.cluster.kubernetes import KubernetesClusterPort
+from tideshift.services.cluster.port import Workload
 
 RBAC_KINDS = {
     "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts",
@@ -157,10 +162,10 @@ def test_one_namespace_confines_the_executor_and_the_watcher_to_it(
     assert not may(admin, watcher, "create", "events", namespace=outside)
 
     assert env_of(docs, "tideshift-executor")["TIDESHIFT_ALLOWED_NAMESPACES"] == f'["{team}"]'
-    assert env_of(docs, "tideshift-watcher")["TIDESHIFT_NAMESPACE"] == team
+    assert env_of(docs, "tideshift-watcher")["TIDESHIFT_NAMESPACES"] == f'["{team}"]'
 
 
-def test_several_namespaces_let_the_watcher_read_everywhere_but_write_only_there(
+def test_several_namespaces_confine_the_watcher_to_them(
     admin: KubeHttp,
     k8s_namespace: str,
     namespaces: list[str],
@@ -177,17 +182,82 @@ def test_several_namespaces_let_the_watcher_read_everywhere_but_write_only_there
         assert may(admin, executor, "update", "deployments", namespace=listed, **scale)
         assert may(admin, watcher, "create", "events", namespace=listed)
     assert not may(admin, executor, "update", "deployments", namespace=outside, **scale)
-    # The watcher watches one namespace or all: across several it reads cluster-wide...
-    assert may(admin, watcher, "watch", "deployments", namespace=outside, group="apps")
-    assert may(admin, watcher, "list", "pods")
-    # ...and writes nothing outside them.
+    # The watcher watches each listed namespace on its own: nothing outside, nothing
+    # cluster-wide but nodes.
+    for listed in (first, second):
+        assert may(admin, watcher, "watch", "deployments", namespace=listed, group="apps")
+        assert may(admin, watcher, "list", "pods", namespace=listed)
+    assert not may(admin, watcher, "watch", "deployments", namespace=outside, group="apps")
+    assert not may(admin, watcher, "list", "pods")
+    assert may(admin, watcher, "watch", "nodes")
     assert not may(admin, watcher, "create", "events", namespace=outside)
     assert not may(admin, watcher, "patch", "events", namespace=outside)
 
     assert env_of(docs, "tideshift-executor")["TIDESHIFT_ALLOWED_NAMESPACES"] == (
         f'["{first}","{second}"]'
     )
-    assert "TIDESHIFT_NAMESPACE" not in env_of(docs, "tideshift-watcher")
+    assert env_of(docs, "tideshift-watcher")["TIDESHIFT_NAMESPACES"] == f'["{first}","{second}"]'
+
+
+def labelled(namespace: str, name: str) -> tuple[str, dict[str, Any]]:
+    """A Deployment that joined Tideshift: the watcher announces it."""
+    obj = deployment(name, 1)
+    obj["metadata"]["labels"] = {"tideshift.io/role": "serving"}
+    return collection("Deployment", namespace), obj
+
+
+def test_the_watcher_with_its_roles_announces_the_listed_namespaces_only(
+    admin: KubeHttp,
+    k8s_namespace: str,
+    namespaces: list[str],
+    applied: list[dict[str, Any]],
+    k8s_service_account_kubeconfig: Callable[..., Path],
+) -> None:
+    """Run as the chart's watcher ServiceAccount, with its rendered Roles and nothing else:
+    the port lists and watches each listed namespace; an object outside is never seen."""
+    first, second, outside = namespaces
+    docs = render(k8s_namespace, [first, second])
+    apply(admin, docs, applied)
+    kubeconfig = k8s_service_account_kubeconfig(k8s_namespace, "ts-tideshift-watcher")
+    create(admin, *labelled(outside, "outside-before"))
+    create(admin, *labelled(first, "inside-before"))
+    port = KubernetesClusterPort.from_kubeconfig(kubeconfig, namespace=[first, second])
+
+    def listed() -> list[str] | None:
+        try:
+            return [w.ref.name for w in asyncio.run(port.list_workloads())]
+        except ApiException as error:
+            if error.status == 403:
+                return None  # the new Roles are not in the authorizer's cache yet
+            raise
+
+    assert wait_until(listed, timeout=30, what="the watcher's Roles") == ["inside-before"]
+
+    async def announced() -> list[tuple[str, str]]:
+        seen: list[tuple[str, str]] = []
+        changes = port.watch()
+        try:
+            create(admin, *labelled(outside, "outside-after"))
+            create(admin, *labelled(second, "inside-after"))
+            async with asyncio.timeout(60):
+                async for change in changes:
+                    if isinstance(change.obj, Workload):
+                        seen.append((change.obj.ref.namespace, change.obj.ref.name))
+                    if (second, "inside-after") in seen:
+                        return seen
+        finally:
+            await changes.aclose()
+        return seen
+
+    seen = asyncio.run(announced())
+    assert (second, "inside-after") in seen
+    assert all(namespace != outside for namespace, _ in seen), seen
+    # Every watch is up and its cache full: what the port holds is what it may announce.
+    assert sorted(w.ref.name for w in asyncio.run(port.list_workloads())) == [
+        "inside-after",
+        "inside-before",
+    ]
+    asyncio.run(port.close())
 
 
 def test_namespaced_without_namespaces_is_refused_naming_the_value() -> None:
