@@ -166,7 +166,10 @@ class SimMetricSource:
 
     async def range(self, query: str, *, start: float, end: float, step_s: float) -> Samples:
         times = grid(start, end, step_s)
-        return Samples(times, np.array([self._rate(float(t)) for t in times]))
+        # A first query covers the whole history (20,160 steps of 14 days): in a thread, as a
+        # Prometheus answer arrives, so hundreds of new workloads do not stall the event loop.
+        rates = await asyncio.to_thread(lambda: [self._rate(float(t)) for t in times])
+        return Samples(times, np.array(rates))
 
     async def latest(self, query: str, *, at: float) -> float | None:
         return self._rate(at)
