@@ -133,8 +133,16 @@ class KubernetesClusterPort:
                 for scope in scopes
             ]
         )
-        # One informer per supported kind (and namespace), over objects labelled with a role.
-        self.workloads = [
+        self.workloads = self._workload_informers(scopes)
+        self._watching = False
+        self._recent_reads: dict[WorkloadRef, tuple[float, Observed]] = {}
+        self._recent_lock = threading.Lock()
+        self._uids: OrderedDict[WorkloadRef, str] = OrderedDict()  # see _record_event
+        self.events = EventWriter(self.http, component=event_component)
+
+    def _workload_informers(self, scopes: list[str | None]) -> list[Informer[Workload]]:
+        """One informer per supported kind (and namespace), over objects labelled with a role."""
+        return [
             Informer[Workload](
                 self.http,
                 resource=kind,
@@ -147,11 +155,6 @@ class KubernetesClusterPort:
             for kind, adapter in self.adapters.items()
             for scope in scopes
         ]
-        self._watching = False
-        self._recent_reads: dict[WorkloadRef, tuple[float, Observed]] = {}
-        self._recent_lock = threading.Lock()
-        self._uids: OrderedDict[WorkloadRef, str] = OrderedDict()  # see _record_event
-        self.events = EventWriter(self.http, component=event_component)
 
     @classmethod
     def from_kubeconfig(
