@@ -131,9 +131,10 @@ class Job:
 
     async def prepare_standbys(self, count: int) -> None:
         """Warm standby processes: imported, connected and initialised, not joined."""
-        started = [self._process(standby=True) for _ in range(count)]
-        for trainer in started:
-            self.standbys.append(trainer.start())
+        started = []
+        for _ in range(count):  # one at a time: each name counts the ones before it
+            started.append(self._process(standby=True).start())
+            self.standbys.append(started[-1])
 
         async def ready() -> bool:
             return all(logged_at(t, "standing by") is not None for t in started)
@@ -369,6 +370,11 @@ async def run(args: argparse.Namespace) -> None:
         rates: dict[int, float] = {}
         joins: list[tuple[float, float]] = []
         leaves: list[float] = []
+        if args.goodput_only:
+            leaves += await goodput(server, bus, workdir, 3600 / per_hour, args.window, "(a)")
+            leaves += await goodput(server, bus, workdir, args.churn_every, args.window, "(b)")
+            print(latency_line("leave latency (SIGTERM -> exit, grace 10s)", leaves))
+            return
         for trainers in (1, 2, 3, 4):
             rates[trainers], join, leave = await steady(server, bus, workdir, trainers, args.window)
             joins += join
@@ -408,6 +414,7 @@ def main() -> None:
         "--simulated", type=Path, nargs="*", default=[],
         help="`tideshift simulate --json` outputs; (a) takes their highest rate",
     )  # fmt: skip
+    parser.add_argument("--goodput-only", action="store_true", help="only goodput (a) and (b)")
     args = parser.parse_args()
     if args.quick:
         args.window = 10.0
