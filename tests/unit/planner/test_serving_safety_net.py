@@ -165,3 +165,25 @@ def test_scale_down_releases_only_what_the_forecast_does_not_need_soon() -> None
     # q0.95's 168 req/s would have held all 15.
     median, reason = down_from_15(140.0)
     assert median == 14 and "median" in reason, reason
+
+
+def test_a_rise_that_recurs_on_a_schedule_is_held_only_when_the_next_is_due() -> None:
+    # 60 req/s, and 5x it for five minutes every two hours: a schedule after four spikes.
+    miss, now = None, 0.0
+    spikes = [1800.0 + k * 7200.0 for k in range(4)]
+    while now < spikes[-1] + 3600.0:
+        rps = 300.0 if any(s <= now < s + 300.0 for s in spikes) else 60.0
+        _, _, miss = plan(now, forecast_rps=70.0, observed=rps, current=30, miss=miss)
+        now += 15.0
+    next_spike = spikes[-1] + 7200.0
+    # An hour before the next spike: sized for the forecast (7), not the spike.
+    desired, reason, _ = plan(
+        next_spike - 3600.0, forecast_rps=70.0, observed=60.0, current=7, miss=miss
+    )
+    assert desired == 7, reason
+    # A lead time before it: sized for 60 x 5 = 300 req/s, ready when the spike comes.
+    desired, reason, _ = plan(
+        next_spike - 30.0, forecast_rps=70.0, observed=60.0, current=7, miss=miss
+    )
+    assert desired == 30, reason
+    assert "a rise recurring every 120 min is due" in reason and reason.startswith(PANIC)
