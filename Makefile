@@ -12,7 +12,7 @@ LINT_ROOT := $(VENV)/lint-root
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,report]'
+	$(BIN)/pip install -q -e '.[dev,forecast,report]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -34,8 +34,11 @@ k8s-binaries:
 	bash tests/cluster/build.sh
 
 # The services image, built with podman (which builds the Dockerfile itself) where there is no
-# Docker: `make image`. With Docker: `docker build -t tideshift:dev .` is all it takes.
+# Docker: `make image`. With Docker: `docker build -t tideshift:dev .`, and for the predictor
+# `docker build --build-arg EXTRAS=forecast -t tideshift-predictor:dev .`.
 IMAGE      ?= localhost/tideshift:dev
+# The predictor's image: the same layers plus the `forecast` extra (scipy, statsmodels, ...).
+PREDICTOR_IMAGE ?= localhost/tideshift-predictor:dev
 # Docker Hub's python:3.11-slim when reachable (BASE_IMAGE=python:3.11-slim); by default a
 # Debian 12 stand-in made with mmdebstrap, kept in podman's image store between runs.
 LOCAL_BASE := localhost/tideshift-base:bookworm
@@ -82,7 +85,9 @@ image-base: image-deps
 # Layers stay in podman's store: a rebuild after a source change redoes only the app wheel.
 image: $(if $(filter $(LOCAL_BASE),$(BASE_IMAGE)),image-base,image-deps)
 	podman build --quiet $(CA_MOUNT) --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
-	@podman image ls $(IMAGE)
+	podman build --quiet $(CA_MOUNT) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	  --build-arg EXTRAS=forecast -t $(PREDICTOR_IMAGE) .
+	@podman image ls --filter reference=$(IMAGE) --filter reference=$(PREDICTOR_IMAGE)
 
 lint: $(STAMP) $(LINT_ROOT)/tideshift
 	@# pytest imports test modules by basename (no __init__.py): two files of one name abort collection.

@@ -84,6 +84,25 @@ def _resolve(target: str) -> Callable[[Sequence[str]], int]:
     return function
 
 
+def _extra_providing(module: str) -> str | None:
+    """The optional extra of ours (pyproject.toml) that installs the package `module`, if any."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    wanted = canonicalize_name(module.partition(".")[0])
+    metadata = importlib.metadata.metadata("tideshift")
+    requirements = [Requirement(text) for text in metadata.get_all("Requires-Dist") or []]
+    for extra in metadata.get_all("Provides-Extra") or []:
+        if any(
+            canonicalize_name(requirement.name) == wanted
+            and requirement.marker is not None
+            and requirement.marker.evaluate({"extra": extra})
+            for requirement in requirements
+        ):
+            return extra
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in {"-h", "--help"}:
@@ -100,6 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _resolve(SUBCOMMANDS[name][0])(rest)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as error:
+        # An image or install without one of our extras (the core image has no forecasters).
+        extra = _extra_providing(error.name or "")
+        if extra is None:
+            raise
+        print(
+            f"tideshift {name}: needs the {extra!r} extra ({error}): "
+            f"pip install 'tideshift[{extra}]', or use the image that has it",
+            file=sys.stderr,
+        )
+        return 2
     except OSError as error:
         # A path the user named that cannot be opened is their input error, not our bug; any
         # other OSError (no filename) still shows its traceback.

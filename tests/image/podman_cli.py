@@ -8,7 +8,11 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The core image and the predictor's (the core image plus the `forecast` extra): `make image`.
 IMAGE = os.environ.get("TIDESHIFT_IMAGE", "localhost/tideshift:dev")
+PREDICTOR_IMAGE = os.environ.get("TIDESHIFT_PREDICTOR_IMAGE", "localhost/tideshift-predictor:dev")
+# `podman run` options as the chart runs a container: read-only root, /tmp only, no capabilities.
+RESTRICTED = ["--read-only", "--tmpfs", "/tmp:rw,size=256m,mode=1777", "--cap-drop", "ALL"]
 
 
 def podman(

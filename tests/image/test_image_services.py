@@ -1,7 +1,8 @@
 """Every chart service runs from the image, exactly as its rendered Deployment runs it.
 
 The chart is installed into the local control plane (whose kwok nodes run no containers), and
-each Deployment's container is then run with podman: the image, command and args, the
+each Deployment's container is then run with podman: its image (the predictor's for the
+predictor, the core image, without forecasters, for the others), command and args, the
 environment resolved from the chart's Secret, the pod's user and group, a read-only root
 filesystem, the dropped capabilities, no privilege escalation and the /tmp emptyDir. The
 watcher and executor act as their chart ServiceAccount through a TokenRequest kubeconfig
@@ -155,20 +156,28 @@ def helm_test(
 
 
 def test_every_service_runs_from_the_image_as_the_chart_runs_it(
-    image: str, k8s_cluster: Any, k8s_namespace: str, nats_server: EmbeddedNats, tmp_path: Path
+    image: str,
+    predictor_image: str,
+    k8s_cluster: Any,
+    k8s_namespace: str,
+    nats_server: EmbeddedNats,
+    tmp_path: Path,
 ) -> None:
     release = f"ts-{uuid.uuid4().hex[:6]}"
     repository, tag = image.rsplit(":", 1)
+    predictor_repository, predictor_tag = predictor_image.rsplit(":", 1)
+    images = {service: image for service in SERVICES} | {"predictor": predictor_image}
     values = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "nats": {"bundled": {"enabled": False}, "url": nats_server.url},
         "predictor": {
+            "image": {"repository": predictor_repository, "tag": predictor_tag},
             "config": {
                 "metric_source": "sim",
                 "sim_peak_rps": 150,
                 "sim_trough_rps": 150,
                 "workloads": [{"namespace": k8s_namespace, "name": "web"}],
-            }
+            },
         },
         "planner": {"config": {"tick_seconds": 1}},
     }
@@ -192,7 +201,7 @@ def test_every_service_runs_from_the_image_as_the_chart_runs_it(
             for service in SERVICES:
                 deployment = deployments[service]
                 pod = deployment["spec"]["template"]["spec"]
-                assert pod["containers"][0]["image"] == image
+                assert pod["containers"][0]["image"] == images[service]
                 env = container_environment(
                     f"{deployment['metadata']['name']}-local",
                     pod["containers"][0],
@@ -213,7 +222,7 @@ def test_every_service_runs_from_the_image_as_the_chart_runs_it(
                     env["KUBECONFIG"] = KUBECONFIG_IN_CONTAINER
                 options = run_arguments(pod, env, mounts)
                 args = pod["containers"][0]["args"]
-                stack.enter_context(container(names[service], image, options, args))
+                stack.enter_context(container(names[service], images[service], options, args))
             deadline = time.monotonic() + WAIT
             pending = set(SERVICES)
             while pending and time.monotonic() < deadline:

@@ -240,6 +240,13 @@ def service_schema(service: str) -> Schema:
     properties: Schema = {
         "enabled": BOOLEAN,
         "replicas": integer(minimum=0),
+        # null takes the chart-wide `image`'s field.
+        "image": obj(
+            {
+                "repository": {"type": ["string", "null"], "minLength": 1},
+                "tag": {"type": ["string", "null"]},
+            }
+        ),
         "resources": RESOURCES,
         "serviceAccountAnnotations": STRING_MAP,
         "extraEnv": LIST_OF_OBJECTS,

@@ -56,6 +56,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* A service's image: (dict "root" $ "service" "predictor"); its own `image` fields where
+set, else the chart-wide `image`'s. */}}
+{{- define "tideshift.serviceImage" -}}
+{{- $root := .root -}}
+{{- $own := (index $root.Values .service).image | default dict -}}
+{{- $tag := default (default $root.Chart.AppVersion $root.Values.image.tag) $own.tag -}}
+{{- printf "%s:%s" (default $root.Values.image.repository $own.repository) $tag -}}
+{{- end -}}
+
 {{- define "tideshift.natsSecretName" -}}
 {{- default (printf "%s-nats" (include "tideshift.fullname" .)) .Values.nats.existingSecret -}}
 {{- end -}}
