@@ -143,6 +143,10 @@ async def _serve(
         loop.add_signal_handler(signum, context.stopping.set)
     runner = await _start_health_server(context)
     try:
+        # A server without logins has no provisioner: the service creates the streams, as
+        # services always did there (the embedded server provisioned itself already).
+        if embedded is None and settings.nats_user is None and settings.nats_credentials is None:
+            await bus.ensure_streams()
         code = await _run_body(context, body) if await _provisioned(context) else 0
     finally:
         if runner is not None:

@@ -79,16 +79,20 @@ async def admin(provisioned: EmbeddedNats) -> AsyncIterator[Bus]:
         await bus.close()
 
 
-def provision_command(server: EmbeddedNats, role: str) -> subprocess.CompletedProcess[str]:
+def login_env(server: EmbeddedNats, role: str) -> dict[str, str]:
+    """A process's environment as the chart gives a pod: the URL and `role`'s login."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESHIFT_")}
-    env |= {
+    return env | {
         "TIDESHIFT_NATS_URL": server.url,
         "TIDESHIFT_NATS_USER": role,
         "TIDESHIFT_NATS_PASSWORD": server.passwords[role],
     }
+
+
+def provision_command(server: EmbeddedNats, role: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [TIDESHIFT, "nats", "provision", "--timeout", "20"],
-        env=env,
+        env=login_env(server, role),
         capture_output=True,
         text=True,
         timeout=120,
@@ -251,15 +255,9 @@ def test_a_service_login_waits_for_provisioning_saying_what_is_missing(
     bare: EmbeddedNats,
 ) -> None:
     """The chart's init container of each service: `tideshift nats provision --wait`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESHIFT_")}
-    env |= {
-        "TIDESHIFT_NATS_URL": bare.url,
-        "TIDESHIFT_NATS_USER": "executor",
-        "TIDESHIFT_NATS_PASSWORD": bare.passwords["executor"],
-    }
     waiting = subprocess.Popen(
         [TIDESHIFT, "nats", "provision", "--wait"],
-        env=env,
+        env=login_env(bare, "executor"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -312,6 +310,7 @@ async def test_the_training_roles_do_their_jobs_on_a_provisioned_bus(
             return payload[::-1]
 
         stop = await pserver.serve(f"tideshift.v1.training.pserver.{job}.0.push", echo)
+        await pserver.flush()  # the server has the subscription before the request is sent
         reply = await trainer.request(f"tideshift.v1.training.pserver.{job}.0.push", b"abc")
         await stop()
         assert reply == b"cba"
@@ -346,15 +345,9 @@ def test_a_service_started_first_waits_for_provisioning_then_serves(bare: Embedd
     """A service names the missing streams and who creates them, is not ready meanwhile, and
     goes on once the provisioner has run (it never creates a stream itself)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESHIFT_")}
-    env |= {
-        "TIDESHIFT_NATS_URL": bare.url,
-        "TIDESHIFT_NATS_USER": "predictor",
-        "TIDESHIFT_NATS_PASSWORD": bare.passwords["predictor"],
-    }
     service = subprocess.Popen(
         [TIDESHIFT, "run", "predictor", "--health-port", str(port)],
-        env=env,
+        env=login_env(bare, "predictor"),
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -372,4 +365,34 @@ def test_a_service_started_first_waits_for_provisioning_then_serves(bare: Embedd
     finally:
         service.terminate()
         service.wait(timeout=30)
+    assert service.returncode == 0
+
+
+def test_on_a_server_without_logins_a_service_creates_the_streams_itself() -> None:
+    """No provisioner exists there (the chart runs its Job with logins only): as before."""
+    port = free_port()
+    with EmbeddedNats(provision=False) as open_server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESHIFT_")}
+        service = subprocess.Popen(
+            [TIDESHIFT, "run", "predictor", "--health-port", str(port)],
+            env=env | {"TIDESHIFT_NATS_URL": open_server.url},
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not ready(port):
+                assert service.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        finally:
+            service.terminate()
+            service.wait(timeout=30)
+
+        async def absent() -> list[str]:
+            bus = await Bus.connect(open_server.url, name="test-open")
+            try:
+                return await missing(bus, [spec.name for spec in STREAMS])
+            finally:
+                await bus.close()
+
+        assert asyncio.run(absent()) == []
     assert service.returncode == 0
