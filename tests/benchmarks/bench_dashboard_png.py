@@ -1,7 +1,7 @@
 """The dashboard's main panels as a PNG (docs/images/dashboard.png), drawn with matplotlib from
 the dashboard's own queries on real data: the services run as processes on nats-server and the
 local control plane (tests/integration/observability/stack.py), a real Prometheus scrapes
-them, and demand follows a compressed day (a sine over RUN_S seconds).
+them, and demand follows a compressed day (a cosine over RUN_S seconds, from its high).
 
 Run: .venv/bin/pytest -s tests/benchmarks/bench_dashboard_png.py
 (not collected by `make test`: it runs for several minutes to draw a picture).
@@ -43,7 +43,8 @@ PANELS = (
 
 
 def demand(elapsed: float) -> float:
-    return LOW + (HIGH - LOW) * (1 - math.cos(2 * math.pi * elapsed / RUN_S)) / 2
+    """Evening to evening: high, down to the night's low, back up."""
+    return LOW + (HIGH - LOW) * (1 + math.cos(2 * math.pi * elapsed / RUN_S)) / 2
 
 
 @pytest.mark.timeout(1200)
@@ -51,7 +52,7 @@ def test_draw_the_dashboard(
     k8s_cluster: Any, prometheus_binary: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     workdir = tmp_path_factory.mktemp("dashboard")
-    with monitored_stack(k8s_cluster, prometheus_binary, workdir, initial_rate=LOW) as stack:
+    with monitored_stack(k8s_cluster, prometheus_binary, workdir, initial_rate=HIGH) as stack:
         wait_for_scrapes(stack)
         started = time.time()
         dead_lettered = False
