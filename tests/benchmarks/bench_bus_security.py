@@ -74,15 +74,15 @@ def run(starts: int) -> None:
     print(f"  {message}")
 
 
-def test_bus_security_costs() -> None:
-    run(5)
-
-
-if __name__ == "__main__":
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=5, help="starts per row (default 5)")
     arguments = parser.parse_args()
     if arguments.starts < 1:
         parser.error("--starts: expected at least 1")
     run(arguments.starts)
-    sys.exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -112,7 +112,7 @@ async def snapshot(bus: Bus, *, nodes: int, pods: int, targets: int) -> None:
         await kv.put(pod_key("shop", pod.name), pod)
 
 
-async def main(plans: int, targets: int, *, nodes: int, pods: int) -> None:
+async def measure(plans: int, targets: int, *, nodes: int, pods: int) -> None:
     with EmbeddedNats() as server:
         bus = await Bus.connect(server.url, name="bench-insight", max_message_bytes=8 << 20)
         await bus.ensure_streams()
@@ -160,11 +160,15 @@ async def main(plans: int, targets: int, *, nodes: int, pods: int) -> None:
     print(f"  {pictured / listed:.1f}x the listing")
 
 
-if __name__ == "__main__":
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--plans", type=int, default=5760)
     parser.add_argument("--targets", type=int, default=50)
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--pods", type=int, default=5000)
     args = parser.parse_args()
-    asyncio.run(main(args.plans, args.targets, nodes=args.nodes, pods=args.pods))
+    asyncio.run(measure(args.plans, args.targets, nodes=args.nodes, pods=args.pods))
+
+
+if __name__ == "__main__":
+    main()
