@@ -61,7 +61,7 @@ async def _open(url: str, options: dict[str, Any], timeout: float) -> Client:
     with contextlib.suppress(asyncio.CancelledError, nats.errors.Error, OSError):
         return await connecting
     if refused.done():
-        raise ConnectionError(refused.result())
+        raise tls.TlsHandshakeError(refused.result())
     raise ConnectionError(f"no NATS server answered at {shown} within {timeout:.0f}s")
 
 

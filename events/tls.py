@@ -22,6 +22,11 @@ class TlsSettingError(ConnectionError):
     """A TIDESHIFT_NATS_TLS_* variable names no usable file (or one of a pair is missing)."""
 
 
+class TlsHandshakeError(ConnectionError):
+    """The server and this client could not agree on TLS; the message names what to set
+    (retrying cannot fix it, unlike a server that is not up yet)."""
+
+
 def context_from_environment() -> ssl.SSLContext | None:
     """The TLS context TIDESHIFT_NATS_TLS_* describe, or None when none is set (nats-py then
     uses the system's CAs if the server requires TLS)."""

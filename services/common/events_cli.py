@@ -7,11 +7,12 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
-from tideshift.events import Envelope, EventData, EventRejected, decode, mqtt_topic_filter
+from tideshift.events import Envelope, EventData, EventRejected, decode, mqtt_topic_filter, tls
 from tideshift.events.asyncapi import asyncapi_document
 from tideshift.events.client import EventClient
 from tideshift.events.subjects import ROOT
@@ -54,27 +55,36 @@ async def _tail_mqtt(url: str, pattern: str, limit: int | None, login: _Login) -
     import aiomqtt
 
     parsed = urlparse(url)
-    topic = mqtt_topic_filter(pattern)
-    seen = 0
-    async with aiomqtt.Client(
+    client = aiomqtt.Client(
         parsed.hostname or "127.0.0.1",
         port=parsed.port or 1883,
         identifier=f"tail-{os.getpid()}",
         username=login.user,
         password=login.password,
-    ) as client:
-        await client.subscribe(topic, qos=0)
-        async for message in client.messages:
-            payload = message.payload if isinstance(message.payload, bytes) else b""
-            try:
-                event: Envelope[EventData] = decode(payload)
-            except EventRejected as error:
-                _report_rejection(str(message.topic), payload, error)
-                continue
-            print(event.to_json(), flush=True)
-            seen += 1
-            if limit is not None and seen >= limit:
-                return
+        # the same TIDESHIFT_NATS_TLS_* as NATS: the chart's listener serves MQTT over TLS too
+        tls_context=tls.context_from_environment(),
+    )
+    try:
+        async with client:
+            await client.subscribe(mqtt_topic_filter(pattern), qos=0)
+            await _print_mqtt(client.messages, limit)
+    except aiomqtt.MqttError as error:  # a refused or lost connection, as NATS's are OSErrors
+        raise ConnectionError(str(error)) from None
+
+
+async def _print_mqtt(messages: AsyncIterator[Any], limit: int | None) -> None:
+    seen = 0
+    async for message in messages:
+        payload = message.payload if isinstance(message.payload, bytes) else b""
+        try:
+            event: Envelope[EventData] = decode(payload)
+        except EventRejected as error:
+            _report_rejection(str(message.topic), payload, error)
+            continue
+        print(event.to_json(), flush=True)
+        seen += 1
+        if limit is not None and seen >= limit:
+            return
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,10 @@ def main(argv: Sequence[str]) -> int:
             asyncio.run(_tail_nats(args.nats_url, args.pattern, args.count, login))
     except KeyboardInterrupt:
         return 0
+    except (tls.TlsSettingError, tls.TlsHandshakeError) as error:
+        # already names the variable to set; starting a server would not help
+        print(f"tideshift events tail: {error}", file=sys.stderr)
+        return 1
     except OSError as error:
         url = redact(args.mqtt_url if args.mqtt else args.nats_url)
         print(

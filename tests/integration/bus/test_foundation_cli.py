@@ -148,9 +148,11 @@ def test_events_tail_prints_one_cloudevent_per_line(
     assert events.decode(line.encode(), events.NodeChanged).data == node
 
 
-def test_events_tail_says_what_to_do_when_nats_is_down() -> None:
+@pytest.mark.parametrize("transport", ["nats", "mqtt"])
+def test_events_tail_says_what_to_do_when_nats_is_down(transport: str) -> None:
+    where = f"--{transport}-url={transport}://127.0.0.1:{free_port()}"
     result = subprocess.run(
-        [*TIDESHIFT, "events", "tail", f"--nats-url=nats://127.0.0.1:{free_port()}"],
+        [*TIDESHIFT, "events", "tail", where, *(["--mqtt"] if transport == "mqtt" else [])],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -292,18 +292,23 @@ async def test_a_reaction_client_presents_its_certificate_for_mutual_tls(
         await client.close()
 
 
-def test_events_tail_reads_over_tls_with_the_ca_from_the_environment(
-    server: EmbeddedNats, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def tail_env(server: EmbeddedNats, **tls: Path) -> dict[str, str]:
+    """A reaction's environment: its login, and the TLS variables given."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDESHIFT_")}
     env |= {
         "TIDESHIFT_NATS_USER": "reaction",
         "TIDESHIFT_NATS_PASSWORD": server.passwords["reaction"],
-        TLS_CA_VARIABLE: str(pki["ca"]),
     }
-    subject, decided = plan("tls-tail")
+    return env | {name: str(path) for name, path in tls.items()}
+
+
+def tail_one_plan(
+    server: EmbeddedNats, unique: str, arguments: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """`tideshift events tail ... --count 1` while a planner publishes a plan until it exits."""
+    subject, decided = plan(unique)
     tail = subprocess.Popen(
-        [TIDESHIFT, "events", "tail", subject.value, "--count", "1", "--nats-url", server.url],
+        [TIDESHIFT, "events", "tail", subject.value, "--count", "1", *arguments],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -320,7 +325,6 @@ def test_events_tail_reads_over_tls_with_the_ca_from_the_environment(
         finally:
             await planner.close()
 
-    monkeypatch.setenv(TLS_CA_VARIABLE, str(pki["ca"]))
     try:
         asyncio.run(publish_until_tail_exits())
         out, err = tail.communicate(timeout=WAIT)
@@ -328,5 +332,33 @@ def test_events_tail_reads_over_tls_with_the_ca_from_the_environment(
         if tail.poll() is None:
             tail.kill()
             tail.wait()
-    assert tail.returncode == 0, err
-    assert json.loads(out.splitlines()[0])["data"]["plan_id"] == "tls-tail"
+    return subprocess.CompletedProcess(tail.args, tail.returncode, out, err)
+
+
+def test_events_tail_reads_over_tls_with_the_ca_from_the_environment(
+    server: EmbeddedNats, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TLS_CA_VARIABLE, str(pki["ca"]))  # the publishing planner's
+    env = tail_env(server, **{TLS_CA_VARIABLE: pki["ca"]})
+    done = tail_one_plan(server, "tls-tail", ["--nats-url", server.url], env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0])["data"]["plan_id"] == "tls-tail"
+    mqtt = ["--mqtt", "--mqtt-url", f"mqtt://127.0.0.1:{server.mqtt_port}"]
+    done = tail_one_plan(server, "tls-tail-mqtt", mqtt, env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0])["data"]["plan_id"] == "tls-tail-mqtt"
+
+
+def test_events_tail_without_the_ca_says_what_to_set_in_one_line(server: EmbeddedNats) -> None:
+    done = subprocess.run(
+        [TIDESHIFT, "events", "tail", "--count", "1", "--nats-url", server.url],
+        env=tail_env(server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert "TLS handshake failed" in line and TLS_CA_VARIABLE in line
+    assert "Start a server" not in line, "a running server that TLS refused needs no new server"
