@@ -26,6 +26,7 @@ CACHE_ROOT="${TIDESHIFT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tideshift}"
 WORK="$CACHE_ROOT/real-node"
 BIN_DIR="$(bash "$REPO/tests/cluster/build.sh" --print-bin-dir)"
 IMAGE="${TIDESHIFT_IMAGE:-localhost/tideshift:dev}"
+PREDICTOR_IMAGE="${TIDESHIFT_PREDICTOR_IMAGE:-localhost/tideshift-predictor:dev}"
 PAUSE_IMAGE="localhost/tideshift-pause:1"
 NODE="${TIDESHIFT_NODE_NAME:-tideshift-real-0}"
 POD_SUBNET="10.244.77.0/24"
@@ -112,7 +113,7 @@ load_images() { # podman's images into containerd's k8s.io namespace
     >"$WORK/Containerfile.pause"
   podman build --quiet -t "$PAUSE_IMAGE" -f "$WORK/Containerfile.pause" "$WORK" >/dev/null
   local image
-  for image in "$PAUSE_IMAGE" "$IMAGE"; do
+  for image in "$PAUSE_IMAGE" "$IMAGE" "$PREDICTOR_IMAGE"; do
     podman save --quiet --format oci-archive -o "$WORK/image.tar" "$image"
     "${CTR[@]}" images import "$WORK/image.tar" >/dev/null
   done
@@ -163,6 +164,7 @@ install_chart() {
 image: {repository: ${IMAGE%:*}, tag: ${IMAGE##*:}, pullPolicy: Never}
 nats: {bundled: {enabled: false}, url: "nats://$(host_ip):$NATS_PORT"}
 predictor:
+  image: {repository: ${PREDICTOR_IMAGE%:*}, tag: ${PREDICTOR_IMAGE##*:}}
   config:
     metric_source: sim
     sim_peak_rps: 150

@@ -96,7 +96,9 @@ def test_deployments_probe_health_and_run_locked_down(
         assert pod["securityContext"]["runAsNonRoot"] is True
         # The read-only root filesystem needs a writable /tmp.
         assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
-        assert container["image"] == "ghcr.io/tideshift/tideshift:0.1.0"
+        # The predictor's image adds the `forecast` extra to the core image (the Dockerfile).
+        repository = "tideshift-predictor" if component(deployment) == "predictor" else "tideshift"
+        assert container["image"] == f"ghcr.io/tideshift/{repository}:0.1.0"
 
 
 def test_only_the_watcher_and_executor_get_an_api_token(
@@ -298,15 +300,24 @@ def test_image_and_names_are_configurable(tmp_path: Path) -> None:
         tmp_path,
         {
             "image": {"repository": "registry.example/ts", "tag": "1.2.3"},
+            "predictor": {"image": {"repository": "registry.example/ts-predictor"}},
+            "planner": {"image": {"tag": "1.2.4"}},
             "fullnameOverride": "tide",
         },
         release="prod",
     )
     deployments = by_kind(objects, "Deployment")
     assert sorted(deployments) == sorted(f"tide-{service}" for service in SERVICES)
-    for deployment in deployments.values():
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
-        assert container["image"] == "registry.example/ts:1.2.3"
+    images = {
+        component(deployment): deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        for deployment in deployments.values()
+    }
+    assert images == {
+        "watcher": "registry.example/ts:1.2.3",
+        "predictor": "registry.example/ts-predictor:1.2.3",
+        "planner": "registry.example/ts:1.2.4",
+        "executor": "registry.example/ts:1.2.3",
+    }
 
 
 def render_notes(tmp_path: Path, values: dict[str, Any], *, namespace: str) -> str:
