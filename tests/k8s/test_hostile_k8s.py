@@ -9,6 +9,7 @@ scale commands: int32-max replicas, the longest names and idempotency keys, a fl
 unknown targets, commands issued in year 9999 and 1970, duplicates. After every case a fresh
 labelled Deployment is announced, planned and scaled in the apiserver (each idempotency key
 applied once), every /healthz and /readyz answers 200 and no service grew past the bound.
+Runtime: ~40 s for the nine cases (plus the control plane's start), ~2 min on a loaded machine.
 """
 
 from __future__ import annotations
