@@ -183,8 +183,16 @@ class ServingPolicy(_Frozen):
     @model_validator(mode="after")
     def _bounds_ordered(self) -> ServingPolicy:
         if self.max_replicas < self.min_replicas:
-            raise ValueError("max-replicas must be >= min-replicas")
+            raise ValueError(_bounds_message(self.min_replicas, self.max_replicas))
         return self
+
+
+def _bounds_message(min_replicas: int, max_replicas: int) -> str:
+    # Both values: an annotation out of order is fixed by seeing which one is wrong.
+    return (
+        f"min-replicas {min_replicas} above max-replicas {max_replicas} "
+        "(max-replicas must be >= min-replicas)"
+    )
 
 
 class TrainingPolicy(_Frozen):
@@ -209,7 +217,7 @@ class TrainingPolicy(_Frozen):
     @model_validator(mode="after")
     def _bounds_ordered(self) -> TrainingPolicy:
         if self.max_replicas is not None and self.max_replicas < self.min_replicas:
-            raise ValueError("max-replicas must be >= min-replicas")
+            raise ValueError(_bounds_message(self.min_replicas, self.max_replicas))
         return self
 
 
