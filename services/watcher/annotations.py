@@ -66,6 +66,10 @@ EXPECTED = {
 }
 
 
+# Fields read as numbers (the others are text or a boolean).
+_NUMBERS = frozenset(EXPECTED) - {"demand_query", "scale_task", "batch"}
+
+
 class InvalidPolicy(ValueError):
     """An annotation that cannot be read; the message names it and what it expects."""
 
@@ -81,6 +85,11 @@ def _policy(
         for name, field in names.items()
         if PREFIX + name in annotations
     }
+    for field, value in values.items():
+        # Python's number syntax (pydantic's too) reads "1_0" as 10: not what a person meant.
+        if field in _NUMBERS and "_" in value:
+            named = next(PREFIX + n for n, f in names.items() if f == field)
+            raise InvalidPolicy(f"{named}={value!r}: expected {EXPECTED[field]}")
     try:
         return model.model_validate(values)
     except ValidationError as error:

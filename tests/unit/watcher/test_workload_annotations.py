@@ -81,6 +81,9 @@ def test_training_annotations_become_its_policy_with_defaults() -> None:
         ("training", {"gang-min": "0"}, "tideshift.io/gang-min='0': expected a whole number"),
         ("training", {"weight": "heavy"}, "tideshift.io/weight='heavy': expected a number > 0"),
         ("training", {"min-replicas": "2.5"}, "tideshift.io/min-replicas='2.5'"),
+        # Python's number syntax would read these as 10 and 1000
+        ("serving", {"capacity-rps": "1_0"}, "tideshift.io/capacity-rps='1_0': expected a num"),
+        ("training", {"max-replicas": "1_000"}, "tideshift.io/max-replicas='1_000'"),
         ("training", {"paused": "yes"}, "tideshift.io/paused='yes': expected \"true\" or"),
         ("training", {"batch": "maybe"}, "tideshift.io/batch='maybe': expected \"true\" or"),
         # Batch trainers are sized by what they borrow; this template borrows nothing.
