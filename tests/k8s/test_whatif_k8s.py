@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from tests.fixtures.requirements import missing_dependency
-from tests.k8s.cluster_objects import collection, create, pod_template, wait_until
+from tests.integration.observability.stack import create_labelled
+from tests.k8s.cluster_objects import wait_until
 from tideshift.loadgen.traces import read_trace
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.ports import free_port
@@ -106,47 +107,24 @@ def ready(url: str, server: subprocess.Popen[bytes]) -> bool:
         return False
 
 
-def create_labelled(admin: KubeHttp, namespace: str) -> None:
+def create_workloads(admin: KubeHttp, namespace: str) -> None:
     """A serving Deployment whose demand query reads the history, and a training Job."""
-    web = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": "web",
-            "labels": {"tideshift.io/role": "serving"},
-            "annotations": {
-                "tideshift.io/capacity-rps": "20",
-                "tideshift.io/max-replicas": "20",
-                "tideshift.io/lead-time-seconds": "60",
-                "tideshift.io/demand-query": QUERY,
-            },
-        },
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": pod_template({"app": "web"}, cpu="1"),
-        },
+    serving = {
+        "tideshift.io/capacity-rps": "20",
+        "tideshift.io/max-replicas": "20",
+        "tideshift.io/lead-time-seconds": "60",
+        "tideshift.io/demand-query": QUERY,
     }
-    create(admin, collection("Deployment", namespace), web)
-    trainer = pod_template({"app": "train"}, cpu="2")
-    trainer["spec"]["restartPolicy"] = "Never"
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": "train",
-            "labels": {"tideshift.io/role": "training"},
-            "annotations": {"tideshift.io/min-replicas": "1", "tideshift.io/max-replicas": "8"},
-        },
-        "spec": {"parallelism": 1, "template": trainer},
-    }
-    create(admin, collection("Job", namespace), job)
+    training = {"tideshift.io/min-replicas": "1", "tideshift.io/max-replicas": "8"}
+    create_labelled(
+        admin, namespace, serving=serving, training=training, trainer_cpu="2", replicas=2
+    )
 
 
 @pytest.fixture
 def labelled(k8s_cluster: Any, k8s_namespace: str) -> str:
     with k8s_cluster.api_client() as api_client:
-        create_labelled(KubeHttp(api_client), k8s_namespace)
+        create_workloads(KubeHttp(api_client), k8s_namespace)
     return k8s_namespace
 
 

@@ -170,23 +170,32 @@ def _prometheus_config(server: PrometheusServer, stack: Stack) -> None:
     server.config_file.write_text(json.dumps(config))
 
 
-def _workloads(admin: KubeHttp, namespace: str) -> None:
+def create_labelled(
+    admin: KubeHttp,
+    namespace: str,
+    *,
+    serving: dict[str, str],
+    training: dict[str, str],
+    trainer_cpu: str,
+    replicas: int = 1,
+) -> None:
+    """A serving Deployment `web` and a training Job `train`, labelled and annotated."""
     web = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
             "name": "web",
             "labels": {"tideshift.io/role": "serving"},
-            "annotations": SERVING,
+            "annotations": serving,
         },
         "spec": {
-            "replicas": 1,
+            "replicas": replicas,
             "selector": {"matchLabels": {"app": "web"}},
             "template": pod_template({"app": "web"}, cpu="1"),
         },
     }
     create(admin, collection("Deployment", namespace), web)
-    trainer = pod_template({"app": "train"}, cpu="4")
+    trainer = pod_template({"app": "train"}, cpu=trainer_cpu)
     trainer["spec"]["restartPolicy"] = "Never"
     train = {
         "apiVersion": "batch/v1",
@@ -194,7 +203,7 @@ def _workloads(admin: KubeHttp, namespace: str) -> None:
         "metadata": {
             "name": "train",
             "labels": {"tideshift.io/role": "training"},
-            "annotations": {"tideshift.io/min-replicas": "1", "tideshift.io/max-replicas": "6"},
+            "annotations": training,
         },
         "spec": {"parallelism": 1, "template": trainer},
     }
@@ -243,7 +252,8 @@ def monitored_stack(
                 argv, stdin=subprocess.DEVNULL, stdout=handle, stderr=handle
             )
         stop.callback(_terminate, list(stack.processes.values()))
-        _workloads(admin, namespace)
+        training = {"tideshift.io/min-replicas": "1", "tideshift.io/max-replicas": "6"}
+        create_labelled(admin, namespace, serving=SERVING, training=training, trainer_cpu="4")
         yield stack
 
 
