@@ -38,9 +38,11 @@ RejectHandler = Callable[[str, bytes, EventRejected], None]
 
 async def _open(url: str, options: dict[str, Any], timeout: float) -> Client:
     """Connect, reconnecting for ever once connected; ConnectionError after `timeout`, or at
-    once with what to set when the TLS handshake fails (retrying cannot fix it)."""
-    where = urlsplit(url)  # the scheme, host and port only: a URL may carry a password
-    shown = f"{where.scheme}://{where.netloc.rpartition('@')[2]}"
+    once with what to set when the TLS handshake fails (retrying cannot fix it). `url` may
+    list a cluster's servers, comma-separated: a lost server's clients move to another."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    # The scheme, host and port only: a URL may carry a password.
+    shown = ",".join(f"{w.scheme}://{w.netloc.rpartition('@')[2]}" for w in map(urlsplit, servers))
     refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def quiet(error: Exception) -> None:
@@ -51,7 +53,7 @@ async def _open(url: str, options: dict[str, Any], timeout: float) -> Client:
 
     connecting = asyncio.ensure_future(
         nats.connect(
-            url, max_reconnect_attempts=-1, reconnect_time_wait=1, error_cb=quiet, **options
+            servers, max_reconnect_attempts=-1, reconnect_time_wait=1, error_cb=quiet, **options
         )
     )
     either: set[asyncio.Future[Any]] = {connecting, refused}

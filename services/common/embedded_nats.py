@@ -81,6 +81,11 @@ class EmbeddedNats:
     tls_ca: Path | None = None
     # Create the streams and buckets at start (off only to test what comes before that).
     provision: bool = True
+    # One server of a cluster (`NatsCluster`): the cluster's name, this server's route port
+    # and its peers' route URLs; JetStream then keeps each stream on several servers.
+    cluster_name: str | None = None
+    cluster_port: int = 0
+    routes: tuple[str, ...] = ()
     passwords: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
@@ -143,7 +148,9 @@ class EmbeddedNats:
             preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509  # prctl and getppid only
         )
         log.close()
-        self._wait_healthy(timeout)
+        # A cluster's server is fully healthy only once a quorum of its peers runs, which
+        # the peers started after it make up: here, only that its own JetStream is on.
+        self.wait_healthy(timeout, query="?js-enabled-only=true" if self.cluster_name else "")
 
     def _provision(self, timeout: float) -> None:
         """Create the streams and buckets as the provisioner, on a thread of its own: the
@@ -190,6 +197,13 @@ class EmbeddedNats:
             "jetstream": {"store_dir": str(self.store_dir / "jetstream")},
             "mqtt": {"host": self.host, "port": self.mqtt_port},
         }
+        if self.cluster_name is not None:
+            body["cluster"] = {
+                "name": self.cluster_name,
+                "host": self.host,
+                "port": self.cluster_port,
+                "routes": list(self.routes),
+            }
         if self.auth:
             body["authorization"] = authorization(self.passwords)
         if tls:
@@ -201,7 +215,9 @@ class EmbeddedNats:
             body["mqtt"]["tls"] = certificate
         return json.dumps(body, indent=2)
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def wait_healthy(self, timeout: float, *, query: str = "") -> None:
+        """Until the monitor's /healthz (with `query`) answers 200; NatsServerError after
+        `timeout` or when the server exits."""
         deadline = time.monotonic() + timeout
         last_error = "no answer"
         while time.monotonic() < deadline:
@@ -212,7 +228,8 @@ class EmbeddedNats:
                     f"see {self.store_dir}/nats-server.log"
                 )
             try:
-                with urllib.request.urlopen(f"{self.monitor_url}/healthz", timeout=1) as answer:
+                url = f"{self.monitor_url}/healthz{query}"
+                with urllib.request.urlopen(url, timeout=1) as answer:
                     if answer.status == 200:
                         return
             except (urllib.error.URLError, OSError) as error:
@@ -249,6 +266,56 @@ class EmbeddedNats:
         return self._process is not None and self._process.poll() is None
 
     def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@dataclass
+class NatsCluster:
+    """`size` servers of one JetStream cluster on loopback, every stream and bucket kept on
+    `replicas` of them: what tests of a lost server run against. A context manager."""
+
+    size: int = 3
+    replicas: int = 3
+    servers: list[EmbeddedNats] = field(default_factory=list, init=False)
+
+    @property
+    def url(self) -> str:
+        """Every server's URL, comma-separated (`TIDESHIFT_NATS_URL` of a cluster)."""
+        return ",".join(server.url for server in self.servers)
+
+    def start(self, *, timeout: float = 30.0) -> NatsCluster:
+        route_ports = [free_port() for _ in range(self.size)]
+        name = f"tideshift-{secrets.token_hex(4)}"
+        try:
+            for port in route_ports:
+                peers = tuple(f"nats://127.0.0.1:{peer}" for peer in route_ports if peer != port)
+                server = EmbeddedNats(
+                    provision=False, cluster_name=name, cluster_port=port, routes=peers
+                )
+                self.servers.append(server.start(timeout=timeout))
+            for server in self.servers:
+                server.wait_healthy(timeout)
+            work = provisioning.provision_at(self.url, timeout=timeout, replicas=self.replicas)
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, work).result()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> NatsCluster:
         return self.start()
 
     def __exit__(

@@ -23,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tideshift.services.common.bus import Bus, NatsAuthError, provision
+from tideshift.services.common.bus.streams import ReplicasUnavailable
 from tideshift.services.common.embedded_nats import EmbeddedNats, NatsServerError
 from tideshift.services.common.settings import ServiceSettings
 
@@ -136,6 +137,7 @@ async def _serve(
         user=settings.nats_user,
         password=password,
         max_message_bytes=settings.max_message_bytes,
+        replicas=settings.nats_replicas,
     )
     context = ServiceContext(name=name, settings=settings, bus=bus, instance=instance)
     loop = asyncio.get_running_loop()
@@ -210,7 +212,7 @@ def run_service(
         return 2
     try:
         return asyncio.run(_serve(name, settings, body, password))
-    except (NatsServerError, NatsAuthError, provision.NotProvisioned) as error:
+    except (NatsServerError, NatsAuthError, provision.NotProvisioned, ReplicasUnavailable) as error:
         # A refused login cannot succeed by retrying: say so at once.
         print(f"tideshift {name}: {error}", file=sys.stderr)
         return 1

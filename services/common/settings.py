@@ -38,7 +38,16 @@ class ServiceSettings(BaseSettings):
 
     nats_url: str | None = Field(
         default=None,
-        description="NATS server URL; unset = start the bundled nats-server (embedded default)",
+        description=(
+            "NATS server URL, or a cluster's several comma-separated; unset = start the "
+            "bundled nats-server (embedded default)"
+        ),
+    )
+    nats_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="servers of a NATS cluster that keep each stream and bucket (3 in a cluster)",
     )
     nats_credentials: str | None = Field(
         default=None, description="path to a NATS .creds file (from a Secret in Kubernetes)"

@@ -24,7 +24,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.kv import KeyValue
 from prometheus_client import Counter
 
@@ -41,7 +41,12 @@ from tideshift.events.codec import decode, encode
 from tideshift.services.common.bus import objects, rpc
 from tideshift.services.common.bus.connect import open_connection
 from tideshift.services.common.bus.kv import Lease, TypedKV
-from tideshift.services.common.bus.streams import STREAMS, StreamSpec
+from tideshift.services.common.bus.streams import (
+    STREAMS,
+    StreamSpec,
+    check_replicas,
+    placement_failure,
+)
 
 log = logging.getLogger("tideshift.bus")
 T = TypeVar("T", bound=EventData)
@@ -65,6 +70,8 @@ DEAD_LETTER_REASON_BYTES = 1024
 # A letter's payload escaped as JSON (up to 6 bytes a character), its reason, names and headers.
 LARGEST_DEAD_LETTER_BYTES = 6 * DEAD_LETTER_PAYLOAD_CHARS + DEAD_LETTER_REASON_BYTES + 2048
 RECONNECT_POLL_SECONDS = 0.2
+# JetStream's answer to creating a stream that exists with another configuration.
+STREAM_NAME_IN_USE = 10058
 
 
 @dataclass
@@ -95,13 +102,20 @@ class Delivery(Generic[T]):
 
 
 class Bus:
-    """A connected NATS client with Tideshift's typed helpers."""
+    """A connected NATS client with Tideshift's typed helpers.
 
-    def __init__(self, connection: Client, *, source: str, max_message_bytes: int) -> None:
+    `replicas`: how many servers of a NATS cluster keep each stream and bucket this client
+    creates (1 on a single server; 3 lets a cluster lose one server without losing a message).
+    """
+
+    def __init__(
+        self, connection: Client, *, source: str, max_message_bytes: int, replicas: int = 1
+    ) -> None:
         self.connection = connection
         self.js: JetStreamContext = connection.jetstream()
         self.source = source
         self.max_message_bytes = max_message_bytes
+        self.replicas = check_replicas(replicas)
 
     @classmethod
     async def connect(
@@ -114,8 +128,12 @@ class Bus:
         password: str | None = None,
         max_message_bytes: int = 1024 * 1024,
         connect_timeout: float = 30.0,
+        replicas: int = 1,
     ) -> Bus:
         """Connect (ConnectionError after `connect_timeout`); once up, reconnect for ever.
+
+        `url` may list several servers of one cluster, comma-separated: the client connects
+        to any and, when that one is lost, reconnects to another.
 
         A server that refuses the credentials raises `NatsAuthError` at once: retrying a
         wrong password until the timeout would only hide it. A `user` gets its own inbox
@@ -131,7 +149,9 @@ class Bus:
             on_permission_violation=PERMISSION_VIOLATIONS.inc,
         )
         source = f"tideshift/{name}/{socket.gethostname()}/{os.getpid()}"
-        return cls(connection, source=source, max_message_bytes=max_message_bytes)
+        return cls(
+            connection, source=source, max_message_bytes=max_message_bytes, replicas=replicas
+        )
 
     async def close(self) -> None:
         """Drain: finish in-flight handlers and flush pending publishes, then disconnect."""
@@ -150,12 +170,24 @@ class Bus:
     # -- streams -----------------------------------------------------------------------
 
     async def ensure_streams(self, streams: tuple[StreamSpec, ...] = STREAMS) -> None:
-        """Create or update every stream; safe to call from every service at start."""
+        """Create or update every stream; safe to call from every service at start.
+        ReplicasUnavailable when the server cannot keep `replicas` copies."""
         for spec in streams:
             try:
-                await self.js.add_stream(spec.config())
-            except nats.js.errors.BadRequestError:
-                await self.js.update_stream(spec.config())
+                await self._add_or_update(spec.config(replicas=self.replicas))
+            except nats.js.errors.APIError as error:
+                failure = placement_failure(error, spec.name, self.replicas)
+                if failure is None:
+                    raise
+                raise failure from None
+
+    async def _add_or_update(self, config: StreamConfig) -> None:
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError as error:
+            if error.err_code != STREAM_NAME_IN_USE:
+                raise
+            await self.js.update_stream(config)
 
     # -- publish -----------------------------------------------------------------------
 
@@ -337,18 +369,27 @@ class Bus:
         try:
             return await self.js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
-            return await self.js.create_key_value(bucket=bucket, ttl=ttl_seconds, history=history)
+            pass
+        try:
+            return await self.js.create_key_value(
+                bucket=bucket, ttl=ttl_seconds, history=history, replicas=self.replicas
+            )
+        except nats.js.errors.APIError as error:
+            failure = placement_failure(error, f"KV_{bucket}", self.replicas)
+            if failure is None:
+                raise
+            raise failure from None
 
     async def lease(self, name: str, *, holder: str, ttl_seconds: float) -> Lease:
         kv = await self._raw_kv(LEASES_BUCKET)
         return Lease(kv, name, holder, ttl_seconds)
 
     async def put_object(self, bucket: str, name: str, data: bytes) -> None:
-        await objects.put_object(self.js, bucket, name, data)
+        await objects.put_object(self.js, bucket, name, data, replicas=self.replicas)
 
     async def get_object(self, bucket: str, name: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
-        return await objects.get_object(self.js, bucket, name)
+        return await objects.get_object(self.js, bucket, name, replicas=self.replicas)
 
     async def queued(self, subject: BoundSubject[T], *, stream: StreamSpec) -> int:
         """Messages stored in `stream` on exactly `subject` (on a work queue: not yet acked)."""

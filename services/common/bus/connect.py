@@ -42,6 +42,7 @@ __all__ = [
     "login_from_environment",
     "open_connection",
     "redact",
+    "server_list",
     "tls_from_environment",
 ]
 
@@ -55,8 +56,19 @@ class NatsTlsError(NatsAuthError):
     a client certificate this client does not have. Retrying cannot fix either."""
 
 
+def server_list(url: str) -> list[str]:
+    """The servers of `url`: one URL, or a cluster's several separated by commas."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ConnectionError(f"TIDESHIFT_NATS_URL {url!r}: expected nats://host:port[,...]")
+    return servers
+
+
 def redact(url: str) -> str:
-    """`url` without a password it may carry (`nats://user:secret@host`), for messages."""
+    """`url` (one or a comma-separated list) without a password it may carry
+    (`nats://user:secret@host`), for messages."""
+    if "," in url:
+        return ",".join(redact(part) for part in server_list(url))
     parts = urllib.parse.urlsplit(url)
     if parts.password is None:
         return url
@@ -176,7 +188,7 @@ async def open_connection(
     options = _login_options(credentials, user, password, tls_from_environment())
     connecting = asyncio.ensure_future(
         nats.connect(
-            url,
+            server_list(url),
             name=name,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,

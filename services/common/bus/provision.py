@@ -24,7 +24,12 @@ import nats.js.errors
 from tideshift.services.common.bus import objects
 from tideshift.services.common.bus.client import Bus
 from tideshift.services.common.bus.connect import redact
-from tideshift.services.common.bus.streams import BUCKETS, STREAMS
+from tideshift.services.common.bus.streams import (
+    BUCKETS,
+    MAX_REPLICAS,
+    STREAMS,
+    ReplicasUnavailable,
+)
 
 log = logging.getLogger("tideshift.bus")
 
@@ -46,7 +51,7 @@ async def provision(bus: Bus) -> list[str]:
     # Buckets first: once the event streams exist, every bucket does (`wait_provisioned`).
     for bucket in BUCKETS:
         if bucket.objects:
-            await objects.object_store(bus.js, bucket.name)
+            await objects.object_store(bus.js, bucket.name, replicas=bus.replicas)
         else:
             await bus.kv(bucket.name, ttl_seconds=bucket.ttl_seconds)
     await bus.ensure_streams()
@@ -121,7 +126,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--nats-url",
         default=os.environ.get("TIDESHIFT_NATS_URL"),
-        help="NATS server URL (nats://host:4222 or tls://...); default $TIDESHIFT_NATS_URL",
+        help=(
+            "NATS server URL (nats://host:4222 or tls://...), or a cluster's several, "
+            "comma-separated; default $TIDESHIFT_NATS_URL"
+        ),
+    )
+    parser.add_argument(
+        "--nats-replicas",
+        default=os.environ.get("TIDESHIFT_NATS_REPLICAS", "1"),
+        help=(
+            f"servers of a NATS cluster that keep each stream and bucket, 1 to {MAX_REPLICAS} "
+            "(3 in a three-server cluster); default $TIDESHIFT_NATS_REPLICAS or 1"
+        ),
     )
     parser.add_argument(
         "--timeout",
@@ -137,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _wait_at(url: str, timeout: float) -> list[str]:
+async def _wait_at(url: str, *, timeout: float, replicas: int) -> list[str]:
     bus = await Bus.connect(url, name="tideshift-provision-wait", connect_timeout=timeout)
     try:
         await wait_provisioned(bus)
@@ -147,16 +163,36 @@ async def _wait_at(url: str, timeout: float) -> list[str]:
 
 
 async def provision_at(
-    url: str, *, user: str | None = None, password: str | None = None, timeout: float = 60.0
+    url: str,
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    timeout: float = 60.0,
+    replicas: int = 1,
 ) -> list[str]:
-    """Connect (as `user`, else the environment's login), provision, disconnect."""
+    """Connect (as `user`, else the environment's login), provision with `replicas` copies
+    of each stream, disconnect."""
     bus = await Bus.connect(
-        url, name="tideshift-provision", user=user, password=password, connect_timeout=timeout
+        url,
+        name="tideshift-provision",
+        user=user,
+        password=password,
+        connect_timeout=timeout,
+        replicas=replicas,
     )
     try:
         return await provision(bus)
     finally:
         await bus.close()
+
+
+def _replicas(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_REPLICAS:
+        _parser().error(
+            f"--nats-replicas (TIDESHIFT_NATS_REPLICAS) {text!r}: expected a whole number "
+            f"from 1 to {MAX_REPLICAS}"
+        )
+    return int(text)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -166,11 +202,18 @@ def main(argv: Sequence[str]) -> int:
         _parser().error("--nats-url: expected a NATS URL (or set TIDESHIFT_NATS_URL)")
     if not 0 < args.timeout <= 3600:
         _parser().error("--timeout: expected seconds between 0 and 3600")
+    replicas = _replicas(args.nats_replicas)
     work = _wait_at if args.wait else provision_at
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
-        found = asyncio.run(work(args.nats_url, timeout=args.timeout))
-    except (ConnectionError, TimeoutError, NotProvisioned, nats.errors.Error) as error:
+        found = asyncio.run(work(args.nats_url, timeout=args.timeout, replicas=replicas))
+    except (
+        ConnectionError,
+        TimeoutError,
+        NotProvisioned,
+        ReplicasUnavailable,
+        nats.errors.Error,
+    ) as error:
         reason = " ".join(str(error).split()) or type(error).__name__
         print(f"tideshift nats provision: {redact(args.nats_url)}: {reason}", file=sys.stderr)
         return 1

@@ -50,7 +50,8 @@ class StreamSpec:
         declared = tuple(s.filter().value for s in ALL_SUBJECTS if s.stream == self.name)
         return declared + self.kept
 
-    def config(self) -> StreamConfig:
+    def config(self, *, replicas: int = 1) -> StreamConfig:
+        """The stream's configuration, kept on `replicas` servers of a NATS cluster."""
         return StreamConfig(
             name=self.name,
             subjects=list(self.subjects),
@@ -62,7 +63,41 @@ class StreamSpec:
             storage=StorageType.FILE,
             discard=DiscardPolicy.OLD,
             sources=[StreamSource(name=name) for name in self.sources] or None,
+            num_replicas=replicas,
         )
+
+
+# A stream's copies: one on a single server, three in a cluster (one server may be lost).
+MAX_REPLICAS = 5
+# JetStream's answers when it cannot place the copies asked for: replicas > 1 on a server
+# not clustered, no suitable peers, insufficient resources.
+_PLACEMENT_ERRORS = frozenset({10074, 10005, 10023})
+
+
+class ReplicasUnavailable(ValueError):
+    """The NATS server cannot keep as many copies of a stream as the setting asks."""
+
+
+def check_replicas(replicas: int) -> int:
+    """`replicas`, or ValueError naming the setting when it is outside 1..MAX_REPLICAS."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(
+            f"TIDESHIFT_NATS_REPLICAS (--nats-replicas) {replicas}: expected 1 to {MAX_REPLICAS}"
+        )
+    return replicas
+
+
+def placement_failure(
+    error: nats.js.errors.APIError, stream: str, replicas: int
+) -> ReplicasUnavailable | None:
+    """A one-line ReplicasUnavailable when `error` says the copies cannot be placed."""
+    if error.err_code not in _PLACEMENT_ERRORS:
+        return None
+    return ReplicasUnavailable(
+        f"TIDESHIFT_NATS_REPLICAS (--nats-replicas) {replicas}: the NATS server cannot keep "
+        f"{replicas} copies of stream {stream} ({error.description}); expected at most its "
+        "number of JetStream servers (1 when it is not clustered)"
+    )
 
 
 # Scale commands and results: a lost one is a missed or unreported scale.
