@@ -11,15 +11,13 @@ import asyncio
 import json
 import signal
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_harness import REPO, JobHarness, one_shard_job, wait_until
+from trainer_harness import JobHarness, one_shard_job, training, wait_until
 
 from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -102,13 +100,6 @@ async def test_a_batch_one_pserver_already_holds_is_a_duplicate_to_the_trainer(
     finally:
         await harness.stop_all()
         harness.kill_all()
-
-
-def training(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tideshift.services.cli", "training", *args, "--nats-url", url],
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
 
 
 def free_port() -> int:

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_harness import REPO, JobHarness
+from trainer_harness import JobHarness, training
 
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.trainer.layout import LayoutError
@@ -42,13 +40,6 @@ def train(url: str, job_name: str, width: int, *, batches: int = 2) -> list[str]
                 if len(outcomes) == batches:
                     job.request_stop()
         return outcomes
-
-
-def training(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tideshift.services.cli", "training", *args, "--nats-url", url],
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
 
 
 async def test_a_wrong_first_layout_is_named_reset_and_the_right_model_trained_and_exported(

@@ -177,6 +177,14 @@ class JobHarness:
                 process.popen.wait(5)
 
 
+def training(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`tideshift training ARGS --nats-url URL`, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "tideshift.services.cli", "training", *args, "--nats-url", url],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
 async def wait_until(
     condition: Callable[[], Awaitable[bool]],
     *,
