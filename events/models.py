@@ -350,6 +350,13 @@ class Headroom(_Frozen):
     rise_ratio: float = Field(ge=0, le=MAX_RPS, description="the calibrated rise (>= 1)")
     observed: Rps = Field(description="demand observed now (0 when none)")
     panic_hold: bool = Field(description="scale-down held: demand ran above the forecast")
+    recurring_period_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="a rise recurring with this period (seconds) is due and set rise_ratio; "
+        "0: none",
+    )
 
 
 class TargetDecision(_Frozen):

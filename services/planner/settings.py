@@ -159,7 +159,6 @@ class PlannerSettings(ServiceSettings):
     grow_tolerance: float = _tunable("grow_tolerance")
     rebalance_floor: float = _tunable("rebalance_floor")
     panic_window_s: float = _tunable("panic_window_s")
-    miss_half_life_s: float = _tunable("miss_half_life_s")
     miss_tolerance: float = _tunable("miss_tolerance")
     rise_window_s: float = _tunable("rise_window_s")
     release_horizon_s: float = _tunable("release_horizon_s")

@@ -198,12 +198,6 @@ class PolicyConfig:
     panic_window_s: float = tunable(
         60.0, "demand above what the forecast allowed holds scale-down this long, seconds", ge=0
     )
-    miss_half_life_s: float = tunable(
-        1800.0,
-        "unused since issue 26, kept so existing settings parse: the faded miss ratio it "
-        "timed held scale-down for hours after a spike; the priced rise replaced it, seconds",
-        gt=0,
-    )
     miss_tolerance: float = tunable(
         0.05,
         "a miss (which starts the panic window) counts only beyond this fraction above what "

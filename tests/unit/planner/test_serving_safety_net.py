@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tideshift.events.models import Headroom
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.policy.reasons import PANIC
 from tideshift.services.planner.policy.serving import plan_serving, track_miss
@@ -187,3 +188,18 @@ def test_a_rise_that_recurs_on_a_schedule_is_held_only_when_the_next_is_due() ->
     )
     assert desired == 30, reason
     assert "a rise recurring every 120 min is due" in reason and reason.startswith(PANIC)
+    # The published plan carries the period, for `tideshift explain`.
+    size = plan_serving(
+        WEB,
+        flat(70.0, next_spike - 30.0),
+        current=7,
+        history=(),
+        seen_since=-1e6,
+        now=next_spike - 30.0,
+        config=CONFIG,
+        cluster_stale=False,
+        observed=60.0,
+        miss=miss,
+    )
+    published = Headroom.model_validate(size.headroom)
+    assert published.recurring_period_s == pytest.approx(7200.0, rel=0.01)
