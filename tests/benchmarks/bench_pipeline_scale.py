@@ -77,6 +77,7 @@ NAMESPACE = "bench"
 KIND = "Deployment.apps"
 CAPACITY_RPS = 10.0
 WAIT_S = 60.0
+JUMP_INTERVAL_S = 0.25  # at most four forecast jumps a second
 
 
 # -- the synthetic cluster, as the apiserver would list it --------------------------------
@@ -281,9 +282,12 @@ async def generate(args: argparse.Namespace) -> None:
         f"GEN listed {watcher.published} events in {time.perf_counter() - started:.1f}s",
         flush=True,
     )
+    listed_cpu = time.process_time()  # building the objects included: an upper bound
     await task
     await bus.flush()
-    stats = dict(port.stats, published=watcher.published)
+    churn_cpu = time.process_time() - listed_cpu
+    stats = dict(port.stats, published=watcher.published, list_cpu_s=listed_cpu)
+    stats["churn_cpu_s"] = churn_cpu
     print(f"GEN churn {json.dumps(stats)}", flush=True)
     await bus.close()
 
@@ -398,15 +402,16 @@ async def jumps(
     """Forecast jumps -> the ScaleCommand above the workload's last, timed; returns the
     latencies and how many jumps got no command within WAIT_S.
 
-    Each jump adds 30 replicas' worth of demand to one workload, in turn: only up, since
-    scale-down is held by the headroom's memory of the rise (by design)."""
+    Each jump adds 10 replicas' worth of demand to one workload, in turn, one every
+    JUMP_INTERVAL_S: only up, since scale-down is held by the headroom's memory of the rise
+    (by design); paced, so that the baseline's few workloads do not fill its nodes."""
     latencies: list[float] = []
     missed = 0
     for name in itertools.cycle(list(forecasts.level)):
         if stop.is_set():
             break
         last = observed.desired.get(name, size.serving_replicas)
-        forecasts.level[name] += 30 * CAPACITY_RPS
+        forecasts.level[name] += 10 * CAPACITY_RPS
         started = time.perf_counter()
         await forecasts.publish(name)
         try:
@@ -415,6 +420,7 @@ async def jumps(
             missed += 1
             continue
         latencies.append(time.perf_counter() - started)
+        await asyncio.sleep(max(0.0, started + JUMP_INTERVAL_S - time.perf_counter()))
     return latencies, missed
 
 
@@ -489,6 +495,9 @@ class Result:
     planner_cpu: float = 0.0
     planner_start_s: float = 0.0
     missed: int = 0  # forecast jumps without a command within WAIT_S
+    # Events the planner's subscriptions dropped (nats-py logs each one as a slow consumer):
+    # the planner's view of the cluster misses them.
+    dropped: int = 0
 
 
 def start_planner(nats_url: str, health: int, log: Path) -> Any:
@@ -579,6 +588,8 @@ async def measure(size: Size, args: argparse.Namespace, work: Path) -> Result:
         result.rss, result.backlog_bytes = dict(sampler.peak), sampler.backlog_bytes
         result.slow_consumers = sampler.slow_consumers
         result.planner_start_s = await second_planner(nats.url, work, size)
+        log_text = (work / f"planner-{size.nodes}.log").read_text(errors="replace")
+        result.dropped = log_text.count("slow consumer, messages dropped")
     finally:
         for task in tasks:
             task.cancel()
@@ -654,6 +665,15 @@ def report(result: Result) -> None:
         f"   churn: {gen.get('events', 0):,.0f} pod events in {gen.get('seconds', 0):.1f}s = "
         f"{rate:.0f}/s; generator kept up: {'yes' if kept else 'no'} "
         f"(worst lag behind schedule {gen.get('worst_lag_s', 0):.2f}s)"
+    )
+    print(
+        f"   generator CPU (the watcher's class and the synthetic objects): cold list "
+        f"{gen.get('list_cpu_s', 0):.1f}s, churn {gen.get('churn_cpu_s', 0):.1f}s"
+    )
+    total = size.nodes + size.pods + size.serving + size.jobs + gen.get("events", 0)
+    print(
+        f"   planner kept up: {'yes' if result.dropped == 0 else 'NO'}: its subscriptions "
+        f"dropped {result.dropped:,} of {total:,.0f} cluster events (slow consumer)"
     )
     print(
         f"   planner's backlog in nats-server: peak {result.backlog_bytes:,} bytes; "
