@@ -255,7 +255,12 @@ def _training_roles() -> list[Role]:
         _service(
             "pserver",
             "a parameter server: answers pulls and pushes, checkpoints",
-            [*_kv_write(b.LEASES_BUCKET), *_objects(b.TRAINER_CHECKPOINTS_BUCKET)],
+            [
+                *_kv_write(b.LEASES_BUCKET),
+                # the job's spec, layout and generation; its own progress record
+                *_kv_write(b.TRAINER_JOBS_BUCKET),
+                *_objects(b.TRAINER_CHECKPOINTS_BUCKET),
+            ],
             [_all(s.PSERVER_RPC)],
             allow_responses=True,
         ),

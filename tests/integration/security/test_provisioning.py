@@ -314,6 +314,10 @@ async def test_the_training_roles_do_their_jobs_on_a_provisioned_bus(
         reply = await trainer.request(f"tideshift.v1.training.pserver.{job}.0.push", b"abc")
         await stop()
         assert reply == b"cba"
+        # a parameter server reads the job's spec and writes its progress record beside it
+        pserver_jobs = await pserver.kv(TRAINER_JOBS_BUCKET)
+        assert (await pserver_jobs.raw.get(job)).value == b"{}"
+        await pserver_jobs.raw.put(f"{job}.progress-0", b"{}")
         await pserver.put_object(TRAINER_CHECKPOINTS_BUCKET, job, b"v1")
         await pserver.put_object(TRAINER_CHECKPOINTS_BUCKET, job, b"v2")  # purges v1's chunks
         assert await pserver.get_object(TRAINER_CHECKPOINTS_BUCKET, job) == b"v2"
