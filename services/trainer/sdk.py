@@ -50,6 +50,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Literal, TypeVar
 
+import nats.errors
 import numpy as np
 
 from tideshift.events import (
@@ -339,8 +340,13 @@ class ElasticJob:
         return None
 
     async def _finished(self) -> bool:
-        jobs = await self.bus.kv(TRAINER_JOBS_BUCKET)
-        stored = await jobs.get(job_key(self.spec.job, "state"), PersistedCoordinator)
+        try:
+            jobs = await self.bus.kv(TRAINER_JOBS_BUCKET)
+            stored = await jobs.get(job_key(self.spec.job, "state"), PersistedCoordinator)
+        except (TimeoutError, nats.errors.Error) as error:
+            # A NATS cluster electing the bucket's new leader: not known finished, look again.
+            log.warning("job %s: cannot read whether it finished: %s", self.spec.job, error)
+            return False
         return stored is not None and bool(stored.state.get("finished"))
 
     async def _next_delivery(self) -> Delivery[ShardTask] | None:

@@ -187,6 +187,10 @@ class Bus:
         except nats.js.errors.BadRequestError as error:
             if error.err_code != STREAM_NAME_IN_USE:
                 raise
+            # Never fewer copies than the stream has: a service started without the
+            # cluster's replica setting must not take a cluster's redundancy away.
+            existing = await self.js.stream_info(str(config.name))
+            config.num_replicas = max(existing.config.num_replicas or 1, self.replicas)
             await self.js.update_stream(config)
 
     # -- publish -----------------------------------------------------------------------
@@ -332,11 +336,16 @@ class Bus:
                     messages = await subscription.fetch(batch, timeout=fetch_timeout)
                 except (TimeoutError, nats.errors.TimeoutError):
                     continue
-                except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+                except (
+                    nats.errors.ConnectionClosedError,
+                    nats.errors.ConnectionReconnectingError,
+                    nats.js.errors.ServiceUnavailableError,
+                ):
                     # Reconnecting: the client never gives up and the pull subscription
                     # survives it, so fetch again shortly rather than fail the caller's
                     # `follow` into backoff. Closed: only `close()` does that, and the
-                    # caller is stopping.
+                    # caller is stopping. Unavailable (503): the consumer's server died in a
+                    # cluster and its copies elect a new leader, within seconds.
                     await asyncio.sleep(RECONNECT_POLL_SECONDS)
                     continue
                 for msg in messages:
