@@ -33,7 +33,8 @@ REGISTRY_ENUMS = {
     ("planner", "policy"): "tideshift.services.planner.baselines:POLICIES",
     ("predictor", "model"): "tideshift.services.predictor.models:MODELS",
 }
-# Settings the chart sets itself: NATS from the Secret, the pod name, the probe port.
+# Settings the chart sets itself: NATS from the Secret (its replicas from nats.replicas or
+# nats.bundled.replicas), the pod name, the probe port.
 CHART_MANAGED_SETTINGS = frozenset(
     {
         "nats_url",
@@ -41,6 +42,7 @@ CHART_MANAGED_SETTINGS = frozenset(
         "nats_user",
         "nats_password",
         "nats_password_file",
+        "nats_replicas",
         "instance",
         "health_host",
         "health_port",
@@ -163,12 +165,15 @@ NATS = obj(
         "secretKeys": obj({"url": string(minLength=1), "credentials": string()}),
         "url": string(pattern="^$|^(nats|tls|ws|wss)://"),
         "credentials": string(),
+        "replicas": integer(minimum=1, maximum=5),
         "auth": obj({"enabled": BOOLEAN, "existingSecret": string()}),
         "provision": obj({"enabled": BOOLEAN}),
         "tls": obj({"enabled": BOOLEAN, "caSecret": string(), "clientSecret": string()}),
         "bundled": obj(
             {
                 "enabled": BOOLEAN,
+                "replicas": {"enum": [1, 3, 5]},
+                "clusterPort": PORT,
                 "tls": obj({"secretName": string(), "verifyClients": BOOLEAN}),
                 "image": obj(
                     {

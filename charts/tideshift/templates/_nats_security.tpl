@@ -94,3 +94,21 @@ initContainers:
       {{- include "tideshift.natsTlsVolumeMounts" $root | nindent 6 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+How many NATS servers keep each stream and bucket (TIDESHIFT_NATS_REPLICAS): the bundled
+cluster's size, or `nats.replicas` for an external NATS (3 for the NATS chart's cluster).
+Read by the provisioning Job, and by the executor for its history stream.
+*/}}
+{{- define "tideshift.natsReplicas" -}}
+{{- if .Values.nats.bundled.enabled -}}
+{{- int .Values.nats.bundled.replicas -}}
+{{- else -}}
+{{- int .Values.nats.replicas -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tideshift.natsReplicasEnv" -}}
+- name: TIDESHIFT_NATS_REPLICAS
+  value: {{ include "tideshift.natsReplicas" . | quote }}
+{{- end -}}
