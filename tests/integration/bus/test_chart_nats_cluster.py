@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration.security.test_chart_tls import _healthy
 from tests.unit.chart.chart_support import CHART, HelmFailed, run_helm
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.bus.permissions import ROLES, password_variable
@@ -105,14 +105,6 @@ def chart_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
             server.terminate()
         for server in servers:
             server.wait(10)
-
-
-def _healthy(monitor: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/healthz", timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def test_the_provisioning_job_keeps_every_stream_on_the_three_servers(
