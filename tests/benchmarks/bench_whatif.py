@@ -5,7 +5,8 @@ with the default forecasting model. Prints the command's output and its wall tim
 the Tideshift plot to docs/images/whatif-tideshift.png.
 
 Run: .venv/bin/pytest -s tests/benchmarks/bench_whatif.py
-(WHATIF_STEP=5m for a coarser, faster replay; the default is 1m.)
+(WHATIF_STEP=10m for a coarser, faster replay, the default being 1m; WHATIF_MODEL=NAME for
+another forecasting model than the predictor's default.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from tests.k8s.test_whatif_k8s import backfilled_prometheus, create_workloads, t
 from tideshift.services.cluster.adapters.http import KubeHttp
 
 REPO = Path(__file__).resolve().parents[2]
-ARGS = ("--since", "14d", "--history", "1d", "--step", os.environ.get("WHATIF_STEP", "1m"))
+ARGS = (
+    *("--since", "14d", "--history", "1d", "--step", os.environ.get("WHATIF_STEP", "1m")),
+    *(("--model", os.environ["WHATIF_MODEL"]) if "WHATIF_MODEL" in os.environ else ()),
+)
 
 
 @pytest.mark.timeout(3600)
