@@ -19,7 +19,9 @@ import pytest
 from pydantic import ValidationError
 
 from tideshift import events
+from tideshift.events.client import EventClient
 from tideshift.services.common.bus import SCALE_STREAM, Bus
+from tideshift.services.common.bus.connect import redact
 from tideshift.services.common.bus.provision import stream_names
 from tideshift.services.common.embedded_nats import EmbeddedNats, NatsCluster
 from tideshift.services.common.settings import ServiceSettings
@@ -175,3 +177,33 @@ async def test_a_client_rides_out_the_loss_of_its_server_and_the_stream_leader(
         with contextlib.suppress(asyncio.CancelledError):
             await consumer
         await bus.close()
+
+
+def test_a_server_list_is_shown_without_its_passwords() -> None:
+    shown = redact("nats://planner:secret@a:4222, nats://b:4222")
+    assert shown == "nats://planner:***@a:4222,nats://b:4222"
+
+
+async def test_an_event_client_given_the_list_hears_an_event_published_on_another_server(
+    cluster: NatsCluster, unique: str
+) -> None:
+    """Users' reaction clients take the same comma-separated list as the services."""
+    async with await EventClient.connect(cluster.url) as client:
+        assert client._connection.connected_url is not None
+        elsewhere = next(
+            s
+            for s in cluster.servers
+            if s.running and s.port != client._connection.connected_url.port
+        )
+        subject = events.SCALE_COMMAND.at(namespace=unique, kind="Deployment", name="web")
+        heard = client.subscribe(events.SCALE_COMMAND.filter(namespace=unique))
+        listening = asyncio.ensure_future(anext(heard))
+        await client._connection.flush()
+        publisher = await Bus.connect(elsewhere.url, name="cluster-publisher")
+        try:
+            await publisher.publish_durable(subject, command(unique, 7))
+            envelope = await asyncio.wait_for(listening, 10)
+        finally:
+            await publisher.close()
+            await heard.aclose()
+    assert envelope.data.desired == 7
