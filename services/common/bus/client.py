@@ -70,6 +70,16 @@ DEAD_LETTER_REASON_BYTES = 1024
 # A letter's payload escaped as JSON (up to 6 bytes a character), its reason, names and headers.
 LARGEST_DEAD_LETTER_BYTES = 6 * DEAD_LETTER_PAYLOAD_CHARS + DEAD_LETTER_REASON_BYTES + 2048
 RECONNECT_POLL_SECONDS = 0.2
+# A fetch that failed with one of these is tried again shortly rather than failing the
+# caller's `follow` into backoff. Reconnecting: the client never gives up and the pull
+# subscription survives it. Closed: only `close()` does that, and the caller is stopping.
+# Unavailable (503): the consumer's server died in a cluster and its copies elect a new
+# leader, within seconds.
+FETCH_AGAIN = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.js.errors.ServiceUnavailableError,
+)
 # JetStream's answer to creating a stream that exists with another configuration.
 STREAM_NAME_IN_USE = 10058
 
@@ -336,16 +346,7 @@ class Bus:
                     messages = await subscription.fetch(batch, timeout=fetch_timeout)
                 except (TimeoutError, nats.errors.TimeoutError):
                     continue
-                except (
-                    nats.errors.ConnectionClosedError,
-                    nats.errors.ConnectionReconnectingError,
-                    nats.js.errors.ServiceUnavailableError,
-                ):
-                    # Reconnecting: the client never gives up and the pull subscription
-                    # survives it, so fetch again shortly rather than fail the caller's
-                    # `follow` into backoff. Closed: only `close()` does that, and the
-                    # caller is stopping. Unavailable (503): the consumer's server died in a
-                    # cluster and its copies elect a new leader, within seconds.
+                except FETCH_AGAIN:
                     await asyncio.sleep(RECONNECT_POLL_SECONDS)
                     continue
                 for msg in messages:
