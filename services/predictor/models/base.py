@@ -15,6 +15,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 FloatArray = NDArray[np.float64]
+# Calibration windows keep days of log errors per step ahead, the bulk of a forecast
+# workload's memory; float32's 7 digits are far finer than any error's noise.
+StoredArray = NDArray[np.float32]
 
 # Quantile levels every forecast carries; the planner reads q0.95 by default.
 QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)

@@ -41,6 +41,7 @@ from tideshift.services.predictor.models.base import (
     FloatArray,
     Forecast,
     Forecaster,
+    StoredArray,
     make_forecast,
     regularize,
 )
@@ -126,8 +127,8 @@ class Portfolio:
         self._squared = np.zeros((0, 1))
         self._weight = np.zeros((0, 1))
         self._scored = np.zeros(1, dtype=np.int64)
-        self._ring = np.full((1, 1), np.nan)
-        self._ring_points = np.full((1, 1), np.nan)
+        self._ring: StoredArray = np.full((1, 1), np.nan, dtype=np.float32)
+        self._ring_points: StoredArray = np.full((1, 1), np.nan, dtype=np.float32)
         self._ring_cursor = np.zeros(1, dtype=np.int64)
         self._sorted: SortedErrors | None = None
         self._scores_since_sort = 0
@@ -155,8 +156,8 @@ class Portfolio:
             self.config.min_calibration,
             round(self.config.calibration_window_s / self._score_stride_s()),
         )
-        self._ring = np.full((rows, steps), np.nan)
-        self._ring_points = np.full((rows, steps), np.nan)
+        self._ring = np.full((rows, steps), np.nan, dtype=np.float32)
+        self._ring_points = np.full((rows, steps), np.nan, dtype=np.float32)
         self._ring_cursor = np.zeros(steps, dtype=np.int64)
         self._sorted = None
         self._working_levels = np.tile(_LEVELS[:, None], (1, steps))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from tideshift.services.predictor.models.base import FloatArray
+from tideshift.services.predictor.models.base import FloatArray, StoredArray
 
 
 @dataclass(frozen=True)
@@ -18,16 +18,18 @@ class SortedErrors:
     errors whose forecast fell in each level bin; unfilled cells (NaN) sort last."""
 
     edges: FloatArray
-    ordered: FloatArray  # [table, row, step]
+    ordered: StoredArray  # [table, row, step]
     counts: NDArray[np.int64]  # [table, step]
 
     @classmethod
-    def of(cls, errors: FloatArray, points: FloatArray) -> SortedErrors:
+    def of(cls, errors: StoredArray, points: StoredArray) -> SortedErrors:
         finite = np.isfinite(errors)
         edges = (
-            np.quantile(points[finite], [0.5]) if finite.any() else np.zeros(0, dtype=np.float64)
+            np.quantile(points[finite].astype(np.float64), [0.5])
+            if finite.any()
+            else np.zeros(0, dtype=np.float64)
         )
-        membership = np.searchsorted(edges, np.where(finite, points, 0.0))
+        membership = np.searchsorted(edges, np.where(finite, points.astype(np.float64), 0.0))
         tables = [errors] + [
             np.where(finite & (membership == index), errors, np.nan)
             for index in range(edges.shape[0] + 1)

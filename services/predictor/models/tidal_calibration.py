@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.signal import lfilter
 
-from tideshift.services.predictor.models.base import QUANTILE_LEVELS, FloatArray
+from tideshift.services.predictor.models.base import QUANTILE_LEVELS, FloatArray, StoredArray
 
 NDIntArray = np.ndarray[tuple[int], np.dtype[np.int64]]
 NDBoolArray = np.ndarray[tuple[int], np.dtype[np.bool_]]
@@ -76,8 +76,8 @@ class ErrorRing:
     """The last `capacity` rows of errors and forecasts; unfilled rows are NaN."""
 
     def __init__(self, *, capacity: int, steps: int) -> None:
-        self.errors: FloatArray = np.full((capacity, steps), np.nan)
-        self.predicted: FloatArray = np.full((capacity, steps), np.nan)
+        self.errors: StoredArray = np.full((capacity, steps), np.nan, dtype=np.float32)
+        self.predicted: StoredArray = np.full((capacity, steps), np.nan, dtype=np.float32)
         self._cursor = 0
 
     def extend(self, errors: FloatArray, predicted: FloatArray) -> None:
@@ -121,7 +121,7 @@ def calibration_errors(
 
 
 def spread_by_step(
-    errors: FloatArray, predicted: FloatArray, max_steps: int, *, bins: int
+    errors: StoredArray, predicted: StoredArray, max_steps: int, *, bins: int
 ) -> tuple[FloatArray, FloatArray]:
     """Error quantiles per forecast-level bin and step ahead (Mondrian conformal).
 
@@ -135,7 +135,7 @@ def spread_by_step(
     if errors.shape[0] == 0:
         return np.zeros(0), np.zeros((1, levels, max_steps))
     # Bin edges from the one-step-ahead forecasts: the same levels, a fraction of the work.
-    finite_predictions = predicted[np.isfinite(errors[:, 0]), 0]
+    finite_predictions = predicted[np.isfinite(errors[:, 0]), 0].astype(np.float64)
     edges = (
         np.quantile(finite_predictions, np.linspace(0, 1, bins + 1)[1:-1])
         if bins > 1 and finite_predictions.shape[0]
@@ -144,9 +144,9 @@ def spread_by_step(
     probes = np.unique(np.round(np.geomspace(1, max_steps, num=min(max_steps, 16))).astype(int))
     at_probes = np.zeros((edges.shape[0] + 1, levels, probes.shape[0]))
     for column, step in enumerate(probes):
-        sample = errors[:, step - 1]
+        sample = errors[:, step - 1].astype(np.float64)
         finite = np.isfinite(sample)
-        sample, forecast = sample[finite], predicted[finite, step - 1]
+        sample, forecast = sample[finite], predicted[finite, step - 1].astype(np.float64)
         if not sample.shape[0]:
             continue
         pooled = _sorted_quantiles(np.sort(sample))
