@@ -50,7 +50,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Literal, TypeVar
 
-import nats.errors
 import numpy as np
 
 from tideshift.events import (
@@ -62,7 +61,13 @@ from tideshift.events import (
     TrainerMembership,
 )
 from tideshift.events.tokens import encode_token
-from tideshift.services.common.bus import TRAINING_TASK_STREAM, Bus, Delivery, RequestFailed
+from tideshift.services.common.bus import (
+    BUS_UNAVAILABLE,
+    TRAINING_TASK_STREAM,
+    Bus,
+    Delivery,
+    RequestFailed,
+)
 from tideshift.services.common.clock import WALL_CLOCK, utc_now, wait_for_event
 from tideshift.services.common.retry import Stopped, exponential, log_retries, retrying_async
 from tideshift.services.trainer.busport import (
@@ -343,7 +348,7 @@ class ElasticJob:
         try:
             jobs = await self.bus.kv(TRAINER_JOBS_BUCKET)
             stored = await jobs.get(job_key(self.spec.job, "state"), PersistedCoordinator)
-        except (TimeoutError, nats.errors.Error) as error:
+        except BUS_UNAVAILABLE as error:
             # A NATS cluster electing the bucket's new leader: not known finished, look again.
             log.warning("job %s: cannot read whether it finished: %s", self.spec.job, error)
             return False

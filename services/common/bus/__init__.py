@@ -3,7 +3,7 @@ the streams derived from the events' subjects, typed KV and leases, objects and 
 `follow` (a subscription kept up with backoff until the stop signal).
 Imports the events contract and, of the services, only the clock and retry policies."""
 
-from tideshift.services.common.bus.client import Bus, Delivery
+from tideshift.services.common.bus.client import BUS_UNAVAILABLE, Bus, Delivery
 from tideshift.services.common.bus.connect import NatsAuthError
 from tideshift.services.common.bus.follow import RESUBSCRIBE, StreamEnded, follow
 from tideshift.services.common.bus.kv import KVConflict, Lease, TypedKV
@@ -17,6 +17,7 @@ from tideshift.services.common.bus.streams import (
 )
 
 __all__ = [
+    "BUS_UNAVAILABLE",
     "DEAD_LETTER_STREAM",
     "RESUBSCRIBE",
     "SCALE_STREAM",

@@ -80,6 +80,10 @@ FETCH_AGAIN = (
     nats.errors.ConnectionReconnectingError,
     nats.js.errors.ServiceUnavailableError,
 )
+# What any bus operation may raise while a server or a stream's leader is briefly gone
+# (reconnecting, or a cluster electing a new leader): for callers that try again later
+# without importing nats.
+BUS_UNAVAILABLE: tuple[type[Exception], ...] = (TimeoutError, nats.errors.Error)
 # JetStream's answer to creating a stream that exists with another configuration.
 STREAM_NAME_IN_USE = 10058
 
