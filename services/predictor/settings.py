@@ -63,7 +63,8 @@ class PredictorSettings(ServiceSettings):
         description='workloads to forecast, e.g. [{"namespace": "default", "name": "web"}]',
     )
     max_announced_workloads: int = Field(
-        default=2000,
+        # Agrees with the chart's 2 GiB memory limit: see max_announced_workloads there.
+        default=300,
         ge=0,
         le=100_000,
         description="at most this many announced workloads are forecast at once (memory is "
