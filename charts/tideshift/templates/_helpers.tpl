@@ -143,6 +143,7 @@ are left out so the service's own default applies.
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{ include "tideshift.natsReplicasEnv" . }}
 # The root filesystem is read-only: caches and temporary files go to the /tmp emptyDir.
 - name: HOME
   value: /tmp

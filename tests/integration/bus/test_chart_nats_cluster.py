@@ -55,6 +55,20 @@ def test_three_servers_start_together_behind_a_headless_service() -> None:
     assert single["spec"]["replicas"] == 1 and "podManagementPolicy" not in single["spec"]
 
 
+def test_every_pod_that_creates_streams_asks_for_the_clusters_replicas() -> None:
+    """The provisioning Job and every service (the executor creates its history stream):
+    one TIDESHIFT_NATS_REPLICAS each, the cluster's size."""
+    docs = rendered(*CLUSTER_VALUES)
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "Job")]
+    assert len(pods) >= 5
+    for pod in pods:
+        for container in pod["containers"]:
+            names = [e["name"] for e in container["env"]]
+            assert names.count("TIDESHIFT_NATS_REPLICAS") == 1, container["name"]
+            replicas = next(e for e in container["env"] if e["name"] == "TIDESHIFT_NATS_REPLICAS")
+            assert replicas["value"] == str(SERVERS), container["name"]
+
+
 def test_an_even_cluster_is_refused_naming_the_value() -> None:
     with pytest.raises(HelmFailed) as failed:
         rendered("--set", "nats.bundled.replicas=2")
