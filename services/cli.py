@@ -99,7 +99,7 @@ def _extra_providing(module: str) -> str | None:
             and requirement.marker.evaluate({"extra": extra})
             for requirement in requirements
         ):
-            return extra
+            return str(extra)
     return None
 
 
