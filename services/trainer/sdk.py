@@ -177,8 +177,7 @@ class ElasticJob:
             or f"{socket.gethostname()}-{os.getpid()}"
         )
         loop = _Loop()
-        # Installed before the wait: a framework's own SIGTERM handler (Paddle's dumps a C++
-        # stack) must never run, however early the signal comes.
+        # Before the wait: a framework's SIGTERM handler (Paddle's dumps a stack) must never run.
         before_spec = asyncio.Event()
         catch = handle_sigterm and threading.current_thread() is threading.main_thread()
         if catch:
