@@ -17,7 +17,7 @@ import logging
 import os
 import ssl
 from asyncio import FIRST_COMPLETED
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 from typing import Any, TypeVar, overload
 from urllib.parse import urlsplit
@@ -128,7 +128,7 @@ class EventClient:
         *,
         on_reject: RejectHandler | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> AsyncIterator[Envelope[T]]: ...
+    ) -> AsyncGenerator[Envelope[T], None]: ...
 
     @overload
     def subscribe(
@@ -137,7 +137,7 @@ class EventClient:
         *,
         on_reject: RejectHandler | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> AsyncIterator[Envelope[EventData]]: ...
+    ) -> AsyncGenerator[Envelope[EventData], None]: ...
 
     async def subscribe(
         self,
@@ -145,7 +145,7 @@ class EventClient:
         *,
         on_reject: RejectHandler | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> AsyncIterator[Envelope[Any]]:
+    ) -> AsyncGenerator[Envelope[Any], None]:
         """Yield every valid event on a subject (wildcards allowed) until cancelled."""
         subject, expected = (
             (target.value, target.model) if isinstance(target, BoundSubject) else (target, None)
@@ -165,4 +165,7 @@ class EventClient:
                     if on_reject is not None:
                         on_reject(received_subject, raw, rejection)
         finally:
-            await subscription.unsubscribe()
+            # A loop left early closes this generator only when garbage-collected, possibly
+            # after the connection started draining, which unsubscribes everything itself.
+            if not (self._connection.is_draining or self._connection.is_closed):
+                await subscription.unsubscribe()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -41,10 +42,14 @@ def _url_problem(flag: str, url: str, schemes: set[str]) -> str | None:
 
 async def _tail_nats(url: str, pattern: str, limit: int | None, login: _Login) -> None:
     seen = 0
-    async with await EventClient.connect(
-        url, name="tideshift-events-tail", user=login.user, password=login.password
-    ) as client:
-        async for event in client.subscribe(pattern, on_reject=_report_rejection):
+    async with (
+        await EventClient.connect(
+            url, name="tideshift-events-tail", user=login.user, password=login.password
+        ) as client,
+        contextlib.aclosing(client.subscribe(pattern, on_reject=_report_rejection)) as stream,
+    ):
+        # closed on return, so the subscription ends before the connection drains
+        async for event in stream:
             print(event.to_json(), flush=True)
             seen += 1
             if limit is not None and seen >= limit:
