@@ -13,6 +13,7 @@ provisioning never needs a client certificate of the user's CA.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import json
@@ -31,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Self
 
 from tideshift.services.common.bus import provision as provisioning
 from tideshift.services.common.bus.permissions import ROLES, authorization
@@ -61,8 +62,29 @@ def find_nats_server() -> Path:
     )
 
 
+class _StartedAndStopped(abc.ABC):
+    """A context manager that starts on entry and stops on exit, whatever happened."""
+
+    @abc.abstractmethod
+    def start(self) -> Self: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
 @dataclass
-class EmbeddedNats:
+class EmbeddedNats(_StartedAndStopped):
     """A nats-server child process; use as a context manager."""
 
     port: int = 0  # 0 = pick a free loopback port
@@ -265,20 +287,9 @@ class EmbeddedNats:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def __enter__(self) -> EmbeddedNats:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 @dataclass
-class NatsCluster:
+class NatsCluster(_StartedAndStopped):
     """`size` servers of one JetStream cluster on loopback, every stream and bucket kept on
     `replicas` of them: what tests of a lost server run against. A context manager."""
 
@@ -314,17 +325,6 @@ class NatsCluster:
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
-
-    def __enter__(self) -> NatsCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _parser() -> argparse.ArgumentParser:
