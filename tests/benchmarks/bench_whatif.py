@@ -98,7 +98,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"(default {DEFAULT_OUT})")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tideshift-bench-whatif-") as work:
-        return run(args, Path(work))
+        try:
+            return run(args, Path(work))
+        except subprocess.CalledProcessError as error:
+            print(f"error: {' '.join(error.cmd)} exited {error.returncode}: {error.stderr}")
+        except (TimeoutError, RuntimeError, OSError) as error:
+            print(f"error: {error}")
+        return 1
 
 
 if __name__ == "__main__":
