@@ -45,6 +45,7 @@ from tests.chaos.test_nats_restart_chaos import (
     client_of,
     wait_for,
 )
+from tests.chaos.verify import assert_nothing_lost_or_doubled
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, TRAINING_TASK_STREAM, Bus
@@ -208,18 +209,10 @@ def test_stream_leaders_killed_in_a_nats_cluster_lose_nothing(stage: ClusterStag
     finally:
         loop.run_until_complete(bus.close())
         loop.close()
-    answered = {result.idempotency_key for result in stored_results}
-    applied = [result.idempotency_key for result in stored_results if result.outcome == "applied"]
     pairs = {(epoch, shard) for epoch in range(EPOCHS) for shard in range(DATA.num_shards)}
-    report.checked = len(keys) + len(pairs)
-    report.lost = sum(1 for key in keys if key not in answered)
-    report.doubled = len(applied) - len(set(applied))
-    for status in statuses:
-        report.lost += len(pairs - status.applied)
-        report.doubled += max(0, status.version - TOTAL_BATCHES)
-    report.print()
-    assert (report.lost, report.doubled) == (0, 0)
-    assert [status.version for status in statuses] == [TOTAL_BATCHES]
+    assert_nothing_lost_or_doubled(
+        report, keys, stored_results, statuses, pairs=pairs, total_batches=TOTAL_BATCHES
+    )
     assert max(report.recovery_s) < RECOVERY_BOUND_SECONDS, report.recovery_s
     assert stage.admin.get(path)["spec"]["replicas"] == COMMANDS
     assert all(trainer.wait(15) == 0 for trainer in stage.trainers), "trainers leave when done"

@@ -32,6 +32,7 @@ import pytest
 from tests.chaos.objects import create_web_deployment
 from tests.chaos.report import ChaosReport
 from tests.chaos.stored import read_stored
+from tests.chaos.verify import assert_nothing_lost_or_doubled
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
@@ -252,20 +253,10 @@ def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> N
     finally:
         loop.run_until_complete(bus.close())
         loop.close()
-    # Lost: a command with no result at all. Doubled: applied more than once (a redelivered
-    # command that found its own work done reports `noop`, which is right).
-    answered = {result.idempotency_key for result in stored_results}
-    applied = [result.idempotency_key for result in stored_results if result.outcome == "applied"]
     pairs = {(epoch, shard) for epoch in range(EPOCHS) for shard in range(DATA.num_shards)}
-    report.checked = len(keys) + len(pairs)
-    report.lost = sum(1 for key in keys if key not in answered)
-    report.doubled = len(applied) - len(set(applied))
-    for status in statuses:  # every pair finished; no batch applied beyond one apply each
-        report.lost += len(pairs - status.applied)
-        report.doubled += max(0, status.version - TOTAL_BATCHES)
-    report.print()
-    assert (report.lost, report.doubled) == (0, 0)
-    assert [status.version for status in statuses] == [TOTAL_BATCHES]
+    assert_nothing_lost_or_doubled(
+        report, keys, stored_results, statuses, pairs=pairs, total_batches=TOTAL_BATCHES
+    )
     by_key = {result.idempotency_key: result for result in stored_results}
     assert all(by_key[key].current == index + 1 for index, key in enumerate(keys))
     assert stage.admin.get(path)["spec"]["replicas"] == COMMANDS
