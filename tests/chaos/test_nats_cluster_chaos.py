@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,11 @@ from tests.chaos.test_nats_restart_chaos import (
     TOTAL_BATCHES,
     TRAINERS,
     Running,
-    _publish_until_acked,
     applied_total,
     client_of,
+    fault_point_reached,
+    numbered_command,
+    publish_and_wait_applied,
     wait_for,
 )
 from tests.chaos.verify import assert_nothing_lost_or_doubled
@@ -157,12 +159,7 @@ def test_stream_leaders_killed_in_a_nats_cluster_lose_nothing(stage: ClusterStag
     try:
         for index in range(COMMANDS):
             if index in KILL_BEFORE:
-                share = KILL_BEFORE.index(index) + 1
-                wait_for(
-                    lambda s=share: applied_batches() >= TOTAL_BATCHES * s // 4,
-                    f"{share}/4 of the job's batches applied",
-                )
-                assert applied_batches() < TOTAL_BATCHES, "the job finished before the fault"
+                share = fault_point_reached(applied_batches, index)
                 if killed is not None:  # back on its store, so a quorum survives the next kill
                     killed.start()
                     killed.wait_healthy(60)
@@ -173,19 +170,8 @@ def test_stream_leaders_killed_in_a_nats_cluster_lose_nothing(stage: ClusterStag
                 killed_at = time.monotonic()
             key = f"natscluster-{stage.namespace}-{index}"
             keys.append(key)
-            command = events.ScaleCommand(
-                target=target,
-                desired=index + 1,
-                reason="chaos",
-                plan_id=f"plan-{index}",
-                issued_at=issued + timedelta(seconds=index),
-                idempotency_key=key,
-            )
-            loop.run_until_complete(_publish_until_acked(bus, command))
-            wait_for(
-                lambda d=index + 1: stage.admin.get(path)["spec"]["replicas"] == d,
-                f"command {index} applied",
-            )
+            command = numbered_command(target, index, key, issued)
+            publish_and_wait_applied(loop, bus, stage.admin, path, command)
             if index in KILL_BEFORE:
                 report.recovery_s.append(time.monotonic() - killed_at)
         results_subject = events.SCALE_RESULT.filter(namespace=stage.namespace)

@@ -188,6 +188,48 @@ async def _publish_until_acked(bus: Bus, command: events.ScaleCommand) -> None:
             await asyncio.sleep(0.1)
 
 
+def fault_point_reached(applied_batches: Callable[[], int], index: int) -> int:
+    """Before command `index` of KILL_BEFORE, wait until its quarter of the job's batches is
+    applied (the fault lands mid-job, never after it): which quarter, 1 or 2."""
+    share = KILL_BEFORE.index(index) + 1
+    wait_for(
+        lambda: applied_batches() >= TOTAL_BATCHES * share // 4,
+        f"{share}/4 of the job's batches applied",
+    )
+    assert applied_batches() < TOTAL_BATCHES, "the job finished before the fault"
+    return share
+
+
+def numbered_command(
+    target: events.WorkloadRef, index: int, key: str, issued: datetime
+) -> events.ScaleCommand:
+    """Command `index` of a run: `index + 1` replicas, issued a second after the one before."""
+    return events.ScaleCommand(
+        target=target,
+        desired=index + 1,
+        reason="chaos",
+        plan_id=f"plan-{index}",
+        issued_at=issued + timedelta(seconds=index),
+        idempotency_key=key,
+    )
+
+
+def publish_and_wait_applied(
+    loop: asyncio.AbstractEventLoop,
+    bus: Bus,
+    admin: KubeHttp,
+    path: str,
+    command: events.ScaleCommand,
+) -> None:
+    """Publish `command` until a server acknowledges it, then wait until the Deployment at
+    `path` has the replicas it asks for."""
+    loop.run_until_complete(_publish_until_acked(bus, command))
+    wait_for(
+        lambda: admin.get(path)["spec"]["replicas"] == command.desired,
+        f"{command.plan_id} applied",
+    )
+
+
 def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> None:
     path = create_web_deployment(stage.admin, stage.namespace, replicas=0, schedulable=False)
     target = events.WorkloadRef(kind="Deployment", namespace=stage.namespace, name="web")
@@ -204,12 +246,7 @@ def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> N
     try:
         for index in range(COMMANDS):
             if index in KILL_BEFORE:
-                share = KILL_BEFORE.index(index) + 1
-                wait_for(
-                    lambda s=share: applied_batches() >= TOTAL_BATCHES * s // 4,
-                    f"{share}/4 of the job's batches applied",
-                )
-                assert applied_batches() < TOTAL_BATCHES, "the job finished before the fault"
+                fault_point_reached(applied_batches, index)
                 stage.nats.kill()
                 report.runs += 1
                 report.faults += 1
@@ -221,19 +258,8 @@ def test_nats_killed_and_restarted_on_its_store_loses_nothing(stage: Stage) -> N
                     wait_for(service.ready_or_done, f"{service.name} ready after the restart")
             key = f"natschaos-{stage.namespace}-{index}"
             keys.append(key)
-            command = events.ScaleCommand(
-                target=target,
-                desired=index + 1,
-                reason="chaos",
-                plan_id=f"plan-{index}",
-                issued_at=issued + timedelta(seconds=index),
-                idempotency_key=key,
-            )
-            loop.run_until_complete(_publish_until_acked(bus, command))
-            wait_for(
-                lambda d=index + 1: stage.admin.get(path)["spec"]["replicas"] == d,
-                f"command {index} applied",
-            )
+            command = numbered_command(target, index, key, issued)
+            publish_and_wait_applied(loop, bus, stage.admin, path, command)
             if index in KILL_BEFORE:
                 report.recovery_s.append(time.monotonic() - killed_at)
         results_subject = events.SCALE_RESULT.filter(namespace=stage.namespace)
