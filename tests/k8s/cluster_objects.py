@@ -234,3 +234,17 @@ def service_kubeconfig(
     path = make_kubeconfig(namespace, service)
     bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
     return path
+
+
+def pipeline_kubeconfigs(
+    admin: KubeHttp, k8s_cluster: Any, namespace: str, directory: Path
+) -> dict[str, str]:
+    """The watcher's and the executor's kubeconfigs (written in `directory`), each acting as
+    its own ServiceAccount in `namespace` with exactly the chart's ClusterRole."""
+    apply_rbac(admin)
+    kubeconfig = {}
+    for service in ("watcher", "executor"):
+        path = directory / f"{service}.kubeconfig"
+        kubeconfig[service] = str(k8s_cluster.service_account_kubeconfig(namespace, service, path))
+        bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
+    return kubeconfig

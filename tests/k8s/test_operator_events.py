@@ -29,10 +29,9 @@ from typing import Any
 import pytest
 
 from tests.k8s.cluster_objects import (
-    apply_rbac,
-    bind_cluster_role,
     collection,
     create,
+    pipeline_kubeconfigs,
     wait_until,
 )
 from tests.k8s.cluster_objects import deployment as plain_deployment
@@ -127,14 +126,7 @@ def running(k8s_cluster: Any, logs: Path, *, mode: str) -> Iterator[Pipeline]:
     with k8s_cluster.api_client() as api_client, EmbeddedNats() as nats:
         admin = KubeHttp(api_client)
         create(admin, "/api/v1/namespaces", {"metadata": {"name": namespace}})
-        apply_rbac(admin)
-        kubeconfig = {}
-        for service in ("watcher", "executor"):
-            path = logs / f"{service}.kubeconfig"
-            kubeconfig[service] = str(
-                k8s_cluster.service_account_kubeconfig(namespace, service, path)
-            )
-            bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
+        kubeconfig = pipeline_kubeconfigs(admin, k8s_cluster, namespace, logs)
         pipeline = Pipeline(namespace, nats.url, admin, logs, k8s_cluster.kubeconfig)
         common = ["--nats-url", nats.url, "--health-port", "-1"]
         argvs = {

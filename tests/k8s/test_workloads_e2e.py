@@ -23,10 +23,9 @@ from typing import Any
 import pytest
 
 from tests.k8s.cluster_objects import (
-    apply_rbac,
-    bind_cluster_role,
     collection,
     create,
+    pipeline_kubeconfigs,
     pod_template,
     wait_until,
 )
@@ -98,15 +97,7 @@ def loop(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     with k8s_cluster.api_client() as api_client, EmbeddedNats() as nats:
         admin = KubeHttp(api_client)
         create(admin, "/api/v1/namespaces", {"metadata": {"name": namespace}})
-        # Each service acts as its own ServiceAccount with exactly the chart's ClusterRole.
-        apply_rbac(admin)
-        kubeconfig = {}
-        for service in ("watcher", "executor"):
-            path = logs / f"{service}.kubeconfig"
-            kubeconfig[service] = str(
-                k8s_cluster.service_account_kubeconfig(namespace, service, path)
-            )
-            bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
+        kubeconfig = pipeline_kubeconfigs(admin, k8s_cluster, namespace, logs)
         state = Loop(namespace, nats.url, admin, logs)
         common = ["--nats-url", nats.url, "--health-port", "-1"]
         argvs = {

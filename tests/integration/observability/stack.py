@@ -24,10 +24,9 @@ from typing import Any
 
 from tests.fixtures.prometheus import PrometheusServer, RateExporter
 from tests.k8s.cluster_objects import (
-    apply_rbac,
-    bind_cluster_role,
     collection,
     create,
+    pipeline_kubeconfigs,
     pod_template,
     wait_until,
 )
@@ -225,14 +224,7 @@ def monitored_stack(
         admin = KubeHttp(api_client)
         create(admin, "/api/v1/namespaces", {"metadata": {"name": namespace}})
         stop.callback(admin.json, "DELETE", f"/api/v1/namespaces/{namespace}")
-        apply_rbac(admin)
-        kubeconfig = {}
-        for service in ("watcher", "executor"):
-            path = logs / f"{service}.kubeconfig"
-            kubeconfig[service] = str(
-                k8s_cluster.service_account_kubeconfig(namespace, service, path)
-            )
-            bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
+        kubeconfig = pipeline_kubeconfigs(admin, k8s_cluster, namespace, logs)
         exporter = RateExporter(workdir)
         exporter.set_rate(initial_rate)
         exporter.start()
