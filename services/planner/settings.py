@@ -161,6 +161,7 @@ class PlannerSettings(ServiceSettings):
     panic_window_s: float = _tunable("panic_window_s")
     miss_tolerance: float = _tunable("miss_tolerance")
     rise_window_s: float = _tunable("rise_window_s")
+    rise_quantile: float = _tunable("rise_quantile")
     release_horizon_s: float = _tunable("release_horizon_s")
     overcommit_margin: float = Field(
         default=OvercommitConfig().margin,

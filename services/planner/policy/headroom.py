@@ -108,9 +108,15 @@ def conformal_quantile(values: Sequence[float], quantile: float) -> float:
     return max(1.0, ordered[rank - 1])
 
 
-def rise_quantile(rises: Rises, quantile: float) -> float:
+def rise_quantile(rises: Rises, quantile: float, *, at_least: float = 0.0) -> float:
     """The workload's `quantile` of its rises within one lead time; 1 with no score yet (the
-    forecast and the reaction to observed demand still apply)."""
+    forecast and the reaction to observed demand still apply).
+
+    `at_least`, once enough scores estimate it (before, it would be their maximum), raises
+    the quantile: noise past q0.95 of a bursty stream's rises starved it for the lead time a
+    reaction takes."""
+    if len(rises.scores) * (1.0 - at_least) >= 1.0:
+        quantile = max(quantile, at_least)
     return conformal_quantile([score for _, score in rises.scores], quantile)
 
 

@@ -214,6 +214,13 @@ class PolicyConfig:
         "observed over this long, seconds",
         gt=0,
     )
+    rise_quantile: float = tunable(
+        0.99,
+        "serving's headroom prices the rise within one lead time at least at this quantile "
+        "of the workload's rises (the workload's own quantile when higher)",
+        gt=0,
+        lt=1,
+    )
     # Room serving releases moves trainers in and, when demand returns, out again (a restart
     # each way): an expected cost, so weighed on the forecast's median.
     release_horizon_s: float = tunable(

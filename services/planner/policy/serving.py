@@ -69,10 +69,8 @@ def track_miss(
     """The workload's miss after this observation: one above what the forecast allowed
     starts a panic window.
 
-    No memory of the miss outlives the window: a miss ratio that held scale-down until it
-    faded kept serving at a spike's height for hours after it (a spike every two hours held
-    the maximum all day); the priced rise (policy/headroom.py) keeps what the workload's
-    own rises call for instead."""
+    No memory of the miss outlives the window (a faded miss ratio held a spike's height for
+    hours); the priced rise (policy/headroom.py) keeps what the workload's rises call for."""
     panic_until = -math.inf if miss is None else miss.panic_until
     previous = None if miss is None else miss.observed
     # A q0.95 forecast is exceeded 5 % of the time by design: only a miss beyond the
@@ -137,10 +135,9 @@ def plan_serving(
 
     The safety net: a forecast can be wrong and serving must not pay for it. Observed demand
     above what the forecast allowed for now sizes serving for that demand at once and holds
-    scale-down through the panic window. The headroom is priced: serving holds what demand
-    may reach one lead time from now at the workload's quantile of its own recent rises, or
-    of the large rises that recur on a schedule when one is due (policy/headroom.py), not a
-    multiple of the forecast.
+    scale-down through the panic window. The headroom is priced (policy/headroom.py): what
+    demand may reach a lead time on at a quantile of its own recent rises (`rise_quantile`
+    at least), or of the large rises recurring on a schedule when one is due.
     """
     peaks: Peaks | None = None
     if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
@@ -154,7 +151,7 @@ def plan_serving(
         why = reasons.no_usable_forecast(has_forecast=forecast is not None)
         fallback = reasons.held_fallback(workload.target, why)
         return ServingSize(held, reasons.holding(held, why), history, new_miss, fallback)
-    parts = _parts(workload, peaks, new_miss, observed, now)
+    parts = _parts(workload, peaks, new_miss, observed, now, config=config)
     recommendation = recommend(workload, parts, observed_need)
     cutoff = now - workload.stabilization_s
     new_history = (*(item for item in history if item[0] > cutoff), (now, recommendation.replicas))
@@ -167,8 +164,7 @@ def plan_serving(
     if held_why is not None:
         reason = f"{recommendation.basis}; {held_why}"
         return ServingSize(current, reason, new_history, new_miss, None, parts)
-    # Released room is taken by trainers at the cost of a restart, and given back at the cost
-    # of another when demand returns: release only what the forecast does not need soon.
+    # Released room costs trainers a restart each way: release only what is not needed soon.
     kept = _replicas_for(max(peaks.release, parts.rise, 0.0), workload)
     desired, reason = _scale_down(
         workload,
@@ -200,9 +196,15 @@ def _observe(
 
 
 def _parts(
-    workload: ServingWorkload, peaks: Peaks, miss: Miss, observed: float | None, now: float
+    workload: ServingWorkload,
+    peaks: Peaks,
+    miss: Miss,
+    observed: float | None,
+    now: float,
+    *,
+    config: PolicyConfig,
 ) -> HeadroomParts:
-    rise_ratio = rise_quantile(miss.rises, workload.quantile)
+    rise_ratio = rise_quantile(miss.rises, workload.quantile, at_least=config.rise_quantile)
     period_s = 0.0
     recurring = recurrence(miss.rises, workload.quantile)
     if (

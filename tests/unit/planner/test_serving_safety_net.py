@@ -8,6 +8,7 @@ import pytest
 
 from tideshift.events.models import Headroom
 from tideshift.services.planner import policy as pol
+from tideshift.services.planner.policy.model import Miss, Rises
 from tideshift.services.planner.policy.reasons import PANIC
 from tideshift.services.planner.policy.serving import plan_serving, track_miss
 
@@ -203,3 +204,29 @@ def test_a_rise_that_recurs_on_a_schedule_is_held_only_when_the_next_is_due() ->
     )
     published = Headroom.model_validate(size.headroom)
     assert published.recurring_period_s == pytest.approx(7200.0, rel=0.01)
+
+
+def test_the_rise_is_priced_at_least_at_the_configured_quantile() -> None:
+    # 97 rises of nothing and 3 of 3x: the workload's q0.95 sees no rise, q0.99 sees 3x.
+    rises = Rises(scores=tuple((float(i), 3.0 if i >= 97 else 1.0) for i in range(100)))
+    miss = Miss(panic_until=-1e9, observed=100.0, rises=rises)
+
+    def desired(rise_quantile: float) -> int:
+        size = plan_serving(
+            WEB,
+            flat(50.0, 0.0),
+            current=5,
+            history=(),
+            seen_since=-1e6,
+            now=0.0,
+            config=pol.PolicyConfig(rise_quantile=rise_quantile),
+            cluster_stale=False,
+            observed=100.0,
+            miss=miss,
+        )
+        return size.desired
+
+    # 100 req/s x 3 = 300 req/s, 30 replicas of 10 req/s, ready before such a burst.
+    assert desired(0.99) == 30
+    # At the workload's own q0.95 only the observed demand (100 req/s) is covered.
+    assert desired(0.5) == 10
