@@ -3,7 +3,8 @@
 The loop:
 * Bootstraps the cluster view from the watcher's KV snapshot, after subscribing to the live
   node/pod subjects, so nothing between the read and the subscription is lost (for each
-  object the newer observation wins).
+  object the newer observation wins); re-reads its workloads every 2 min, so one whose
+  deletion a flood made the subscription drop is forgotten (`services/planner/snapshot.py`).
 * Plans on the leading edge of every relevant change (a change plans at once; changes during
   a plan, or within `debounce_seconds` of the last one, are coalesced into the next) and on a
   tick, with the registry's policy.
@@ -56,20 +57,17 @@ from tideshift.events import (
     BoundSubject,
     Envelope,
     EventData,
-    NodeChanged,
     PlanDecided,
     PlannerStatus,
-    PodChanged,
     ScaleCommand,
     ScalePin,
-    WorkloadChanged,
 )
 from tideshift.events.models import TargetDecision as EventTargetDecision
 from tideshift.services.common.bus import Bus, TypedKV, follow
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import parse_settings
-from tideshift.services.planner import metrics
+from tideshift.services.planner import metrics, snapshot
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
 from tideshift.services.planner.isolation import Quarantine
@@ -121,6 +119,7 @@ class Planner:
     reasons: tuple[str, ...] = ()
     plans: int = 0
     commands: int = 0
+    resync_s: float = snapshot.RESYNC_S  # how often the snapshot heals lost announcements
     # Clock time of the last plan that succeeded (the start until the first one).
     last_plan_at: float = field(init=False)
 
@@ -166,6 +165,16 @@ class Planner:
             await self.bus.flush()
             await self._bootstrap()
             tasks.append(asyncio.create_task(self._lead(lease)))
+            resync = snapshot.resync(
+                self.bus,
+                self.settings.snapshot_bucket,
+                self.state,
+                clock=self.clock,
+                stopping=self.stopping,
+                changed=self.changed.set,
+                interval=self.resync_s,
+            )
+            tasks.append(asyncio.create_task(resync))
             self.ready.set()
             await self._plan_loop()
         finally:
@@ -203,34 +212,11 @@ class Planner:
 
     async def _bootstrap(self) -> None:
         """Read the watcher's snapshot once; live events that arrive meanwhile still apply."""
-        try:
-            kv = await self.bus.kv(self.settings.snapshot_bucket)
-            keys = await kv.keys()
-        except Exception as error:  # no snapshot yet: start from live events only
-            log.warning("no cluster snapshot in %s: %s", self.settings.snapshot_bucket, error)
-            return
-        loaded = 0
-        for key in keys:
-            try:
-                if key.startswith("node."):
-                    node = await kv.get(key, NodeChanged)
-                    if node is not None:
-                        self._apply(self.state.apply_node, node)
-                        loaded += 1
-                elif key.startswith("workload."):
-                    workload = await kv.get(key, WorkloadChanged)
-                    if workload is not None:
-                        self._apply(self.state.apply_workload, workload)
-                        loaded += 1
-                elif key.startswith("pod."):
-                    pod = await kv.get(key, PodChanged)
-                    if pod is not None:
-                        self._apply(self.state.apply_pod, pod)
-                        loaded += 1
-            except Exception as error:
-                SKIPPED.labels("snapshot").inc()
-                log.warning("skipped snapshot key %s: %s", key, error)
-        log.info("bootstrapped %d objects from %s", loaded, self.settings.snapshot_bucket)
+        held = await snapshot.read(self.bus, self.settings.snapshot_bucket)
+        if held is not None:  # else no snapshot yet: start from live events only
+            loaded = snapshot.bootstrap(self.state, held, self.clock.now())
+            self.changed.set()
+            log.info("bootstrapped %d objects from %s", loaded, self.settings.snapshot_bucket)
 
     async def _lead(self, lease: Any) -> None:
         interval = self.settings.lease_ttl_seconds / 3

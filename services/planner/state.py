@@ -106,6 +106,8 @@ class PlannerState:
     # Nodes deleted, oldest first (their `node_seen` entries are kept only for these).
     deleted_nodes: dict[str, None] = field(default_factory=dict)
     deleted_pods: dict[tuple[str, str], None] = field(default_factory=dict)
+    # Announced workloads the last snapshot read lacked (see `resync_workloads`).
+    snapshot_absent: set[pol.Target] = field(default_factory=set)
     # Unix seconds of the last node or pod event (from the start until the first one).
     last_cluster_event: float = field(init=False)
     companion_markers: dict[pol.Target, tuple[str, ...]] = field(init=False)
@@ -187,6 +189,26 @@ class PlannerState:
             if event.role == "training" and target not in self.book.static_targets():
                 self.companion_markers.setdefault(target, DEFAULT_COMPANION_MARKERS)
         return True
+
+    def resync_workloads(self, held: Mapping[pol.Target, WorkloadChanged], now: float) -> bool:
+        """Make the announced workloads those of the watcher's snapshot (`held`, read whole);
+        whether that calls for a plan. The live announcements drop events when a burst
+        outruns their subscription (core NATS): a lost deletion would keep a gone workload,
+        and its state, for ever. One announced (not static) workload absent from this and
+        the previous snapshot gets a deletion; one absence is not enough, as its own
+        announcement may be read before the watcher's snapshot write lands. Snapshot entries
+        newer than what is held apply like a live announcement."""
+        changed = False
+        for target, event in held.items():
+            known = self.book.announced.get(target)
+            if known is None or event.observed_at > known.observed_at:
+                changed = self.apply_workload(event, now) or changed
+        missing = self.book.announced.keys() - held.keys() - self.book.static_targets()
+        for target in sorted(missing & self.snapshot_absent):
+            gone = self.book.announced[target].model_copy(update={"change": "deleted"})
+            changed = self.apply_workload(gone, now) or changed
+        self.snapshot_absent = missing - self.snapshot_absent
+        return changed
 
     def apply_forecast(self, event: ForecastIssued, now: float) -> bool:
         forecast = forecast_of(event)

@@ -1,0 +1,94 @@
+"""The planner's reads of the watcher's KV snapshot: once at start (the bootstrap), then every
+RESYNC_S to heal what the live subscriptions lost (`PlannerState.resync_workloads`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter
+
+from tideshift.events import NodeChanged, PodChanged, WorkloadChanged
+from tideshift.services.common.bus import Bus
+from tideshift.services.common.clock import Clock, wait_for_event
+from tideshift.services.planner import policy as pol
+from tideshift.services.planner.state import PlannerState
+
+log = logging.getLogger("tideshift.planner")
+
+UNREADABLE = Counter(
+    "tideshift_planner_snapshot_unreadable_total", "Snapshot entries skipped as unreadable"
+)
+# Like the predictor's resync: a workload whose deletion was lost is dropped within two
+# periods, and a read of the whole snapshot (155,700 keys: seconds) stays rare.
+RESYNC_S = 120.0
+RETRY_S = 10.0  # a failed read (a busy server) is tried again this soon, not a period later
+
+
+@dataclass
+class Snapshot:
+    """What the snapshot holds, by kind."""
+
+    nodes: list[NodeChanged] = field(default_factory=list)
+    pods: list[PodChanged] = field(default_factory=list)
+    workloads: dict[pol.Target, WorkloadChanged] = field(default_factory=dict)
+
+
+async def read(bus: Bus, bucket: str) -> Snapshot | None:
+    """The whole snapshot in one pass; None when it cannot be read (none yet, a busy server).
+    An unreadable entry is counted, logged and skipped."""
+    try:
+        kv = await bus.kv(bucket)
+        values = await kv.values()  # one pass, not a request per key
+    except Exception as error:
+        log.warning("no cluster snapshot in %s: %s", bucket, error)
+        return None
+    held = Snapshot()
+    for key, value in values.items():
+        try:
+            if key.startswith("node."):
+                held.nodes.append(NodeChanged.model_validate_json(value))
+            elif key.startswith("pod."):
+                held.pods.append(PodChanged.model_validate_json(value))
+            elif key.startswith("workload."):
+                workload = WorkloadChanged.model_validate_json(value)
+                held.workloads[workload.workload] = workload
+        except ValueError as error:  # the watcher wrote it: skip, say so, go on
+            UNREADABLE.inc()
+            log.warning("skipped snapshot key %s: %s", key, error)
+    return held
+
+
+def bootstrap(state: PlannerState, held: Snapshot, now: float) -> int:
+    """Fold the snapshot into the state (for each object the newer observation wins, so live
+    events that arrived meanwhile stay); how many objects it held."""
+    for node in held.nodes:
+        state.apply_node(node, now)
+    for workload in held.workloads.values():
+        state.apply_workload(workload, now)
+    for pod in held.pods:
+        state.apply_pod(pod, now)
+    return len(held.nodes) + len(held.workloads) + len(held.pods)
+
+
+async def resync(
+    bus: Bus,
+    bucket: str,
+    state: PlannerState,
+    *,
+    clock: Clock,
+    stopping: asyncio.Event,
+    changed: Callable[[], None],
+    interval: float = RESYNC_S,
+) -> None:
+    """Every `interval` until stopping, the announced workloads become the snapshot's; calls
+    `changed` when that calls for a plan. Nodes and pods are not re-applied: that would
+    refresh the cluster view's last event and hide a silent watcher."""
+    wait = interval
+    while not await wait_for_event(clock, stopping, wait):
+        held = await read(bus, bucket)
+        wait = interval if held is not None else min(interval, RETRY_S)
+        if held is not None and state.resync_workloads(held.workloads, clock.now()):
+            changed()
