@@ -48,6 +48,7 @@ from tests.chaos.test_nats_restart_chaos import (
     wait_for,
 )
 from tests.chaos.verify import assert_nothing_lost_or_doubled
+from tests.k8s.cluster_objects import end_processes
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, TRAINING_TASK_STREAM, Bus
@@ -120,14 +121,7 @@ def stage(k8s_cluster: Any, tmp_path: Path) -> Iterator[ClusterStage]:
                 wait_for(service.ready, f"{service.name} ready")
             yield state
         finally:
-            for process in state.every_process():
-                process.terminate()
-            for process in state.every_process():
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            end_processes(state.every_process())
 
 
 def stream_leader(

@@ -33,6 +33,7 @@ from tests.chaos.objects import create_web_deployment
 from tests.chaos.report import ChaosReport
 from tests.chaos.stored import read_stored
 from tests.chaos.verify import assert_nothing_lost_or_doubled
+from tests.k8s.cluster_objects import end_processes
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
@@ -159,14 +160,7 @@ def stage(k8s_cluster: Any, tmp_path: Path) -> Iterator[Stage]:
                 wait_for(service.ready, f"{service.name} ready")
             yield state
         finally:
-            for process in state.every_process():
-                process.terminate()
-            for process in state.every_process():
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            end_processes(state.every_process())
 
 
 async def _publish_until_acked(bus: Bus, command: events.ScaleCommand) -> None:

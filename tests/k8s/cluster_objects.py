@@ -8,8 +8,9 @@ the real ones.
 
 from __future__ import annotations
 
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +249,16 @@ def pipeline_kubeconfigs(
         kubeconfig[service] = str(k8s_cluster.service_account_kubeconfig(namespace, service, path))
         bind_cluster_role(admin, f"tideshift-{service}", namespace, service)
     return kubeconfig
+
+
+def end_processes(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """TERM every process, then KILL any still running 15 s later: all asked at once, so
+    one slow to leave does not hold back the others' shutdown."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -31,6 +31,7 @@ import pytest
 from tests.k8s.cluster_objects import (
     collection,
     create,
+    end_processes,
     pipeline_kubeconfigs,
     wait_until,
 )
@@ -152,13 +153,7 @@ def running(k8s_cluster: Any, logs: Path, *, mode: str) -> Iterator[Pipeline]:
             yield pipeline
         finally:
             pipeline.stop.set()
-            for process in pipeline.processes:
-                process.terminate()
-            for process in pipeline.processes:
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            end_processes(pipeline.processes)
             admin.json("DELETE", f"/api/v1/namespaces/{namespace}")
 
 

@@ -25,6 +25,7 @@ import pytest
 from tests.k8s.cluster_objects import (
     collection,
     create,
+    end_processes,
     pipeline_kubeconfigs,
     pod_template,
     wait_until,
@@ -151,13 +152,7 @@ def loop(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             yield state
         finally:
             state.stop.set()
-            for process in state.processes:
-                process.terminate()
-            for process in state.processes:
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            end_processes(state.processes)
             admin.json("DELETE", f"/api/v1/namespaces/{namespace}")
 
 

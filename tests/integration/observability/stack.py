@@ -1,6 +1,6 @@
 """The real services as processes on a real nats-server and the local control plane, scraped
 by a real Prometheus that also evaluates the chart's alerts: what the dashboard and alert
-tests (and the dashboard picture, tests/benchmarks/dashboard_png.py) query.
+tests (and the dashboard picture, tests/benchmarks/bench_dashboard_png.py) query.
 
 The watcher announces a labelled serving Deployment `web` and a training Job `train`; the
 predictor forecasts `web` from the rate exporter's `http_requests_total{app="web"}`, which the
@@ -26,6 +26,7 @@ from tests.fixtures.prometheus import PrometheusServer, RateExporter
 from tests.k8s.cluster_objects import (
     collection,
     create,
+    end_processes,
     pipeline_kubeconfigs,
     pod_template,
     wait_until,
@@ -243,7 +244,7 @@ def monitored_stack(
             stack.processes[name] = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=handle, stderr=handle
             )
-        stop.callback(_terminate, list(stack.processes.values()))
+        stop.callback(end_processes, list(stack.processes.values()))
         training = {"tideshift.io/min-replicas": "1", "tideshift.io/max-replicas": "6"}
         create_labelled(admin, namespace, serving=SERVING, training=training, trainer_cpu="4")
         yield stack
@@ -252,17 +253,6 @@ def monitored_stack(
 def _rate(stack: Stack) -> float:
     result = stack.query('sum(rate(http_requests_total{app="web"}[1m]))')
     return float(result[0]["value"][1]) if result else 0.0
-
-
-def _terminate(processes: list[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
-        process.terminate()
-    for process in processes:
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(15)
 
 
 def wait_for_scrapes(stack: Stack) -> None:
