@@ -23,6 +23,7 @@ import pytest
 from tests.chaos.objects import create_web_deployment
 from tests.chaos.report import ChaosReport
 from tests.chaos.stored import read_stored
+from tests.k8s.cluster_objects import end_processes
 from tideshift import events
 from tideshift.events import SNAPSHOT_BUCKET
 from tideshift.services.cluster.adapters.http import KubeHttp
@@ -86,14 +87,7 @@ def services(k8s_cluster: Any, tmp_path: Path) -> Iterator[tuple[EmbeddedNats, s
         try:
             yield nats, namespace
         finally:
-            for process in processes:
-                process.terminate()
-            for process in processes:
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            end_processes(processes)
 
 
 async def _snapshot_pods(bus: Bus, namespace: str) -> dict[str, tuple[str, str | None]]:

@@ -27,6 +27,7 @@ import pytest
 
 from tests.chaos.report import ChaosReport
 from tests.chaos.stored import read_stored
+from tests.k8s.cluster_objects import end_processes
 from tideshift import events
 from tideshift.services.common.bus import SCALE_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -120,14 +121,7 @@ class Planners:
         process.wait(WAIT)
 
     def stop_all(self) -> None:
-        for process in self.processes.values():
-            process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        end_processes(list(self.processes.values()))
 
 
 @pytest.fixture
