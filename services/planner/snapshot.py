@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from prometheus_client import Counter
 
@@ -18,8 +19,8 @@ from tideshift.services.planner.state import PlannerState
 
 log = logging.getLogger("tideshift.planner")
 
-UNREADABLE = Counter(
-    "tideshift_planner_snapshot_unreadable_total", "Snapshot entries skipped as unreadable"
+SKIPPED = Counter(
+    "tideshift_planner_snapshot_skipped_total", "Snapshot entries skipped: unreadable or odd"
 )
 # Like the predictor's resync: a workload whose deletion was lost is dropped within two
 # periods, and a read of the whole snapshot (155,700 keys: seconds) stays rare.
@@ -56,21 +57,30 @@ async def read(bus: Bus, bucket: str) -> Snapshot | None:
                 workload = WorkloadChanged.model_validate_json(value)
                 held.workloads[workload.workload] = workload
         except ValueError as error:  # the watcher wrote it: skip, say so, go on
-            UNREADABLE.inc()
+            SKIPPED.inc()
             log.warning("skipped snapshot key %s: %s", key, error)
     return held
 
 
 def bootstrap(state: PlannerState, held: Snapshot, now: float) -> int:
     """Fold the snapshot into the state (for each object the newer observation wins, so live
-    events that arrived meanwhile stay); how many objects it held."""
-    for node in held.nodes:
-        state.apply_node(node, now)
-    for workload in held.workloads.values():
-        state.apply_workload(workload, now)
-    for pod in held.pods:
-        state.apply_pod(pod, now)
-    return len(held.nodes) + len(held.workloads) + len(held.pods)
+    events that arrived meanwhile stay); how many objects it applied. One that raises is
+    counted, logged and skipped: it must not keep the planner from starting."""
+    steps: list[Callable[[], bool]] = [
+        *(partial(state.apply_node, node, now) for node in held.nodes),
+        *(partial(state.apply_workload, w, now) for w in held.workloads.values()),
+        *(partial(state.apply_pod, pod, now) for pod in held.pods),
+    ]
+    loaded = 0
+    for step in steps:
+        try:
+            step()
+        except Exception as error:
+            SKIPPED.inc()
+            log.warning("skipped a snapshot entry: %s", error)
+        else:
+            loaded += 1
+    return loaded
 
 
 async def resync(
@@ -90,5 +100,11 @@ async def resync(
     while not await wait_for_event(clock, stopping, wait):
         held = await read(bus, bucket)
         wait = interval if held is not None else min(interval, RETRY_S)
-        if held is not None and state.resync_workloads(held.workloads, clock.now()):
-            changed()
+        if held is None:
+            continue
+        try:
+            if state.resync_workloads(held.workloads, clock.now()):
+                changed()
+        except Exception:  # logged; the next period tries again
+            SKIPPED.inc()
+            log.exception("resync with %s failed", bucket)
