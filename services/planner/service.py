@@ -93,6 +93,9 @@ PLAN_FAILURES = Counter("tideshift_planner_plan_failures_total", "Plans that rai
 PLAN_STALL_SECONDS = 120.0
 KEY_LIMIT = 256  # ScaleCommand.idempotency_key's max_length
 PLAN_ID_LIMIT = 128  # ScaleCommand.plan_id's max_length
+# A status is announced on every change, and again this often (wall seconds): the decision
+# history keeps what was published, and one published before it existed was lost to it.
+REANNOUNCE_S = 60.0
 
 
 def idempotency_key(plan_id: str, target: pol.Target) -> str:
@@ -120,6 +123,7 @@ class Planner:
     plans: int = 0
     commands: int = 0
     resync_s: float = snapshot.RESYNC_S  # how often the snapshot heals lost announcements
+    announced_at: float = -math.inf  # wall time of the last status announcement
     # Clock time of the last plan that succeeded (the start until the first one).
     last_plan_at: float = field(init=False)
 
@@ -234,6 +238,8 @@ class Planner:
                     self.sent.clear()  # re-derive what to send from fresh state
                     self.changed.set()
                 await self._announce()
+            elif WALL_CLOCK.now() - self.announced_at >= REANNOUNCE_S:
+                await self._announce()  # a reader that missed the change still learns the mode
             # Wall seconds whatever the planner's clock: the lease's TTL runs in NATS.
             if await wait_for_event(WALL_CLOCK, self.stopping, interval):
                 return
@@ -243,6 +249,7 @@ class Planner:
             "passive" if not self.leader else ("degraded" if self.reasons else "normal")
         )
         self.mode = mode
+        self.announced_at = WALL_CLOCK.now()
         status = PlannerStatus(
             planner=self.instance,
             leader=self.leader,

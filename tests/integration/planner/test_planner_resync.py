@@ -9,6 +9,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
+import pytest
+
 from tests.integration.planner.test_planner_service import (
     Collector,
     collectors,
@@ -19,12 +21,14 @@ from tests.integration.planner.test_planner_service import (
 from tideshift.events import (
     WORKLOAD_CHANGED,
     PlanDecided,
+    PlannerStatus,
     Resources,
     ServingPolicy,
     WorkloadChanged,
     WorkloadRef,
 )
 from tideshift.services.common.bus import Bus
+from tideshift.services.planner import service
 from tideshift.services.planner.service import Planner
 from tideshift.services.planner.settings import PlannerSettings
 from tideshift.services.watcher.snapshot import workload_key
@@ -110,3 +114,22 @@ async def test_a_workload_only_the_snapshot_announces_joins_the_plans(
         # Its announcement on the bus was lost: the next resync reads it from the snapshot.
         await kv.put(workload_key(web), announced(web))
         await eventually(lambda: last_planned(plans, unique) == {"web"}, timeout=20)
+
+
+async def test_a_planner_announces_its_status_again_without_a_change(
+    bus: Bus, unique: str, collectors: dict[str, Collector], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that missed the change (the decision history did not exist yet) still learns
+    the planner's mode: the status is announced again after a while."""
+    monkeypatch.setattr(service, "REANNOUNCE_S", 0.5)
+    settings = settings_for(unique, serving=[], training=[])
+    instance = f"p-{unique}"
+
+    def announcements() -> list[PlannerStatus]:
+        items = collectors["status"].items
+        return [s for s in items if isinstance(s, PlannerStatus) and s.planner == instance]
+
+    async with resyncing(bus, settings, instance):
+        await eventually(lambda: len(announcements()) >= 3)
+    modes = [status.mode for status in announcements()]
+    assert modes[-1] == modes[-2], "the same mode, announced again"
