@@ -89,6 +89,7 @@ class Step:
             "rise_rps": self.headroom.rise if self.headroom else None,
             "rise_ratio": self.headroom.rise_ratio if self.headroom else None,
             "panic_hold": self.headroom.panic_hold if self.headroom else None,
+            "recurring_period_s": self.headroom.recurring_period_s if self.headroom else None,
             "pinned": self.pinned,
             "skipped": self.skipped,
             "reason": self.reason,
@@ -197,4 +198,6 @@ def _sizing(headroom: Headroom | None) -> str:
         f"  forecast {headroom.forecast:.1f}, observed {headroom.observed:.1f}, "
         f"rise {headroom.rise:.1f} (x{headroom.rise_ratio:.2f}) req/s"
     )
+    if headroom.recurring_period_s > 0:
+        text += f", a rise recurring every {headroom.recurring_period_s / 60:.0f} min"
     return text + (" panic-hold" if headroom.panic_hold else "")

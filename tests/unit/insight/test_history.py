@@ -123,6 +123,17 @@ def test_text_names_the_target_span_sizing_reason_and_executor() -> None:
     ]
 
 
+def test_a_recurring_rise_is_named_with_its_period() -> None:
+    recurring = PARTS.model_copy(update={"recurring_period_s": 7200.0})
+    steps = history.decisions(WEB, [plan(0, 18, 24, "a rise recurring is due", headroom=recurring)])
+    assert steps[0].as_json()["recurring_period_s"] == 7200.0
+    text = history.render(WEB, steps, since=T0)
+    assert "rise 200.0 (x1.25) req/s, a rise recurring every 120 min" in text
+    plain_steps = history.decisions(WEB, [plan(0, 18, 24, "r", headroom=PARTS)])
+    plain = history.render(WEB, plain_steps, since=T0)
+    assert "recurring" not in plain
+
+
 def test_picture_sorts_targets_by_role_and_counts_what_nodes_lend() -> None:
     now = T0 + timedelta(minutes=1)
     batch = WorkloadChanged(
