@@ -23,7 +23,6 @@ from tideshift.events.models import (
     EventData,
     ForecastIssued,
     ForecastPoint,
-    JobProgress,
     NodeChanged,
     PlanDecided,
     PlannerStatus,
@@ -33,9 +32,7 @@ from tideshift.events.models import (
     ScalePin,
     ScaleResult,
     ServingPolicy,
-    ShardTask,
     TargetDecision,
-    TrainerMembership,
     TrainingPolicy,
     WorkloadChanged,
     WorkloadRef,
@@ -60,6 +57,7 @@ from tideshift.events.subjects import (
     mqtt_topic_filter,
 )
 from tideshift.events.tokens import decode_token, encode_token
+from tideshift.events.training import JobProgress, ShardTask, TrainerMembership
 
 __all__ = [
     "ALL_BUCKETS",

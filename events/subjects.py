@@ -16,18 +16,16 @@ from tideshift.events.models import (
     DemandObserved,
     EventData,
     ForecastIssued,
-    JobProgress,
     NodeChanged,
     PlanDecided,
     PlannerStatus,
     PodChanged,
     ScaleCommand,
     ScaleResult,
-    ShardTask,
-    TrainerMembership,
     WorkloadChanged,
 )
 from tideshift.events.tokens import decode_token, encode_token
+from tideshift.events.training import JobProgress, ShardTask, TrainerMembership
 
 T = TypeVar("T", bound=EventData)
 
