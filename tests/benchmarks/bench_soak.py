@@ -77,8 +77,21 @@ async def caught_up(port: int, settle_s: float) -> float:
     while time.monotonic() - started < settle_s:
         if metric(port, "tideshift_predictor_workloads") == 0:
             break
-        await asyncio.sleep(2)
+        await asyncio.sleep(0.5)
     return time.monotonic() - started
+
+
+async def settled_rss(pid: int, *, timeout_s: float) -> None:
+    """Until the process's RSS stops falling (two readings 0.5 s apart within 1 MB), at most
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    previous = rss_mb(pid)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        current = rss_mb(pid)
+        if previous - current < 1.0:
+            return
+        previous = current
 
 
 def ref(index: int) -> events.WorkloadRef:
@@ -245,7 +258,8 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"flooding {args.names:,} names per subject (at most {args.budget:g} s each)")
             await flood(nats.url, args.names, args.budget, args.only)
             took = await caught_up(processes["predictor"][1], args.settle)
-            await asyncio.sleep(5)  # the predictor hands removed models' memory back 1 s later
+            # the predictor hands removed models' memory back about 1 s after removing them
+            await settled_rss(processes["predictor"][0].pid, timeout_s=15)
             stop.set()
             await watching
             after = {name: rss_mb(pid) for name, pid in pids.items()}
