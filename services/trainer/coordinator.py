@@ -131,14 +131,17 @@ class CoordinatorSettings(ServiceSettings):
 
 class Membership:
     """Live trainers from the expiring member keys; a key that vanishes without a `left`
-    event is a crash."""
+    event is a crash. At most `left_limit` names of trainers that left are kept between two
+    refreshes (they come from outside): the oldest go first, except those whose key is live
+    (`known`), kept until it vanishes lest a clean leave be reported as a crash."""
 
-    def __init__(self, bus: Bus, job: str, clock: Clock) -> None:
+    def __init__(self, bus: Bus, job: str, clock: Clock, *, left_limit: int = 4096) -> None:
         self.bus = bus
         self.job = job
         self.clock = clock
+        self.left_limit = left_limit
         self.known: set[str] = set()
-        self.left: set[str] = set()
+        self.left: dict[str, None] = {}  # insertion order: the oldest first
 
     async def listen(self, stopping: asyncio.Event) -> None:
         await follow(
@@ -152,8 +155,13 @@ class Membership:
         )
 
     def _on_change(self, envelope: Envelope[TrainerMembership]) -> None:
-        if envelope.data.change == "left":
-            self.left.add(envelope.data.trainer)
+        if envelope.data.change != "left":
+            return
+        self.left[envelope.data.trainer] = None
+        over = len(self.left) - self.left_limit
+        if over > 0:  # the oldest whose key is not live go
+            for trainer in [t for t in self.left if encode_token(t) not in self.known][:over]:
+                del self.left[trainer]
 
     async def refresh(self, members: TypedKV) -> int:
         """Publish `crashed` for trainers whose key expired; returns the live count."""
@@ -164,7 +172,7 @@ class Membership:
         self.known = current
         # A `left` only matters until its key vanishes; one for a key already gone (the
         # trainer joined and left between two refreshes) would otherwise be kept for ever.
-        self.left = {trainer for trainer in self.left if encode_token(trainer) in current}
+        self.left = {trainer: None for trainer in self.left if encode_token(trainer) in current}
         return len(current)
 
     async def _gone(self, token: str) -> None:
@@ -173,7 +181,7 @@ class Membership:
         except ValueError:
             return
         if trainer in self.left:
-            self.left.discard(trainer)
+            del self.left[trainer]
             return
         log.warning("job %s: trainer %s stopped heartbeating: crashed", self.job, trainer)
         with contextlib.suppress(Exception):
@@ -404,8 +412,9 @@ async def _coordinate(
                 log.warning("job %s: lost the coordinator lease; waiting for it", job)
                 if not await _lead(lease, clock, stopping, job):
                     return
-            decision = await coordinator.tick()
+            # first: a tick fails while pservers are away, and `left` must be pruned even then
             coordinator.trainers = await membership.refresh(members)
+            decision = await coordinator.tick()
             if decision.finished:
                 await _finish(coordinator)
                 return

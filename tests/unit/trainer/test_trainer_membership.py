@@ -55,7 +55,7 @@ async def test_trainers_that_left_are_forgotten_once_their_keys_vanish() -> None
         membership._on_change(left(f"late-{wave}"))
         assert len(membership.left) <= 1
     assert await membership.refresh(kv) == 0
-    assert membership.left == set() and membership.known == set()
+    assert not membership.left and membership.known == set()
     assert bus.published == []  # every one of the 2,000 left; none crashed
 
 
@@ -70,3 +70,29 @@ async def test_a_trainer_whose_key_vanishes_without_leaving_is_reported_crashed(
     await membership.refresh(kv)
     assert [(m.trainer, m.change) for m in bus.published] == [("quiet", "crashed")]
     assert encode_token("quiet") not in membership.known
+
+
+async def test_left_names_are_bounded_between_refreshes_oldest_first() -> None:
+    """A flood of `left` for names nobody saw (no refresh meanwhile: the coordinator waits for
+    its lease) keeps at most the limit, the newest ones."""
+    membership = Membership(FakeBus(), JOB, WALL_CLOCK, left_limit=100)  # type: ignore[arg-type]
+    for i in range(10_000):
+        membership._on_change(left(f"flood-{i}"))
+    assert list(membership.left) == [f"flood-{i}" for i in range(9_900, 10_000)]
+
+
+async def test_a_live_trainer_that_left_is_never_evicted_by_a_flood() -> None:
+    """Its key is still there: forgetting its `left` would report it crashed when the key
+    vanishes."""
+    bus, members = FakeBus(), FakeMembers()
+    membership = Membership(bus, JOB, WALL_CLOCK, left_limit=10)  # type: ignore[arg-type]
+    kv: Any = members
+    members.live = {"polite"}
+    await membership.refresh(kv)
+    membership._on_change(left("polite"))
+    for i in range(1_000):
+        membership._on_change(left(f"flood-{i}"))
+    assert list(membership.left) == ["polite", *(f"flood-{i}" for i in range(991, 1_000))]
+    members.live = set()
+    await membership.refresh(kv)
+    assert bus.published == [] and not membership.left
