@@ -20,10 +20,12 @@ async def open_kubernetes(
     namespace: str | Sequence[str] | None = None,
     label_selector: str | None = None,
     resync_seconds: float | None = None,
+    follow: bool = False,
 ) -> KubernetesClusterPort:
     """A port on the cluster of `kubeconfig` (else `$KUBECONFIG`, `~/.kube/config`, in-cluster);
     its `packing_writer()` writes deletion costs and Node extended resources there. It lists
-    and watches `namespace` (one, or several), else the whole cluster."""
+    and watches `namespace` (one, or several), else the whole cluster. `follow`: a service that
+    lists nodes and pods often and never watches keeps them followed, and lists from cache."""
     tuning = WatchTuning(resync_seconds=resync_seconds) if resync_seconds is not None else None
     return await asyncio.to_thread(
         KubernetesClusterPort.from_kubeconfig,
@@ -32,4 +34,5 @@ async def open_kubernetes(
         namespace=namespace,
         label_selector=label_selector,
         tuning=tuning,
+        follow=follow,
     )

@@ -124,6 +124,14 @@ class Informer(Generic[Obj]):
 
     def relist(self, cause: str) -> list[ClusterChange]:
         """Replace the cache with a fresh (paged) list; returns the differences."""
+        fresh, resource_version = self.fetch(cause)
+        changes = diff(self.cache, fresh)
+        self.cache = fresh
+        self.resource_version = resource_version
+        return changes
+
+    def fetch(self, cause: str) -> tuple[dict[str, Obj], str]:
+        """A fresh (paged) list, by key, and its resourceVersion; the cache is left alone."""
         RELISTS.labels(self.resource, cause).inc()
         fresh: dict[str, Obj] = {}
         continue_token = ""
@@ -139,12 +147,7 @@ class Informer(Generic[Obj]):
             metadata = page.get("metadata") or {}
             continue_token = metadata.get("continue") or ""
             if not continue_token:
-                resource_version = str(metadata.get("resourceVersion", ""))
-                break
-        changes = diff(self.cache, fresh)
-        self.cache = fresh
-        self.resource_version = resource_version
-        return changes
+                return fresh, str(metadata.get("resourceVersion", ""))
 
     def apply(self, change_type: str, raw: JsonObject) -> ClusterChange | None:
         """Fold one watch event into the cache; the change to emit, if any."""

@@ -41,6 +41,7 @@ from tideshift.services.cluster.adapters.packing import KubernetesPackingWriter
 from tideshift.services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
 from tideshift.services.cluster.conversions import (
     WORKLOAD_SELECTOR,
+    Obj,
     node_from_object,
     pod_from_object,
     workload_from_object,
@@ -97,6 +98,7 @@ class KubernetesClusterPort:
         conflict_retries: int = 5,
         before_write: Callable[[WorkloadRef, int], None] | None = None,
         event_component: str = "tideshift",
+        follow: bool = False,
     ) -> None:
         self.api_client = api_client
         self.http = KubeHttp(api_client)
@@ -139,6 +141,12 @@ class KubernetesClusterPort:
         self._recent_lock = threading.Lock()
         self._uids: OrderedDict[WorkloadRef, str] = OrderedDict()  # see _record_event
         self.events = EventWriter(self.http, component=event_component)
+        # On for a service that lists nodes and pods often and never watches (the executor,
+        # per scale-down): informers follow them after the first listing (see _listing).
+        self.follow = follow
+        self._following: dict[str, list[threading.Thread]] = {}
+        self._stop_following = threading.Event()
+        self._relisting = asyncio.Lock()
 
     def _workload_informers(self, scopes: list[str | None]) -> list[Informer[Workload]]:
         """One informer per supported kind (and namespace), over objects labelled with a role."""
@@ -173,6 +181,13 @@ class KubernetesClusterPort:
         return cls(api_client, **options)
 
     async def close(self) -> None:
+        if self._following:
+            self._stop_following.set()
+            followed: list[Informer[Any]] = [self.nodes, *self.pods.members]
+            for informer in followed:
+                informer.interrupt()
+            threads = [thread for group in self._following.values() for thread in group]
+            await asyncio.to_thread(_join_all, threads, 5.0)
         await asyncio.to_thread(self.api_client.close)
 
     def packing_writer(self) -> KubernetesPackingWriter:
@@ -182,14 +197,33 @@ class KubernetesClusterPort:
     # -- listing and watching ------------------------------------------------------------
 
     async def list_nodes(self) -> list[Node]:
-        if not self._watching:
-            await asyncio.to_thread(self.nodes.relist, "list")
-        return list(self.nodes.cache.values())
+        return await self._listing([self.nodes])
 
     async def list_pods(self) -> list[Pod]:
-        if not self._watching:
-            await asyncio.to_thread(self.pods.relist, "list")
-        return list(self.pods.cache.values())
+        return await self._listing(self.pods.members)
+
+    async def _listing(self, informers: Sequence[Informer[Obj]]) -> list[Obj]:
+        """These informers' objects as the cluster has them: from their caches while watched
+        or followed; otherwise listed afresh, and followed from then on if the port follows.
+        A followed informer whose watch is down (reconnecting, or not granted) is listed
+        afresh without touching its cache, as if the port did not follow."""
+        resource = informers[0].resource
+        if self._watching or (
+            resource in self._following and all(informer.watching for informer in informers)
+        ):
+            return _cached(informers)
+        if resource in self._following:
+            fetched = await asyncio.to_thread(_fetch_all, informers)
+            return [obj for fresh in fetched for obj in fresh.values()]
+        # One listing at a time writes the caches (and starts their followers once).
+        async with self._relisting:
+            if resource not in self._following:
+                await asyncio.to_thread(_relist_all, informers)
+                if self.follow:
+                    stop = self._stop_following
+                    self._following[resource] = [_started(i, stop) for i in informers]
+                return _cached(informers)
+        return await self._listing(informers)
 
     def unwatched(self) -> list[str]:
         """Resources whose list+watch is down while this port is being watched."""
@@ -245,6 +279,9 @@ class KubernetesClusterPort:
     async def watch(self) -> AsyncIterator[ClusterChange]:
         if self._watching:
             raise RuntimeError("this port is already being watched")
+        if self._following:
+            # Its informers follow without emitting: a watch would miss what they took in.
+            raise RuntimeError("a port that follows its listings is not watched; open another")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[ClusterChange] = asyncio.Queue()
         stop = threading.Event()
@@ -363,6 +400,34 @@ def _classified(target: WorkloadRef, what: str, error: BaseException) -> Excepti
     message = f"{what} {target}: " + (f"HTTP {status} {reason}" if status else str(reason))
     transient = status is None or status in TRANSIENT_STATUSES
     return ClusterError(message, transient=transient, status=status)
+
+
+def _relist_all(informers: Iterable[Informer[Any]]) -> None:
+    for informer in informers:
+        informer.relist("list")
+
+
+def _fetch_all(informers: Iterable[Informer[Obj]]) -> list[dict[str, Obj]]:
+    return [informer.fetch("list")[0] for informer in informers]
+
+
+def _cached(informers: Iterable[Informer[Obj]]) -> list[Obj]:
+    """Every cached object; each cache is copied at once, so an informer's thread writing it
+    meanwhile cannot break the iteration."""
+    return [obj for informer in informers for obj in list(informer.cache.values())]
+
+
+def _unheard(change: ClusterChange) -> None:
+    """A followed informer's changes: only its cache is read."""
+
+
+def _started(informer: Informer[Any], stop: threading.Event) -> threading.Thread:
+    """A thread keeping `informer`'s cache current (it resumes from its last list)."""
+    thread = threading.Thread(
+        target=informer.run, args=(_unheard, stop), name=f"follow-{informer.resource}", daemon=True
+    )
+    thread.start()
+    return thread
 
 
 def _join_all(threads: Iterable[threading.Thread], timeout: float) -> None:
