@@ -20,6 +20,9 @@ LEASES_BUCKET = "tideshift_leases"
 TRAINER_JOBS_BUCKET = "tideshift_trainer_jobs"
 # One expiring key per live trainer of a job.
 TRAINER_MEMBERS_BUCKET = "tideshift_trainer_members"
+# One key per live predictor replica, renewed with a per-key TTL: the workloads are shared
+# among the keys present (`services/predictor/shards.py`).
+PREDICTOR_MEMBERS_BUCKET = "tideshift_predictor_members"
 # Parameter servers' checkpoints (an object store bucket).
 TRAINER_CHECKPOINTS_BUCKET = "tideshift_trainer_checkpoints"
 
@@ -31,4 +34,5 @@ ALL_BUCKETS = (
     TRAINER_JOBS_BUCKET,
     TRAINER_MEMBERS_BUCKET,
     TRAINER_CHECKPOINTS_BUCKET,
+    PREDICTOR_MEMBERS_BUCKET,
 )

@@ -12,6 +12,10 @@ it at once when it runs above what the last plan allowed for.
 When the source is down, slow, or answers with nothing usable, it keeps publishing the last
 good model's forecast marked stale, with its upper quantiles widened the longer the outage
 lasts; it logs once per outage and recovers by itself when data returns.
+With `sharded`, replicas share the workloads: each forecasts (and observes) only those it
+owns among the live members (`membership.py` keeps this replica's key, `shards.py` decides),
+and hands them over as replicas join and leave; it still follows every announcement, so it
+can take a workload over at once.
 This module runs the loops; one workload's queries and events are in `forecaster.py`, what to
 keep, refit and widen is decided in `forecasting.py` (shared with `tideshift simulate`), the
 settings are in `settings.py`.
@@ -37,6 +41,7 @@ from tideshift.services.common.clock import Clock, WallClock, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import parse_settings
 from tideshift.services.predictor.forecaster import WorkloadForecaster, forget_metrics
+from tideshift.services.predictor.membership import Membership
 from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
 from tideshift.services.predictor.sources import MetricSource, PrometheusSource, SimMetricSource
 
@@ -83,25 +88,35 @@ async def run(
     on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None = None,
 ) -> None:
     """The service body: one forecasting loop per workload until `context.stopping`."""
+    membership = Membership(context.bus, settings, context.instance) if settings.sharded else None
     fleet = Fleet(
         settings,
         context,
         clock=clock or WallClock(),
         source=source or build_source(settings),
         on_forecast=on_forecast,
+        membership=membership,
     )
     for spec in settings.workloads:
         fleet.start(spec)
     follower = asyncio.create_task(fleet.follow())
     resyncing = asyncio.create_task(fleet.resync())
+    keeping = (
+        asyncio.create_task(membership.keep(context.stopping, fleet.reconcile))
+        if membership is not None
+        else None
+    )
     try:
         await fleet.bootstrap()
         context.ready.set()
         await context.stopping.wait()
     finally:
-        follower.cancel()
-        resyncing.cancel()
+        for task in (follower, resyncing, keeping):
+            if task is not None:
+                task.cancel()
         await fleet.stop_all()
+        if membership is not None:
+            await membership.leave()
 
 
 def _spec_of(event: WorkloadChanged) -> WorkloadQuery:
@@ -124,6 +139,9 @@ class Fleet:
     clock: Clock
     source: MetricSource
     on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None = None
+    membership: Membership | None = None  # sharded: forecast only the workloads it owns
+    # Every workload to forecast, this replica's or not (sharded: ready to take one over).
+    wanted: dict[WorkloadRef, WorkloadQuery] = field(default_factory=dict)
     loops: dict[WorkloadRef, tuple[WorkloadQuery, asyncio.Task[None]]] = field(default_factory=dict)
     static: set[WorkloadRef] = field(default_factory=set)
     full: bool = False  # the announced-workload cap was reached (logged once per episode)
@@ -134,10 +152,18 @@ class Fleet:
     def _announced_count(self) -> int:
         return len(self.loops) - len(self.static & self.loops.keys())
 
+    def mine(self, ref: WorkloadRef) -> bool:
+        """Whether this replica forecasts `ref` now (always, unless sharded)."""
+        return self.membership is None or self.membership.owns(str(ref))
+
     def start(self, spec: WorkloadQuery, *, announced: bool = False) -> None:
         ref = WorkloadRef(spec.namespace, spec.kind, spec.name)
         if not announced:
             self.static.add(ref)
+        self.wanted[ref] = spec
+        if not self.mine(ref):
+            self._stop(ref, "another replica owns it")
+            return
         running = self.loops.get(ref)
         if running is not None:
             if running[0] == spec:
@@ -163,12 +189,16 @@ class Fleet:
                 context=self.context,
                 interval_s=self.settings.refresh_seconds or self.settings.step_seconds,
                 on_forecast=self.on_forecast,
+                gate=partial(self.mine, ref),
             )
         ]
         if self.settings.observe_seconds > 0:
             loops.append(
                 _observe_loop(
-                    forecaster, context=self.context, interval_s=self.settings.observe_seconds
+                    forecaster,
+                    context=self.context,
+                    interval_s=self.settings.observe_seconds,
+                    gate=partial(self.mine, ref),
                 )
             )
         task = asyncio.create_task(_all(loops))
@@ -186,6 +216,12 @@ class Fleet:
         self.start(_spec_of(event), announced=True)
 
     def remove(self, ref: WorkloadRef) -> None:
+        self.wanted.pop(ref, None)
+        if self.membership is not None:
+            self.membership.shard.forget(str(ref))
+        self._stop(ref, "removed")
+
+    def _stop(self, ref: WorkloadRef, reason: str) -> None:
         running = self.loops.pop(ref, None)
         if running is not None:
             running[1].cancel()
@@ -193,7 +229,14 @@ class Fleet:
             forget_metrics(f"{ref.namespace}/{ref.name}")
             self._release_soon()
             self.full = False
-            log.info("%s: removed; no longer forecast", ref)
+            log.info("%s: %s; no longer forecast here", ref, reason)
+
+    def reconcile(self) -> None:
+        """After a membership round: start the loops of the workloads this replica owns now,
+        stop those it no longer owns (all of them once its authority lapsed)."""
+        for ref, spec in list(self.wanted.items()):
+            if self.mine(ref) != (ref in self.loops):
+                self.start(spec, announced=ref not in self.static)
 
     def _release_soon(self) -> None:
         """Hand the memory of removed workloads back to the OS, once per burst of removals."""
@@ -278,6 +321,7 @@ async def _loop(
     context: ServiceContext,
     interval_s: float,
     on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None,
+    gate: Callable[[], bool],
 ) -> None:
     subject = FORECAST.at(namespace=forecaster.spec.namespace, workload=forecaster.spec.name)
     published = False
@@ -286,7 +330,9 @@ async def _loop(
         started = clock.now()
         try:
             event = await forecaster.tick()
-            if event is not None:
+            # Asked last, just before publishing: a replica that lost its share (or stalled
+            # in the fit) must not publish what another replica now forecasts.
+            if event is not None and gate():
                 await context.bus.publish(subject, event)
                 if not published:
                     published = True
@@ -310,7 +356,11 @@ async def _all(loops: list[Coroutine[Any, Any, None]]) -> None:
 
 
 async def _observe_loop(
-    forecaster: WorkloadForecaster, *, context: ServiceContext, interval_s: float
+    forecaster: WorkloadForecaster,
+    *,
+    context: ServiceContext,
+    interval_s: float,
+    gate: Callable[[], bool],
 ) -> None:
     subject = DEMAND_OBSERVED.at(namespace=forecaster.spec.namespace, workload=forecaster.spec.name)
     clock = forecaster.clock
@@ -318,7 +368,7 @@ async def _observe_loop(
         started = clock.now()
         try:
             event = await forecaster.observe()
-            if event is not None:
+            if event is not None and gate():
                 await context.bus.publish(subject, event)
         except Exception:
             log.exception("%s: observing demand failed", forecaster.label)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from tideshift.events import SNAPSHOT_BUCKET
+from tideshift.events import PREDICTOR_MEMBERS_BUCKET, SNAPSHOT_BUCKET
 from tideshift.services.common.settings import ServiceSettings
 from tideshift.services.predictor.forecasting import (
     REFIT_S,
@@ -122,6 +122,30 @@ class PredictorSettings(ServiceSettings):
         pattern=r"^[A-Za-z0-9_-]+$",
         description="the watcher's snapshot bucket: announced workloads at start",
     )
+    sharded: bool = Field(
+        default=False,
+        description="share the workloads with the other replicas that set it, each workload "
+        "forecast by one live replica (membership in members_bucket); off = this replica "
+        "forecasts every workload. max_announced_workloads then bounds each replica's share",
+    )
+    members_bucket: str = Field(
+        default=PREDICTOR_MEMBERS_BUCKET,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="sharded: NATS KV bucket of the live replicas, one expiring key each",
+    )
+    lease_ttl_seconds: int = Field(
+        default=15,
+        ge=2,
+        le=600,
+        description="sharded: a replica silent this long (whole seconds, wall time) loses "
+        "its workloads to the others; it stops forecasting them lease_refresh_seconds before",
+    )
+    lease_refresh_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="sharded: seconds between renewals of this replica's key; at most a "
+        "third of lease_ttl_seconds",
+    )
     sim_peak_rps: float = Field(default=200.0, ge=0, description="sim source: daily peak")
     sim_trough_rps: float = Field(default=40.0, ge=0, description="sim source: nightly trough")
 
@@ -141,6 +165,15 @@ class PredictorSettings(ServiceSettings):
         limit = MAX_HISTORY_POINTS if info.field_name == "history_seconds" else MAX_HORIZON_POINTS
         if step and value / step > limit:
             raise ValueError(f"expected at most {limit:,} steps of step_seconds ({step:g} s)")
+        return value
+
+    @field_validator("lease_refresh_seconds", mode="after")
+    @classmethod
+    def _renewed_in_time(cls, value: float, info: ValidationInfo) -> float:
+        # Two renewals may fail before the replica gives up its share (see shards.py).
+        ttl = info.data.get("lease_ttl_seconds")
+        if ttl and value > ttl / 3:
+            raise ValueError(f"expected at most lease_ttl_seconds / 3 ({ttl / 3:g} s)")
         return value
 
     @field_validator("model")

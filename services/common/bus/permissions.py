@@ -183,6 +183,8 @@ def _cluster_roles() -> list[Role]:
                 _all(s.DEMAND_OBSERVED),
                 _letters("predictor"),
                 *_kv_read(b.SNAPSHOT_BUCKET),
+                # its membership key (sharded replicas), renewed with a per-key TTL
+                *_kv_write(b.PREDICTOR_MEMBERS_BUCKET),
             ],
             [_all(s.WORKLOAD_CHANGED)],
         ),
