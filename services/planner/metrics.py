@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Hashable, Mapping
 
 import numpy as np
-from prometheus_client import Gauge
+from prometheus_client import Gauge, Histogram
 
 from tideshift.services.planner import policy as pol
 
@@ -36,6 +36,16 @@ DESIRED = Gauge(
     "tideshift_planner_desired_replicas",
     "Replicas the last plan wants (trainers, for a training job)",
     ["namespace", "name", "role"],
+)
+INPUTS_SECONDS = Histogram(
+    "tideshift_planner_inputs_seconds", "Copying the state into a plan's inputs (event loop)"
+)
+INGEST_LAG = Gauge(
+    "tideshift_planner_ingest_lag_seconds",
+    "Age of the last node/pod event when the planner applied it (observed -> applied)",
+)
+CLUSTER_OBJECTS = Gauge(
+    "tideshift_planner_cluster_objects", "Nodes and pods in the planner's view", ["kind"]
 )
 LENT = Gauge(
     "tideshift_planner_lent_cpu_cores",

@@ -2,12 +2,12 @@
 
 The loop:
 * Bootstraps the cluster view from the watcher's KV snapshot, after subscribing to the live
-  node/pod subjects, so nothing between the read and the subscription is lost (for each
-  object the newer observation wins); re-reads its workloads every 2 min, so one whose
-  deletion a flood made the subscription drop is forgotten (`services/planner/snapshot.py`).
-* Plans on the leading edge of every relevant change (a change plans at once; changes during
-  a plan, or within `debounce_seconds` of the last one, are coalesced into the next) and on a
-  tick, with the registry's policy.
+  subjects (for each object the newer observation wins), and re-reads it every 2 min to
+  repair what a burst made the subscriptions drop (`services/planner/snapshot.py`).
+* Keeps up: an event only updates the state; plans run one at a time in a thread, on a copy
+  of their inputs, so the subscriptions drain meanwhile. A forecast, demand reading or
+  workload change plans once the plan in flight ends; node/pod churn plans at most every
+  `cluster_coalesce_seconds` (`PlanTrigger`); and a tick plans, with the registry's policy.
 * Targets: those in its settings plus the workloads the watcher announces (labelled
   `tideshift.io/role`, `WorkloadChanged`); settings win on conflict. Workloads annotated
   `tideshift.io/paused` and targets an operator pinned (KV bucket `tideshift_pins`, written by
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import math
 import sys
@@ -40,6 +39,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -57,12 +57,12 @@ from tideshift.events import (
     BoundSubject,
     Envelope,
     EventData,
-    PlanDecided,
+    NodeChanged,
     PlannerStatus,
+    PodChanged,
     ScaleCommand,
     ScalePin,
 )
-from tideshift.events.models import TargetDecision as EventTargetDecision
 from tideshift.services.common.bus import Bus, TypedKV, follow
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
@@ -71,9 +71,9 @@ from tideshift.services.planner import metrics, snapshot
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
 from tideshift.services.planner.isolation import Quarantine
+from tideshift.services.planner.outputs import idempotency_key, plan_decided, skipped_held
 from tideshift.services.planner.settings import PlannerSettings
-from tideshift.services.planner.state import PlannerState
-from tideshift.services.planner.targets import Held
+from tideshift.services.planner.state import PlannerState, PlanTrigger
 
 log = logging.getLogger("tideshift.planner")
 T = TypeVar("T", bound=EventData)
@@ -91,20 +91,13 @@ PLAN_FAILURES = Counter("tideshift_planner_plan_failures_total", "Plans that rai
 # No plan succeeded this long: the planner is degraded and /readyz says so (a plan runs at
 # least every tick_seconds, 15 s by default, so this is several missed plans).
 PLAN_STALL_SECONDS = 120.0
-KEY_LIMIT = 256  # ScaleCommand.idempotency_key's max_length
 PLAN_ID_LIMIT = 128  # ScaleCommand.plan_id's max_length
 # A status is announced on every change, and again this often (wall seconds): the decision
 # history keeps what was published, and one published before it existed was lost to it.
 REANNOUNCE_S = 60.0
-
-
-def idempotency_key(plan_id: str, target: pol.Target) -> str:
-    """`<plan>:<target>`, or `<plan>:sha256:<digest of target>` when that would not fit:
-    unique per target per plan for the longest legal names too."""
-    key = f"{plan_id}:{target}"
-    if len(key) <= KEY_LIMIT:
-        return key
-    return f"{plan_id}:sha256:{hashlib.sha256(str(target).encode()).hexdigest()}"
+# Cluster events applied this late (seconds after the watcher observed them) mean the planner
+# is behind the cluster: /readyz says so while the last one came within this window.
+INGEST_LAG_LIMIT_S = 30.0
 
 
 @dataclass
@@ -129,8 +122,13 @@ class Planner:
 
     def __post_init__(self) -> None:
         self.state = PlannerState(self.settings.state_config(), started_at=self.clock.now())
-        # Set when an event calls for a plan (the state says which do); the plan loop waits on it.
+        # When a plan is due; `changed` wakes the plan loop to look again.
+        self.trigger = PlanTrigger(
+            self.settings.debounce_seconds, self.settings.cluster_coalesce_seconds
+        )
         self.changed = asyncio.Event()
+        self.lag = 0.0  # seconds the last node/pod event took from the watcher to the state
+        self.lagged_at = -math.inf  # clock time of the last event applied too late
         self.policy: Policy[Any] = make_policy(self.settings.policy)
         self.policy_state: Any = self.policy.initial_state()
         self.sent: dict[pol.Target, tuple[int, float]] = {}
@@ -140,23 +138,28 @@ class Planner:
         self.last_plan_at = self.clock.now()
 
     def readiness(self) -> list[str]:
-        """Why /readyz says 503 beyond the runtime's checks: no plan succeeded for a while."""
-        silent = self.clock.now() - self.last_plan_at
-        if silent <= PLAN_STALL_SECONDS:
-            return []
-        return [f"degraded: no plan succeeded for {silent:.0f} s"]
+        """Why /readyz says 503 beyond the runtime's checks: no plan succeeded for a while, or
+        cluster events arrive late (the planner is behind the cluster)."""
+        now, problems = self.clock.now(), []
+        silent = now - self.last_plan_at
+        if silent > PLAN_STALL_SECONDS:
+            problems.append(f"degraded: no plan succeeded for {silent:.0f} s")
+        if now - self.lagged_at <= INGEST_LAG_LIMIT_S:
+            problems.append(f"behind: cluster events applied {self.lag:.0f} s late")
+        return problems
 
     async def run(self) -> None:
         state = self.state
-        followed: list[tuple[BoundSubject[Any], Callable[[Any, float], bool]]] = [
-            (NODE_CHANGED.filter(), state.apply_node),
-            (POD_CHANGED.filter(), state.apply_pod),
-            (WORKLOAD_CHANGED.filter(), state.apply_workload),
-            (FORECAST.filter(), state.apply_forecast),
-            (DEMAND_OBSERVED.filter(), state.apply_observed),
-            (SCALE_RESULT.filter(), state.apply_result),
+        followed: list[tuple[BoundSubject[Any], Callable[[Any], None]]] = [
+            (NODE_CHANGED.filter(), partial(self._apply_cluster, state.apply_node)),
+            (POD_CHANGED.filter(), partial(self._apply_cluster, state.apply_pod)),
+            (WORKLOAD_CHANGED.filter(), partial(self._apply, state.apply_workload)),
+            (FORECAST.filter(), partial(self._apply, state.apply_forecast)),
+            (DEMAND_OBSERVED.filter(), partial(self._apply, state.apply_observed)),
+            (SCALE_RESULT.filter(), partial(self._apply, state.apply_result)),
         ]
         tasks = [asyncio.create_task(self._follow(subject, apply)) for subject, apply in followed]
+        tasks.append(asyncio.create_task(self._wake_on_stop()))
         lease = await self.bus.lease(
             self.settings.lease_name,
             holder=self.instance,
@@ -175,7 +178,7 @@ class Planner:
                 self.state,
                 clock=self.clock,
                 stopping=self.stopping,
-                changed=self.changed.set,
+                changed=partial(self._wake, urgent=True),
                 interval=self.resync_s,
             )
             tasks.append(asyncio.create_task(resync))
@@ -190,24 +193,47 @@ class Planner:
             await lease.release()
             LEADER.set(0)
 
-    def _apply(self, apply: Callable[[T, float], bool], event: T) -> None:
-        """Fold an event into the state at the clock's time; plan now if it calls for it."""
-        if apply(event, self.clock.now()):
-            self.changed.set()
+    async def _wake_on_stop(self) -> None:
+        await self.stopping.wait()
+        self.changed.set()  # the plan loop waits on it alone
 
-    async def _follow(self, subject: BoundSubject[T], apply: Callable[[T, float], bool]) -> None:
+    def _wake(self, *, urgent: bool) -> None:
+        """A change calls for a plan: the plan loop looks when it is due."""
+        self.trigger.mark(urgent=urgent)
+        self.changed.set()
+
+    def _apply(self, apply: Callable[[T, float], bool], event: T) -> None:
+        """Fold an event into the state at the clock's time; one that calls for a plan has
+        it as soon as the plan in flight ends."""
+        if apply(event, self.clock.now()):
+            self._wake(urgent=True)
+
+    def _apply_cluster(
+        self, apply: Callable[[Any, float], bool], event: NodeChanged | PodChanged
+    ) -> None:
+        """Fold a node/pod event in; it marks the view dirty (plans are coalesced)."""
+        now = self.clock.now()
+        self.lag = max(0.0, now - event.observed_at.timestamp())
+        metrics.INGEST_LAG.set(self.lag)
+        if self.lag > INGEST_LAG_LIMIT_S:
+            self.lagged_at = now
+        if apply(event, now):
+            self._wake(urgent=False)
+
+    async def _follow(self, subject: BoundSubject[T], apply: Callable[[T], None]) -> None:
         """Apply every event on `subject` until stopping; a broken subscription is made again
         with the bus's backoff, and one odd event is counted and skipped."""
 
         def handle(envelope: Envelope[T]) -> None:
             try:
-                self._apply(apply, envelope.data)
+                apply(envelope.data)
             except Exception:
                 SKIPPED.labels(subject.subject.model.__name__).inc()
                 raise  # `follow` logs it and goes on with the next event
 
+        buffer, consumer = self.settings.subscription_buffer, f"planner-{self.instance}"
         await follow(
-            lambda: self.bus.subscribe(subject, consumer=f"planner-{self.instance}"),
+            lambda: self.bus.subscribe(subject, consumer=consumer, buffer=buffer),
             handle,
             clock=self.clock,
             stopping=self.stopping,
@@ -219,7 +245,7 @@ class Planner:
         held = await snapshot.read(self.bus, self.settings.snapshot_bucket)
         if held is not None:  # else no snapshot yet: start from live events only
             loaded = snapshot.bootstrap(self.state, held, self.clock.now())
-            self.changed.set()
+            self._wake(urgent=True)
             log.info("bootstrapped %d objects from %s", loaded, self.settings.snapshot_bucket)
 
     async def _lead(self, lease: Any) -> None:
@@ -236,7 +262,7 @@ class Planner:
                 log.info("planner %s is %s", self.instance, "leader" if leading else "passive")
                 if leading:
                     self.sent.clear()  # re-derive what to send from fresh state
-                    self.changed.set()
+                    self._wake(urgent=True)
                 await self._announce()
             elif WALL_CLOCK.now() - self.announced_at >= REANNOUNCE_S:
                 await self._announce()  # a reader that missed the change still learns the mode
@@ -261,36 +287,27 @@ class Planner:
             await self.bus.publish(PLANNER_STATUS.at(planner=self.instance), status)
 
     async def _plan_loop(self) -> None:
-        settings, clock = self.settings, self.clock
+        """Plan when the trigger says a change is due, or on the tick; one plan at a time,
+        each on the state as it is when it starts (changes meanwhile go into the next)."""
+        clock, trigger = self.clock, self.trigger
         next_tick = clock.now()
-        last_change_plan = -math.inf  # clock time of the last plan a change triggered
         while not self.stopping.is_set():
-            changed = asyncio.ensure_future(self.changed.wait())
-            stop = asyncio.ensure_future(self.stopping.wait())
-            tick = asyncio.ensure_future(clock.sleep(next_tick - clock.now()))
-            done, pending = await asyncio.wait(
-                {changed, stop, tick}, return_when=asyncio.FIRST_COMPLETED
-            )
-            for task in pending:
-                task.cancel()
-            trigger = "change" if changed in done else "tick"
-            if self.stopping.is_set():
-                return
-            if trigger == "change":
-                # Leading edge: a change plans at once. Changes arriving during a plan or within
-                # debounce_seconds of the last change-triggered one are coalesced into the next.
-                hold = last_change_plan + settings.debounce_seconds - clock.now()
-                if hold > 0 and await wait_for_event(clock, self.stopping, hold):
-                    return
-                last_change_plan = clock.now()
-            self.changed.clear()
+            now = clock.now()
+            due = trigger.due_in(now)
+            wait = next_tick - now if due is None else min(due, next_tick - now)
+            if wait > 0:
+                self.changed.clear()  # nothing ran since `due_in`: no change is missed
+                await wait_for_event(clock, self.changed, wait)  # stopping sets it too
+                continue  # look again: something changed, or the wait is over
+            reason = "change" if due is not None and due <= 0 else "tick"
+            trigger.start(now)
             try:
-                await self.plan_once(trigger)
+                await self.plan_once(reason)
             except Exception:  # a failed plan is logged and retried on the next trigger
                 PLAN_FAILURES.inc()
                 log.exception("planning failed")
-            if trigger == "tick" or clock.now() >= next_tick:
-                next_tick = clock.now() + settings.tick_seconds
+            if reason == "tick" or clock.now() >= next_tick:
+                next_tick = clock.now() + self.settings.tick_seconds
 
     async def _pins(self) -> dict[pol.Target, ScalePin]:
         """Operators' pins from the KV bucket; on a read failure, the last ones read."""
@@ -306,12 +323,18 @@ class Planner:
     async def plan_once(self, trigger: str) -> None:
         now = self.clock.now()
         targets = self.state.targets(await self._pins(), now)
+        copying = time.perf_counter()
+        # The inputs are copies (the cluster's arrays, the forecasts' dict), a few ms at
+        # 150,000 pods: events applied while plan() runs in its thread cannot change them.
         inputs = self.state.inputs(now, targets)
-        started = time.perf_counter()
-        decision, self.policy_state, skipped = self.quarantine.plan(
-            self.policy, inputs, self.policy_state, now
+        metrics.INPUTS_SECONDS.observe(time.perf_counter() - copying)
+        metrics.CLUSTER_OBJECTS.labels("node").set(len(inputs.cluster.node_names))
+        metrics.CLUSTER_OBJECTS.labels("pod").set(len(inputs.cluster.pod_node))
+        # Off the event loop, so the subscriptions drain meanwhile; the policy state and the
+        # quarantine are touched by this one plan only (the loop runs one at a time).
+        decision, self.policy_state, skipped = await asyncio.to_thread(
+            self._timed_plan, inputs, self.policy_state, now
         )
-        PLAN_SECONDS.observe(time.perf_counter() - started)
         metrics.record(inputs, decision, now)
         PLANS.labels(trigger).inc()
         self.plans += 1
@@ -337,11 +360,26 @@ class Planner:
         for item in decision.targets:
             if self._differs(item, now):
                 await self._command(item, plan_id, now)
-        kept = [  # a skipped target keeps its last good decision: what it is known to want
-            Held(t, r, inputs.current.get(t, 0), inputs.current.get(t, 0), reason)
-            for t, r, reason in _roles(inputs, skipped)
-        ]
-        await self._publish_plan(decision, targets.held, plan_id, now, kept)
+        plan = plan_decided(
+            decision,
+            policy=self.settings.policy,
+            plan_id=plan_id,
+            now=now,
+            held=targets.held,
+            skipped=skipped_held(inputs, skipped),
+        )
+        with contextlib.suppress(Exception):
+            await self.bus.publish(PLAN_DECIDED.at(policy=self.settings.policy), plan)
+
+    def _timed_plan(
+        self, inputs: pol.PlanInputs, policy_state: Any, now: float
+    ) -> tuple[pol.Decision, Any, dict[pol.Target, str]]:
+        """The policy's plan, timed in its own thread (not the wait for one)."""
+        started = time.perf_counter()
+        try:
+            return self.quarantine.plan(self.policy, inputs, policy_state, now)
+        finally:
+            PLAN_SECONDS.observe(time.perf_counter() - started)
 
     async def _command(self, item: pol.TargetDecision, plan_id: str, now: float) -> None:
         """Publish one target's scale command and remember it as sent; one that cannot be
@@ -369,38 +407,6 @@ class Planner:
         COMMANDS.labels(item.role).inc()
         log.info("scale %s -> %d: %s", item.target, item.desired, item.reason)
 
-    async def _publish_plan(
-        self,
-        decision: pol.Decision,
-        held: Sequence[Held],
-        plan_id: str,
-        now: float,
-        skipped: Sequence[Held] = (),
-    ) -> None:
-        """The `PlanDecided`: pinned, paused and skipped targets beside the planned ones, with
-        why; skipped ones are marked so (the executor records a Warning Event on each)."""
-        shown: list[pol.TargetDecision | Held] = [*decision.targets, *held, *skipped]
-        marked = {item.target for item in skipped}
-        plan = PlanDecided(
-            plan_id=plan_id,
-            policy=self.settings.policy,
-            decided_at=datetime.fromtimestamp(now, UTC),
-            targets=tuple(
-                EventTargetDecision(
-                    target=item.target,
-                    current=max(item.current, 0),
-                    desired=item.desired,
-                    reason=item.reason,
-                    skipped=item.target in marked,
-                    headroom=getattr(item, "headroom", None),
-                )
-                for item in shown
-            ),
-            infeasible=tuple(f"{item.target}: {item.reason}" for item in decision.infeasible),
-        )
-        with contextlib.suppress(Exception):
-            await self.bus.publish(PLAN_DECIDED.at(policy=self.settings.policy), plan)
-
     def _differs(self, item: pol.TargetDecision, now: float) -> bool:
         """A real difference: not what the target wants already, nor what we just sent."""
         sent = self.sent.get(item.target)
@@ -409,15 +415,6 @@ class Planner:
             confirmed = self.state.confirmed.get(item.target) == item.desired
             return not confirmed and now - sent[1] >= self.settings.resend_seconds
         return item.desired != item.current
-
-
-def _roles(
-    inputs: pol.PlanInputs, skipped: dict[pol.Target, str]
-) -> list[tuple[pol.Target, pol.Role, str]]:
-    """The skipped targets with their roles, in the inputs' order."""
-    roles: list[tuple[pol.Target, pol.Role]] = [(w.target, "serving") for w in inputs.serving]
-    roles += [(j.target, "training") for j in inputs.jobs]
-    return [(target, role, skipped[target]) for target, role in roles if target in skipped]
 
 
 async def serve(context: ServiceContext, *, clock: Clock = WALL_CLOCK) -> None:

@@ -135,6 +135,19 @@ class PlannerSettings(ServiceSettings):
         ge=0,
         description="least time between change-triggered plans; 0: plan as soon as one ends",
     )
+    cluster_coalesce_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="node/pod churn alone plans at most this often (forecasts, demand and "
+        "workload changes plan as soon as the plan in flight ends)",
+    )
+    subscription_buffer: int = Field(
+        default=65_536,
+        ge=1024,
+        le=1_048_576,
+        description="events each subscription holds while the planner catches up; beyond "
+        "it NATS drops them and the snapshot resync repairs the view",
+    )
     pins_bucket: str = Field(default=PINS_BUCKET, pattern=r"^[A-Za-z0-9_-]+$")
     lease_name: str = Field(default="planner", pattern=r"^[A-Za-z0-9_-]+$")
     lease_ttl_seconds: float = Field(default=15.0, gt=0, description="leadership lease TTL")

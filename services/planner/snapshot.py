@@ -1,5 +1,6 @@
 """The planner's reads of the watcher's KV snapshot: once at start (the bootstrap), then every
-RESYNC_S to heal what the live subscriptions lost (`PlannerState.resync_workloads`)."""
+RESYNC_S to heal what the live subscriptions lost (`PlannerState.resync_workloads` and
+`resync_cluster`)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,20 @@ log = logging.getLogger("tideshift.planner")
 SKIPPED = Counter(
     "tideshift_planner_snapshot_skipped_total", "Snapshot entries skipped: unreadable or odd"
 )
+REPAIRED = Counter(
+    "tideshift_planner_resync_repaired_total",
+    "Nodes and pods the live events had left wrong (lost events) that a resync repaired",
+    ["kind"],
+)
 # Like the predictor's resync: a workload whose deletion was lost is dropped within two
 # periods, and a read of the whole snapshot (155,700 keys: seconds) stays rare.
 RESYNC_S = 120.0
-RETRY_S = 10.0  # a failed read (a busy server) is tried again this soon, not a period later
+# A failed read (a busy server) is tried again this soon, not a period later; so is one that
+# found holes in the view, to confirm the deletions only a second read may make.
+RETRY_S = 10.0
+# Entries parsed between yields to the event loop: a whole read (155,700 entries, seconds of
+# parsing) must not stall the live subscriptions, whose buffers would overflow meanwhile.
+PARSE_BATCH = 1000
 
 
 @dataclass
@@ -47,7 +58,9 @@ async def read(bus: Bus, bucket: str) -> Snapshot | None:
         log.warning("no cluster snapshot in %s: %s", bucket, error)
         return None
     held = Snapshot()
-    for key, value in values.items():
+    for index, (key, value) in enumerate(values.items()):
+        if index % PARSE_BATCH == PARSE_BATCH - 1:
+            await asyncio.sleep(0)
         try:
             if key.startswith("node."):
                 held.nodes.append(NodeChanged.model_validate_json(value))
@@ -93,18 +106,26 @@ async def resync(
     changed: Callable[[], None],
     interval: float = RESYNC_S,
 ) -> None:
-    """Every `interval` until stopping, the announced workloads become the snapshot's; calls
-    `changed` when that calls for a plan. Nodes and pods are not re-applied: that would
-    refresh the cluster view's last event and hide a silent watcher."""
+    """Every `interval` until stopping, the announced workloads, nodes and pods become the
+    snapshot's; calls `changed` when that calls for a plan."""
     wait = interval
     while not await wait_for_event(clock, stopping, wait):
+        read_at = clock.now()
         held = await read(bus, bucket)
         wait = interval if held is not None else min(interval, RETRY_S)
         if held is None:
             continue
         try:
-            if state.resync_workloads(held.workloads, clock.now()):
-                changed()
+            workloads = state.resync_workloads(held.workloads, clock.now())
+            repaired = state.resync_cluster(held.nodes, held.pods, read_at, clock.now())
         except Exception:  # logged; the next period tries again
             SKIPPED.inc()
             log.exception("resync with %s failed", bucket)
+            continue
+        for kind, count in repaired.items():
+            REPAIRED.labels(kind).inc(count)
+        if any(repaired.values()):
+            log.warning("resync repaired %s: live events were lost", repaired)
+            wait = min(interval, RETRY_S)
+        if workloads or any(repaired.values()):
+            changed()

@@ -4,6 +4,7 @@ argument; imports no asyncio, nats, kubernetes or services.common, and reads no 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -69,6 +70,42 @@ class StateConfig:
     cluster_silence_s: float  # no node or pod event this long: the cluster view is stale
 
 
+@dataclass
+class PlanTrigger:
+    """When the next plan is due, so that a burst of events costs one more plan, not one per
+    event. Urgent changes (forecasts, observed demand, workloads) plan as soon as the plan in
+    flight ends (and `debounce_s` after the last one began); cluster churn (nodes, pods) only
+    marks the view dirty and plans at most every `cluster_s`: at 1,000 pod events/s a plan
+    per event would keep a core busy and make a forecast wait behind a queue of them."""
+
+    debounce_s: float
+    cluster_s: float
+    urgent: bool = False
+    dirty: bool = False
+    last_start: float = -math.inf  # when the last plan began
+
+    def mark(self, *, urgent: bool) -> None:
+        if urgent:
+            self.urgent = True
+        else:
+            self.dirty = True
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until a change plan is due (0: now); None when nothing changed."""
+        if self.urgent:
+            hold = self.debounce_s
+        elif self.dirty:
+            hold = max(self.debounce_s, self.cluster_s)
+        else:
+            return None
+        return max(0.0, self.last_start + hold - now)
+
+    def start(self, now: float) -> None:
+        """A plan begins at `now` on the latest state: what changed so far is in it."""
+        self.urgent = self.dirty = False
+        self.last_start = now
+
+
 def forecast_of(event: ForecastIssued) -> pol.Forecast:
     """The policy's view of a forecast event."""
     times = tuple(point.at.timestamp() for point in event.points)
@@ -108,6 +145,10 @@ class PlannerState:
     deleted_pods: dict[tuple[str, str], None] = field(default_factory=dict)
     # Announced workloads the last snapshot read lacked (see `resync_workloads`).
     snapshot_absent: set[pol.Target] = field(default_factory=set)
+    # Nodes and pods the last snapshot read lacked, and when that read began.
+    nodes_absent: set[str] = field(default_factory=set)
+    pods_absent: set[tuple[str, str]] = field(default_factory=set)
+    absent_since: datetime | None = None
     # Unix seconds of the last node or pod event (from the start until the first one).
     last_cluster_event: float = field(init=False)
     companion_markers: dict[pol.Target, tuple[str, ...]] = field(init=False)
@@ -126,9 +167,7 @@ class PlannerState:
         self.node_seen.pop(event.name, None)  # re-inserted last: the dict is oldest first
         self.node_seen[event.name] = event.observed_at
         if event.change == "deleted":
-            self.table.remove_node(event.name)
-            self.deleted_nodes[event.name] = None
-            _trim(self.deleted_nodes, DELETED_NODES_LIMIT, self.node_seen)
+            self._node_deleted(event.name)
         else:
             self.deleted_nodes.pop(event.name, None)
             amount = event.allocatable
@@ -161,8 +200,7 @@ class PlannerState:
                 replica=not self._is_companion(event),
             )
         if event.change == "deleted":
-            self.deleted_pods[key] = None
-            _trim(self.deleted_pods, DELETED_PODS_LIMIT, self.pod_seen)
+            self._pod_deleted(key)
         else:
             self.deleted_pods.pop(key, None)
         self.last_cluster_event = now
@@ -209,6 +247,71 @@ class PlannerState:
             changed = self.apply_workload(gone, now) or changed
         self.snapshot_absent = missing - self.snapshot_absent
         return changed
+
+    def resync_cluster(
+        self, nodes: Sequence[NodeChanged], pods: Sequence[PodChanged], read_at: float, now: float
+    ) -> dict[str, int]:
+        """Heal the node/pod view with the watcher's snapshot (read whole, from `read_at`); how
+        many of each kind it repaired. Live events lost to a burst leave holes: an entry newer
+        than what was applied applies like a live event, and an object absent from this and
+        the previous read gets a deletion stamped with the previous read's start (one absence
+        is not enough: an object may be announced before its snapshot write lands), so an
+        observation newer than that still wins, as does any older deletion over an add. The
+        cluster's last event stays: a resync must not hide a silent watcher."""
+        last_event = self.last_cluster_event
+        repaired = {"node": 0, "pod": 0}
+        for node in nodes:
+            seen = self.node_seen.get(node.name)
+            if (seen is None or seen < node.observed_at) and self.apply_node(node, now):
+                repaired["node"] += 1
+        for pod in pods:
+            seen = self.pod_seen.get((pod.namespace, pod.name))
+            if (seen is None or seen < pod.observed_at) and self.apply_pod(pod, now):
+                repaired["pod"] += 1
+        missing_nodes = self.node_seen.keys() - self.deleted_nodes.keys() - {n.name for n in nodes}
+        missing_pods = (
+            self.pod_seen.keys() - self.deleted_pods.keys() - {(p.namespace, p.name) for p in pods}
+        )
+        since = self.absent_since
+        if since is not None:
+            for name in sorted(missing_nodes & self.nodes_absent):
+                repaired["node"] += self._forget_node(name, since)
+            for key in sorted(missing_pods & self.pods_absent):
+                repaired["pod"] += self._forget_pod(key, since)
+        self.nodes_absent, self.pods_absent = missing_nodes, missing_pods
+        self.absent_since = datetime.fromtimestamp(read_at, UTC)
+        self.last_cluster_event = last_event
+        return repaired
+
+    def _forget_node(self, name: str, at: datetime) -> bool:
+        """A deletion of `name` observed `at`, unless something newer was applied."""
+        seen = self.node_seen.get(name)
+        if seen is not None and seen > at:
+            return False
+        self.node_seen.pop(name, None)
+        self.node_seen[name] = at
+        self._node_deleted(name)
+        return True
+
+    def _node_deleted(self, name: str) -> None:
+        self.table.remove_node(name)
+        self.deleted_nodes[name] = None
+        _trim(self.deleted_nodes, DELETED_NODES_LIMIT, self.node_seen)
+
+    def _forget_pod(self, key: tuple[str, str], at: datetime) -> bool:
+        """A deletion of the pod `key` observed `at`, unless something newer was applied."""
+        seen = self.pod_seen.get(key)
+        if seen is not None and seen > at:
+            return False
+        self.pod_seen.pop(key, None)
+        self.pod_seen[key] = at
+        self.table.remove_pod(key)
+        self._pod_deleted(key)
+        return True
+
+    def _pod_deleted(self, key: tuple[str, str]) -> None:
+        self.deleted_pods[key] = None
+        _trim(self.deleted_pods, DELETED_PODS_LIMIT, self.pod_seen)
 
     def apply_forecast(self, event: ForecastIssued, now: float) -> bool:
         forecast = forecast_of(event)

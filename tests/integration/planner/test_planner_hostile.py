@@ -37,7 +37,7 @@ from tideshift.events import (
 from tideshift.events.models import ServingPolicy, TrainingPolicy
 from tideshift.services.common.bus import Bus
 from tideshift.services.executor.scale_cli import pin
-from tideshift.services.planner import service
+from tideshift.services.planner import outputs, service
 from tideshift.services.planner.settings import ServingTarget
 from tideshift.services.watcher.snapshot import workload_key
 
@@ -114,7 +114,7 @@ async def test_the_longest_legal_names_work_through_every_subject_and_key(
 
         await eventually(lambda: any(c.desired >= 9 for c in sent()))  # 900 req/s / 100
         command = sent()[-1]
-        assert len(command.idempotency_key) <= service.KEY_LIMIT
+        assert len(command.idempotency_key) <= outputs.KEY_LIMIT
         assert len(command.plan_id) <= service.PLAN_ID_LIMIT
 
         def held_job() -> bool:

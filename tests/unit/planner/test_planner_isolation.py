@@ -12,7 +12,7 @@ from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import make_policy
 from tideshift.services.planner.inputs import ClusterTable, plan_inputs
 from tideshift.services.planner.isolation import Quarantine
-from tideshift.services.planner.service import KEY_LIMIT, idempotency_key
+from tideshift.services.planner.outputs import KEY_LIMIT, idempotency_key
 
 NOW = 1_000_000.0
 

@@ -1,0 +1,49 @@
+"""When the planner plans (`PlanTrigger`): urgent changes as soon as the plan in flight ends,
+cluster churn coalesced into at most one plan per `cluster_s`, a burst costs one more plan.
+Time is an argument: no clock."""
+
+from __future__ import annotations
+
+from tideshift.services.planner.state import PlanTrigger
+
+NOW = 1000.0
+
+
+def test_nothing_changed_nothing_is_due() -> None:
+    assert PlanTrigger(debounce_s=0.0, cluster_s=1.0).due_in(NOW) is None
+
+
+def test_an_urgent_change_is_due_at_once_after_any_plan() -> None:
+    trigger = PlanTrigger(debounce_s=0.0, cluster_s=1.0)
+    trigger.start(NOW)
+    trigger.mark(urgent=True)
+    assert trigger.due_in(NOW + 0.01) == 0.0
+
+
+def test_cluster_churn_waits_for_the_coalescing_window_from_the_last_plan() -> None:
+    trigger = PlanTrigger(debounce_s=0.0, cluster_s=1.0)
+    trigger.start(NOW)
+    trigger.mark(urgent=False)
+    assert trigger.due_in(NOW + 0.25) == 0.75
+    assert trigger.due_in(NOW + 2.0) == 0.0  # a plan longer than the window: next at once
+
+
+def test_a_burst_of_churn_makes_one_plan_and_a_forecast_cuts_the_wait() -> None:
+    trigger = PlanTrigger(debounce_s=0.0, cluster_s=1.0)
+    trigger.start(NOW)
+    for _ in range(5000):
+        trigger.mark(urgent=False)
+    assert trigger.due_in(NOW + 0.5) == 0.5
+    trigger.mark(urgent=True)
+    assert trigger.due_in(NOW + 0.5) == 0.0
+    trigger.start(NOW + 0.5)  # that plan takes in the whole burst
+    assert trigger.due_in(NOW + 0.6) is None
+
+
+def test_debounce_spaces_even_urgent_plans() -> None:
+    trigger = PlanTrigger(debounce_s=2.0, cluster_s=1.0)
+    trigger.start(NOW)
+    trigger.mark(urgent=True)
+    assert trigger.due_in(NOW + 0.5) == 1.5
+    trigger.mark(urgent=False)
+    assert trigger.due_in(NOW + 0.5) == 1.5
