@@ -40,9 +40,10 @@ DESIRED = Gauge(
 INPUTS_SECONDS = Histogram(
     "tideshift_planner_inputs_seconds", "Copying the state into a plan's inputs (event loop)"
 )
-INGEST_LAG = Gauge(
+INGEST_LAG = Histogram(
     "tideshift_planner_ingest_lag_seconds",
-    "Age of the last node/pod event when the planner applied it (observed -> applied)",
+    "Age of each node/pod event when the planner applied it (watcher observed -> applied)",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
 CLUSTER_OBJECTS = Gauge(
     "tideshift_planner_cluster_objects", "Nodes and pods in the planner's view", ["kind"]

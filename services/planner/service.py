@@ -127,7 +127,7 @@ class Planner:
             self.settings.debounce_seconds, self.settings.cluster_coalesce_seconds
         )
         self.changed = asyncio.Event()
-        self.lag = 0.0  # seconds the last node/pod event took from the watcher to the state
+        self.late_by = 0.0  # how late (seconds) the last event applied too late was
         self.lagged_at = -math.inf  # clock time of the last event applied too late
         self.policy: Policy[Any] = make_policy(self.settings.policy)
         self.policy_state: Any = self.policy.initial_state()
@@ -145,7 +145,7 @@ class Planner:
         if silent > PLAN_STALL_SECONDS:
             problems.append(f"degraded: no plan succeeded for {silent:.0f} s")
         if now - self.lagged_at <= INGEST_LAG_LIMIT_S:
-            problems.append(f"behind: cluster events applied {self.lag:.0f} s late")
+            problems.append(f"behind: cluster events applied {self.late_by:.0f} s late")
         return problems
 
     async def run(self) -> None:
@@ -213,10 +213,10 @@ class Planner:
     ) -> None:
         """Fold a node/pod event in; it marks the view dirty (plans are coalesced)."""
         now = self.clock.now()
-        self.lag = max(0.0, now - event.observed_at.timestamp())
-        metrics.INGEST_LAG.set(self.lag)
-        if self.lag > INGEST_LAG_LIMIT_S:
-            self.lagged_at = now
+        lag = max(0.0, now - event.observed_at.timestamp())
+        metrics.INGEST_LAG.observe(lag)
+        if lag > INGEST_LAG_LIMIT_S:
+            self.late_by, self.lagged_at = lag, now
         if apply(event, now):
             self._wake(urgent=False)
 

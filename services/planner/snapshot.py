@@ -117,7 +117,12 @@ async def resync(
             continue
         try:
             workloads = state.resync_workloads(held.workloads, clock.now())
-            repaired = state.resync_cluster(held.nodes, held.pods, read_at, clock.now())
+            # No node or pod at all: no watcher wrote it, the live view is all there is.
+            repaired = (
+                state.resync_cluster(held.nodes, held.pods, read_at, clock.now())
+                if held.nodes or held.pods
+                else {}
+            )
         except Exception:  # logged; the next period tries again
             SKIPPED.inc()
             log.exception("resync with %s failed", bucket)

@@ -450,13 +450,15 @@ class Sampler:
             await asyncio.sleep(1.0)
 
 
-def plan_histogram(metrics_text: str) -> dict[str, float]:
-    """plan() alone, from the planner's histogram: count, mean, share <= 100 ms, p50/p99 as
-    the upper bound of the bucket they fall in."""
+def plan_histogram(
+    metrics_text: str, name: str = "tideshift_planner_plan_seconds"
+) -> dict[str, float]:
+    """A planner histogram (by default plan() alone): count, mean, share <= 100 ms, p50/p99
+    as the upper bound of the bucket they fall in."""
     buckets: list[tuple[float, float]] = []
     total = count = 0.0
     for family in text_string_to_metric_families(metrics_text):
-        if family.name != "tideshift_planner_plan_seconds":
+        if family.name != name:
             continue
         for sample in family.samples:
             if sample.name.endswith("_bucket"):
@@ -477,7 +479,38 @@ def plan_histogram(metrics_text: str) -> dict[str, float]:
         "within_100ms": under / count if count else 0.0,
         "p50_le": bound(0.5),
         "p99_le": bound(0.99),
+        "max_le": bound(1.0),
     }
+
+
+def planner_samples(metrics_text: str, name: str) -> dict[str, float]:
+    """A planner metric's samples by their `kind` label (counters and gauges)."""
+    return {
+        sample.labels.get("kind", ""): sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        if family.name == name
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    }
+
+
+async def planner_view(
+    health: int, size: Size, churn_events: int
+) -> tuple[dict[str, float], float]:
+    """The planner's view (nodes and pods in its last plan) once it equals the truth, and
+    how long after the churn that took; the last view and inf if not within WAIT_S."""
+    # The churn creates, schedules and deletes pod k at steps 3k, 3k+1, 3k+2: an unfinished
+    # triple leaves one more pod.
+    truth = {"node": float(size.nodes), "pod": float(size.pods + (churn_events % 3 != 0))}
+    started = time.perf_counter()
+    while True:
+        text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{health}/metrics")
+        view = planner_samples(text, "tideshift_planner_cluster_objects")
+        if view == truth:
+            return view, time.perf_counter() - started
+        if time.perf_counter() - started > WAIT_S:
+            return view, math.inf
+        await asyncio.sleep(0.5)
 
 
 @dataclass
@@ -496,8 +529,13 @@ class Result:
     planner_start_s: float = 0.0
     missed: int = 0  # forecast jumps without a command within WAIT_S
     # Events the planner's subscriptions dropped (nats-py logs each one as a slow consumer):
-    # the planner's view of the cluster misses them.
+    # the planner's view of the cluster misses them until a resync repairs it.
     dropped: int = 0
+    ingest: dict[str, float] = field(default_factory=dict)  # event observed -> applied
+    inputs: dict[str, float] = field(default_factory=dict)  # copying a plan's inputs
+    view: dict[str, float] = field(default_factory=dict)  # nodes and pods the planner sees
+    view_after_s: float = math.inf  # churn end -> its view equals the truth
+    repaired: dict[str, float] = field(default_factory=dict)  # by the snapshot resync
 
 
 def start_planner(nats_url: str, health: int, log: Path) -> Any:
@@ -581,9 +619,14 @@ async def measure(size: Size, args: argparse.Namespace, work: Path) -> Result:
         await run_phases(size, args, bus, observed, generator, result)
         result.generator = json.loads(await read_line(generator, "GEN churn", 600))
         await generator.wait()
+        events = int(result.generator.get("events", 0))
+        result.view, result.view_after_s = await planner_view(health, size, events)
         await asyncio.to_thread(sampler.sample)
         metrics_text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{health}/metrics")
         result.histogram = plan_histogram(metrics_text)
+        result.ingest = plan_histogram(metrics_text, "tideshift_planner_ingest_lag_seconds")
+        result.inputs = plan_histogram(metrics_text, "tideshift_planner_inputs_seconds")
+        result.repaired = planner_samples(metrics_text, "tideshift_planner_resync_repaired_total")
         result.planner_cpu = cpu_seconds(planner.pid)
         result.rss, result.backlog_bytes = dict(sampler.peak), sampler.backlog_bytes
         result.slow_consumers = sampler.slow_consumers
@@ -674,6 +717,23 @@ def report(result: Result) -> None:
     print(
         f"   planner kept up: {'yes' if result.dropped == 0 else 'NO'}: its subscriptions "
         f"dropped {result.dropped:,} of {total:,.0f} cluster events (slow consumer)"
+    )
+    ingest = result.ingest
+    print(
+        f"   planner ingest lag (watcher observed -> applied, {ingest.get('count', 0):,.0f} "
+        f"events): mean {ingest.get('mean', 0) * 1000:.1f} ms, p50 <= "
+        f"{ingest.get('p50_le', 0) * 1000:.0f} ms, p99 <= {ingest.get('p99_le', 0) * 1000:.0f} ms, "
+        f"max <= {ingest.get('max_le', 0) * 1000:.0f} ms"
+    )
+    print(
+        f"   planner's view after the churn: {result.view} (truth: {size.nodes:,} nodes, "
+        f"{size.pods:,} pods, and churn pods left), equal after {result.view_after_s:.1f}s; "
+        f"repaired by the snapshot resync: {result.repaired or 'none'}"
+    )
+    print(
+        f"   copying a plan's inputs (event loop): mean "
+        f"{result.inputs.get('mean', 0) * 1000:.1f} ms, p99 <= "
+        f"{result.inputs.get('p99_le', 0) * 1000:.0f} ms"
     )
     print(
         f"   planner's backlog in nats-server: peak {result.backlog_bytes:,} bytes; "
