@@ -37,10 +37,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import linecache
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -285,10 +289,31 @@ def report(rows: list[Row]) -> None:
             print(f"  {row.service}: {note}")
 
 
+# `--tracemalloc`: imported by the planner and predictor at start (PYTHONPATH), it traces
+# allocations and dumps a snapshot on each SIGUSR1 (renamed into place once written).
+TRACE_HOOK = """
+import os, signal, tracemalloc
+_out = os.environ.get("SOAK_TRACEMALLOC")
+if _out:
+    tracemalloc.start(8)
+    def _dump(signum, frame):
+        path = f"{_out}/{os.getpid()}-{len(os.listdir(_out))}.snap"
+        tracemalloc.take_snapshot().dump(path + ".part")
+        os.rename(path + ".part", path)
+    signal.signal(signal.SIGUSR1, _dump)
+"""
+
+
 def start(
-    name: str, nats_url: str, logs: Path, extra: list[str]
+    name: str, nats_url: str, logs: Path, extra: list[str], *, traced: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port("127.0.0.1")
+    env = dict(os.environ)
+    if traced is not None:
+        (traced / "hook").mkdir(exist_ok=True)
+        (traced / "hook" / "sitecustomize.py").write_text(TRACE_HOOK)
+        (traced / name).mkdir()
+        env |= {"PYTHONPATH": str(traced / "hook"), "SOAK_TRACEMALLOC": str(traced / name)}
     with (logs / f"{name}.log").open("ab") as log:
         process = subprocess.Popen(
             [
@@ -308,8 +333,37 @@ def start(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
+            env=env,
         )
     return process, port
+
+
+async def snapshot(process: subprocess.Popen[bytes], directory: Path, index: int) -> Path:
+    """The `index`th tracemalloc snapshot of a `--tracemalloc` service (600 s at most)."""
+    wanted = directory / f"{process.pid}-{index}.snap"
+    process.send_signal(signal.SIGUSR1)
+    if not await wait_until(wanted.exists, timeout_s=600):
+        raise SystemExit(f"no tracemalloc snapshot {wanted}")
+    return wanted
+
+
+def growth(before: Path, after: Path, top: int = 12) -> list[str]:
+    """The allocation sites (8 frames) that grew most between two snapshots."""
+    hide = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    old = tracemalloc.Snapshot.load(str(before)).filter_traces(hide)
+    new = tracemalloc.Snapshot.load(str(after)).filter_traces(hide)
+    total = sum(s.size_diff for s in new.compare_to(old, "filename"))
+    lines = [f"tracemalloc: {total / 1e6:+.1f} MB traced in all; the largest growths:"]
+    for stat in new.compare_to(old, "traceback")[:top]:
+        lines.append(f"{stat.size_diff / 1e6:+.2f} MB in {stat.count_diff:+,} blocks, at")
+        frames = list(stat.traceback)[::-1]  # the most recent first
+        ours = [
+            f for f in frames if f.filename.startswith(str(ROOT)) and "/.venv/" not in f.filename
+        ]
+        for frame in [*frames[:3], *(ours[:2] if ours[:1] != frames[:1] else [])]:
+            source = linecache.getline(frame.filename, frame.lineno).strip()
+            lines.append(f"      {frame.filename}:{frame.lineno}: {source}")
+    return lines
 
 
 Started = dict[str, tuple[subprocess.Popen[bytes], int]]
@@ -374,15 +428,24 @@ async def publish_each(
 
 
 async def soak_bus_services(args: argparse.Namespace, nats_url: str, logs: Path) -> list[Row]:
+    traced = logs / "tracemalloc" if args.tracemalloc else None
+    if traced is not None:
+        traced.mkdir()
     processes = {
-        "planner": start("planner", nats_url, logs, ["--instance", "soak"]),
+        "planner": start("planner", nats_url, logs, ["--instance", "soak"], traced=traced),
         "predictor": start(
-            "predictor", nats_url, logs, ["--metric-source", "sim", "--model", "tidal"]
+            "predictor",
+            nats_url,
+            logs,
+            ["--metric-source", "sim", "--model", "tidal"],
+            traced=traced,
         ),
     }
     rows: list[Row] = []
     try:
-        sampler = Sampler(await until_ready(processes, logs))
+        pids = await until_ready(processes, logs)
+        firsts = await snapshots(processes, traced, 0)
+        sampler = Sampler(pids)
         sent = await flood(nats_url, args.names, args.budget, args.only)
         port = processes["predictor"][1]
         took = await caught_up(port, args.settle)
@@ -396,9 +459,22 @@ async def soak_bus_services(args: argparse.Namespace, nats_url: str, logs: Path)
             f"{at_cap} announcements skipped at the cap; {left} workloads forecast "
             f"{took:.0f} s after the flood (at most --settle {args.settle:g})"
         )
+        lasts = await snapshots(processes, traced, 1)
+        for row in rows if firsts else ():
+            row.notes += await asyncio.to_thread(growth, firsts[row.service], lasts[row.service])
     finally:
         stop_all(processes, rows)
     return rows
+
+
+async def snapshots(processes: Started, traced: Path | None, index: int) -> dict[str, Path]:
+    """A tracemalloc snapshot of each service, with `--tracemalloc` (else none)."""
+    if traced is None:
+        return {}
+    return {
+        name: await snapshot(process, traced / name, index)
+        for name, (process, _) in processes.items()
+    }
 
 
 # -- executor --------------------------------------------------------------------------------
@@ -729,6 +805,12 @@ def main() -> None:
     parser.add_argument("--only", default="", help="planner: flood only the subjects with this")
     parser.add_argument(
         "--objects", type=int, default=5000, help="executor: unlabelled StatefulSets to create"
+    )
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="planner and predictor: trace their allocations and print what grew "
+        "(slower; their RSS then includes tracemalloc's own)",
     )
     parser.add_argument("--services", default=",".join(SOAKS), help="comma-separated, in order")
     parser.add_argument("--watcher-child", metavar="NATS_URL", help=argparse.SUPPRESS)

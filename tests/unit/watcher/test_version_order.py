@@ -57,3 +57,17 @@ def test_tombstones_of_many_distinct_names_stay_bounded() -> None:
     assert len(order.tombstones) == 1000 and order.live == {}
     # The most recent deletions are the ones remembered.
     assert not order.admit("pod.ns.name-99999", "added", "5")
+
+
+def test_a_flood_of_deletions_never_forgets_a_live_object() -> None:
+    """Only tombstones are bounded, the oldest first; a live object's version stays, so an
+    older change of it is still dropped after the flood."""
+    order = VersionOrder(tombstone_limit=10)
+    assert order.admit("pod.ns.live", "added", "5")
+    for index in range(1000):
+        key = f"pod.ns.gone-{index}"
+        order.admit(key, "added", str(10 + 2 * index))
+        order.admit(key, "deleted", str(11 + 2 * index))
+    assert order.live == {"pod.ns.live": 5}
+    assert list(order.tombstones) == [f"pod.ns.gone-{index}" for index in range(990, 1000)]
+    assert not order.admit("pod.ns.live", "modified", "4")
