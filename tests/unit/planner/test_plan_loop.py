@@ -8,7 +8,7 @@ import asyncio
 from datetime import UTC, datetime
 
 from tideshift.events import ForecastIssued, ForecastPoint, PodChanged, Resources, WorkloadRef
-from tideshift.services.planner.service import Planner
+from tideshift.services.planner.service import INGEST_LAG_LIMIT_S, Planner
 from tideshift.services.planner.settings import PlannerSettings
 
 TIMEOUT_S = 30.0
@@ -106,3 +106,14 @@ async def test_a_forecast_does_not_wait_behind_the_churn_window() -> None:
         loop_planner.stopping.set()
         loop_planner.changed.set()
         await asyncio.wait_for(task, TIMEOUT_S)
+
+
+def test_readiness_says_behind_while_cluster_events_arrive_late() -> None:
+    late_planner = planner(coalesce_s=1.0)
+    assert late_planner.readiness() == []
+    late = pod(0).model_copy(update={"observed_at": datetime.fromtimestamp(0, UTC)})
+    late_planner._apply_cluster(late_planner.state.apply_pod, late)
+    assert [r for r in late_planner.readiness() if r.startswith("behind:")]
+    late_planner._apply_cluster(late_planner.state.apply_pod, pod(1))  # on time again
+    late_planner.lagged_at -= INGEST_LAG_LIMIT_S + 1  # the late one left the window
+    assert late_planner.readiness() == []
