@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from tideshift.services.simulator import measures as msr
+from tideshift.services.simulator.churn_causes import CAUSES
 from tideshift.services.simulator.run import PolicyResult
 from tideshift.services.simulator.scenario import Scenario
 
@@ -62,10 +63,12 @@ def _headroom_table(results: Sequence[PolicyResult]) -> list[str]:
 
 
 def _measures_table(results: Sequence[PolicyResult]) -> str:
-    """Where the cluster's cpu went, work weighted by what trainers hold, over-provisioning."""
+    """Where the cluster's cpu went, work weighted by what trainers hold, trainer churn by
+    cause (`churn_causes.py`), over-provisioning."""
     header = (
         f"{'policy':<10} {'train cpu':>9} {'serve rsv':>9} {'serve use':>9} {'util gpu':>8} "
-        f"{'train work':>11} {'wtd work':>11}  over-provisioning: capacity/demand mean, p95"
+        f"{'train work':>11} {'wtd work':>11} {'churn jobs/serving/rebal':>24}  "
+        "over-provisioning: capacity/demand mean, p95"
     )
     lines = [header, "-" * len(header)]
     for r in results:
@@ -75,11 +78,12 @@ def _measures_table(results: Sequence[PolicyResult]) -> str:
             f"{name} {spread['mean']:.2f}, {spread['p95']:.2f}"
             for name, spread in r.over_provisioning.items()
         )
+        causes = "/".join(str(r.churn_causes.get(cause, 0)) for cause in CAUSES)
         lines.append(
             f"{r.name:<10} {shares.get('training', 0):>9.1%} "
             f"{shares.get('serving_reserved', 0):>9.1%} {shares.get('serving_used', 0):>9.1%} "
             f"{(f'{gpu:.1%}' if gpu is not None else '-'):>8} {r.training_work:>11.0f} "
-            f"{r.weighted_work:>11.0f}  {over}"
+            f"{r.weighted_work:>11.0f} {causes:>24}  {over}"
         )
     return "\n".join(lines)
 

@@ -24,15 +24,13 @@ metrics over the step (`accounting.py`, the accountant the demo shares):
   changes (`training.py`, the demo's model too); jobs with `work` finish and leave;
 * job pending time: arrival until the job first runs (jobs that never run count until the end);
   over-provisioning, cpu shares, JCT and weighted work: `measures.py`;
-* trainer churn: trainer pods started plus trainer pods stopped while their job went on;
+* trainer churn: trainer pods started plus trainer pods stopped while their job went on, and
+  by cause (`churn_causes.py`);
 * training share of spare: training requests / (allocatable - what serving needs at target
   utilisation for the actual demand - other pods), cpu, time-integrated.
 
 Forecasts: `oracle` reads the true future demand; `model` runs the predictor's registry model
-(default `portfolio`) through the predictor's own forecasting decisions
-(`predictor/forecasting.py`): fitted on the profile's history before t = 0, updated every
-interval with the observed demand, refitted every hour and widened while samples are missing,
-exactly as the predictor service does.
+(default `portfolio`) as the predictor service does (`forecasters.py`).
 """
 
 from __future__ import annotations
@@ -52,6 +50,7 @@ from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import Policy, make_policy
 from tideshift.services.simulator import measures as msr
 from tideshift.services.simulator.accounting import Accountant, Sample, trainer_churn
+from tideshift.services.simulator.churn_causes import ChurnCauses
 from tideshift.services.simulator.forecasters import make_forecaster
 from tideshift.services.simulator.lending import LendingCluster, serving_busy
 from tideshift.services.simulator.scenario import JobGroup, Scenario
@@ -62,6 +61,7 @@ from tideshift.services.simulator.scenario_world import (
     scenario_nodes,
     serving_need,
     serving_workload,
+    stranded,
 )
 from tideshift.services.simulator.training import JobProgress, WorkModel
 
@@ -106,6 +106,7 @@ class PolicyResult:
     end_s: float = 0.0
     weighted_work: float = 0.0
     series: dict[str, Any] = field(default_factory=dict)
+    churn_causes: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -121,6 +122,7 @@ class PolicyResult:
             "pending_mean_s": round(self.pending_mean_s, 1),
             "pending_p95_s": round(self.pending_p95_s, 1),
             "trainer_churn": self.trainer_churn,
+            "churn_causes": self.churn_causes,
             "weighted_work": round(self.weighted_work, 1),
             "over_provisioning": self.over_provisioning,
             "cpu_shares": {k: round(v, 4) for k, v in self.cpu_shares.items()},
@@ -162,6 +164,7 @@ class _Run:
         training = scenario.training
         self.work_model = WorkModel(training.speedup_exponent, training.restart_cost_s)
         self.accounts = Accountant()
+        self.churn = ChurnCauses()
         self.measures = msr.StepMeasures(
             tuple(spec.name for spec in scenario.serving),
             tuple(spec.capacity_rps for spec in scenario.serving),
@@ -206,6 +209,7 @@ class _Run:
 
     def tick(self, now: float) -> None:
         self._admit(now)
+        self.churn.observe_jobs(self.live)
         demands = [profile.rate(now) for profile in self.profiles]
         if now >= self.next_plan - 1e-9:
             self.next_plan += self.plan_every
@@ -223,6 +227,8 @@ class _Run:
         if now >= self.next_series - 1e-9:
             self.next_series += self.series_every
             self._record_series(now, demands, used, capacity_total)
+        counters = self.cluster.counters
+        self.churn.count(trainer_churn(counters.pods_bound, counters.pods_stopped))
 
     def _admit(self, now: float) -> None:
         arrivals = self.arrivals
@@ -286,6 +292,7 @@ class _Run:
         )
         decision, self.state = self.policy.plan(inputs, self.state, now)
         self.measures.add_plan(decision.targets, self.plan_every)
+        self.churn.observe_plan(self.live, decision.targets)
         for item in decision.targets:
             if self.cluster.workload(item.target).replicas != item.desired:
                 self.cluster.scale(item.target, item.desired)
@@ -324,7 +331,7 @@ class _Run:
                 requested=requested,
                 used_cpu=bound.cpu - serving_cpu + serving_used + lent_cpu,
                 lent_cpu=lent_cpu,
-                stranded=self._stranded(),
+                stranded=stranded(cluster, {ref: run.policy_job for ref, run in self.live.items()}),
                 demand_rps=tuple(demands),
                 capacity_rps=capacities,
                 spare_cpu=max(
@@ -346,18 +353,6 @@ class _Run:
             busy = serving_busy(demand, cluster.ready_count(ref) * spec.capacity_rps)
             used += busy * cluster.bound_count(ref) * spec.replica.cpu
         return used
-
-    def _stranded(self) -> Any:
-        """Free room on nodes where no trainer of a job that wants more fits."""
-        shapes = [
-            run.policy_job.trainer_requests
-            for ref, run in self.live.items()
-            if not run.policy_job.batch
-            and self.cluster.bound_count(ref) < run.policy_job.max_trainers
-        ]
-        return pol.stranded_capacity(
-            self.cluster.free_room(), np.array(shapes, dtype=np.float64).reshape(-1, 3)
-        )
 
     def _progress_jobs(self, now: float) -> float:
         """Advance each live job's work over the step; returns the cpu training holds (a batch
@@ -428,6 +423,7 @@ class _Run:
                 for run in jobs
             ),
             series=self.series,
+            churn_causes=dict(self.churn.counts),
         )
 
 

@@ -5,9 +5,11 @@ over time; imports no clock, bus or Kubernetes."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from tideshift.services.cluster.port import Node, Resources
+import numpy as np
+
+from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec
@@ -95,4 +97,16 @@ def cluster_plan_inputs(
         observed_rps={
             workload.target: demand for workload, demand in zip(serving, demands, strict=True)
         },
+    )
+
+
+def stranded(cluster: SimCluster, live: Mapping[WorkloadRef, pol.TrainingJob]) -> pol.FloatArray:
+    """Free room on nodes where no trainer of a job that wants more fits."""
+    shapes = [
+        job.trainer_requests
+        for ref, job in live.items()
+        if not job.batch and cluster.bound_count(ref) < job.max_trainers
+    ]
+    return pol.stranded_capacity(
+        cluster.free_room(), np.array(shapes, dtype=np.float64).reshape(-1, 3)
     )

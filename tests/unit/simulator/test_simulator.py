@@ -141,6 +141,7 @@ def test_simulate_json_has_exactly_the_documented_keys(
             "pending_mean_s",
             "pending_p95_s",
             "trainer_churn",
+            "churn_causes",
             "weighted_work",
             "over_provisioning",
             "cpu_shares",
@@ -148,6 +149,8 @@ def test_simulate_json_has_exactly_the_documented_keys(
         }
         assert set(metrics["over_provisioning"]) == {"web"}
         assert set(metrics["cpu_shares"]) == {"training", "serving_reserved", "serving_used"}
+        assert set(metrics["churn_causes"]) == {"jobs", "serving", "rebalancing"}
+        assert sum(metrics["churn_causes"].values()) == metrics["trainer_churn"]
         assert set(metrics["utilization"]) == {"cpu", "memory"}
         assert set(metrics["stranded"]) == {"cpu"}
         # serving's idle reservation is counted: used cpu is below requested cpu
