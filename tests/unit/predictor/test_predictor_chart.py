@@ -1,0 +1,32 @@
+"""The chart runs predictor replicas sharded when there are several, and keeps a single one as
+it was (each forecasting every workload)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.unit.chart.chart_support import by_kind, component, container_env, render
+
+
+def predictor(tmp_path: Path, replicas: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    objects = render(tmp_path, {"predictor": {"replicas": replicas}})
+    deployment = next(
+        d for d in by_kind(objects, "Deployment").values() if component(d) == "predictor"
+    )
+    budgets = by_kind(objects, "PodDisruptionBudget").values()
+    budget = next(b for b in budgets if component(b) == "predictor")
+    return deployment, budget
+
+
+def test_several_predictor_replicas_share_the_workloads(tmp_path: Path) -> None:
+    deployment, budget = predictor(tmp_path, 3)
+    assert deployment["spec"]["replicas"] == 3
+    assert container_env(deployment)["TIDESHIFT_SHARDED"] == "true"
+    # A drain takes one replica at a time: the others take its share within the lease TTL.
+    assert budget["spec"]["maxUnavailable"] == 1
+
+
+def test_a_single_predictor_forecasts_every_workload(tmp_path: Path) -> None:
+    deployment, _ = predictor(tmp_path, 1)
+    assert container_env(deployment)["TIDESHIFT_SHARDED"] == "false"
