@@ -10,11 +10,12 @@ finite job stream among them) x every policy, in one run, and issue 26's goals p
   1.48x), mean queueing likewise (unfinished jobs count up to the end of the run).
 
 `--sweep Q1,Q2,...` also runs tideshift at each headroom quantile (every serving workload's
-`quantile`) on each scenario and writes shortfall minutes and training work against the
-quantile to DIR/<scenario>-quantile-sweep.png (needs --out): the trade-off curve, not a point.
+`quantile` and the priced rise's, `rise_quantile`) on each scenario, prints shortfall minutes,
+weighted work, over-provisioning and churn per quantile and draws them against the quantile in
+DIR/<scenario>-quantile-sweep.png (needs --out): the trade-off curve, not a point.
 
 Run: .venv/bin/python tests/benchmarks/bench_planner_scenarios.py [--out DIR] [--only NAME]
-     [--duration S] [--sweep 0.8,0.9,0.95,0.99] [--jobs N]
+     [--duration S] [--sweep 0.9,0.95,0.98,0.99,0.995] [--jobs N]
 Runtime: about 1 ms per simulated step per policy on a quiet core, so a two-day scenario at
 10 s steps is about 20 s per policy quiet and several minutes on a loaded machine; all
 scenarios x 4 policies is tens of minutes (it prints each scenario's and its own wall time).
@@ -31,10 +32,12 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
 
 from tideshift.loadgen.profiles import RateProfile
-from tideshift.services.planner.baselines import POLICIES
+from tideshift.services.planner.baselines import POLICIES, TideshiftPolicy
+from tideshift.services.planner.policy import Decision, PlanInputs, PlanState
 from tideshift.services.simulator import measures as msr
 from tideshift.services.simulator.cli import load_profiles
 from tideshift.services.simulator.report import format_table, plot, plot_jct, save_figure
@@ -97,32 +100,62 @@ def _with(scenario: Scenario, *, duration: float | None, quantile: float | None)
     return Scenario.model_validate(document)
 
 
-def sweep(name: str, quantiles: Sequence[float], duration: float | None, out: Path) -> Path:
-    """Tideshift at each headroom quantile: shortfall minutes and work against the quantile."""
+class _RiseQuantile(TideshiftPolicy):
+    """Tideshift with its priced rise at `quantile` (PolicyConfig.rise_quantile), for the sweep."""
+
+    quantile = 0.99
+
+    def plan(self, inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, PlanState]:
+        config = replace(inputs.config, rise_quantile=self.quantile)
+        return super().plan(replace(inputs, config=config), state, now)
+
+
+def sweep_point(name: str, quantile: float, duration: float | None) -> tuple[float, ...]:
+    """One point of the curve (a worker's task): tideshift with every serving workload's
+    quantile and the priced rise's at `quantile`; (quantile, shortfall minutes, weighted work,
+    worst mean over-provisioning, churn)."""
+    path = SCENARIOS / f"{name}.yaml"
+    base = load_scenario(path)
+    scenario = _with(base, duration=duration, quantile=quantile)
+    print(f"... {name}: tideshift at quantile {quantile}", file=sys.stderr, flush=True)
+    _RiseQuantile.quantile = quantile
+    # run_policy builds its policy from the registry by name ("tideshift" lends batch room).
+    POLICIES["tideshift"] = _RiseQuantile
+    try:
+        result = run_policy(scenario, load_profiles(scenario, path, None), "tideshift")
+    finally:
+        POLICIES["tideshift"] = TideshiftPolicy
+    means = [s["mean"] for s in result.over_provisioning.values() if math.isfinite(s["mean"])]
+    return (
+        quantile,
+        result.shortfall_minutes,
+        result.weighted_work,
+        max(means, default=math.nan),
+        result.trainer_churn,
+    )
+
+
+def sweep_plot(name: str, points: Sequence[tuple[float, ...]], out: Path) -> Path:
+    """The sweep's table, printed, and its four curves against the quantile in one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = SCENARIOS / f"{name}.yaml"
-    base = load_scenario(path)
-    profiles = load_profiles(base, path, None)
-    points = []
-    for quantile in quantiles:
-        print(f"... {name}: tideshift at quantile {quantile}", file=sys.stderr, flush=True)
-        result = run_policy(
-            _with(base, duration=duration, quantile=quantile), profiles, "tideshift"
-        )
-        points.append((quantile, result.shortfall_minutes, result.weighted_work))
-        print(f"sweep {name} q={quantile}: shortfall min {points[-1][1]}, work {points[-1][2]:.0f}")
-    figure, left = plt.subplots(figsize=(7, 4.5))
-    left.plot([p[0] for p in points], [p[1] for p in points], "o-", color="tab:red")
-    left.set_xlabel("headroom quantile")
-    left.set_ylabel("shortfall minutes", color="tab:red")
-    right = left.twinx()
-    right.plot([p[0] for p in points], [p[2] for p in points], "s-", color="tab:blue")
-    right.set_ylabel("weighted training work", color="tab:blue")
-    left.set_title(f"{name}: headroom quantile against shortfall and work")
+    points = sorted(points)
+    print(f"\n## {name}: quantile sweep (tideshift)")
+    print(f"{'quantile':>8} {'short min':>9} {'wtd work':>12} {'over-prov':>9} {'churn':>6}")
+    for quantile, short, work, over, churn in points:
+        print(f"{quantile:>8g} {short:>9.0f} {work:>12.0f} {over:>9.2f} {churn:>6.0f}")
+    figure, axes = plt.subplots(2, 2, figsize=(9, 6), sharex=True)
+    labels = ("shortfall minutes", "weighted training work", "over-provisioning", "churn")
+    for column, (axis, label) in enumerate(zip(axes.flat, labels, strict=True), start=1):
+        axis.plot([p[0] for p in points], [p[column] for p in points], "o-")
+        axis.set_ylabel(label)
+    for axis in axes[1]:
+        axis.set_xlabel("headroom quantile")
+    figure.suptitle(f"{name}: headroom quantile against shortfall, work, room and churn")
+    figure.tight_layout()
     return save_figure(figure, out / f"{name}-quantile-sweep.png")
 
 
@@ -187,9 +220,12 @@ def main(argv: Sequence[str] = ()) -> int:
             if len(done[name]) == len(POLICIES):
                 results = {policy: done[name][policy] for policy in POLICIES}
                 summary[name] = report(name, results, args.duration, args.out)
-    for name in names if args.sweep else ():
-        quantiles = [float(q) for q in args.sweep.split(",")]
-        print(f"sweep plot: {sweep(name, quantiles, args.duration, args.out)}")
+    quantiles = [float(q) for q in args.sweep.split(",")] if args.sweep else []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for name in names if quantiles else ():
+            curve = [pool.submit(sweep_point, name, q, args.duration) for q in quantiles]
+            points = [point.result() for point in curve]
+            print(f"sweep plot: {sweep_plot(name, points, args.out)}", flush=True)
     print(f"\n## goals, every scenario\n{'scenario':<24} {'goal':<40} {'numbers':<45} verdict")
     for name in names:
         for goal, numbers, met in summary[name]:
