@@ -51,6 +51,10 @@ UNREADABLE = Counter(
 )
 
 
+class MembershipUnsupported(RuntimeError):
+    """The NATS server cannot expire a member's key by itself."""
+
+
 class MemberRecord(BaseModel):
     """A member key's value: the members its replica acted on at its previous listing."""
 
@@ -120,8 +124,28 @@ class Membership:
     async def _bucket(self) -> TypedKV:
         if self._kv is None:
             # No age limit: each key carries its TTL (created here on an open NATS only).
-            self._kv = await self.bus.kv(self.settings.members_bucket)
+            kv = await self.bus.kv(self.settings.members_bucket)
+            status = await kv.raw.status()
+            if not status.stream_info.config.allow_msg_ttl:
+                # nats-server 2.10 keeps the key of a dead replica for ever: its share would
+                # never be forecast again. Refuse rather than fail silently.
+                raise MembershipUnsupported(
+                    f"members_bucket {kv.bucket!r}: the server does not expire keys by "
+                    "themselves (per-message TTL); sharded predictors need nats-server 2.11 "
+                    "or later"
+                )
+            self._kv = kv
         return self._kv
+
+    async def open(self) -> None:
+        """Check the bucket at start: a server that cannot expire keys stops the service;
+        NATS away or slow is left to the renewals."""
+        try:
+            await self._bucket()
+        except MembershipUnsupported:
+            raise
+        except Exception as error:
+            log.warning("members bucket not open yet (retried each renewal): %s", error)
 
     async def renew(self) -> None:
         """One round: put this replica's key, list the members, update the shard."""

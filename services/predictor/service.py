@@ -97,6 +97,8 @@ async def run(
         on_forecast=on_forecast,
         membership=membership,
     )
+    if membership is not None:
+        await membership.open()
     for spec in settings.workloads:
         fleet.start(spec)
     follower = asyncio.create_task(fleet.follow())

@@ -7,9 +7,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from nats.js.api import StreamConfig
 
 from tideshift.services.common.bus import Bus
-from tideshift.services.predictor.membership import Membership, parse_members, replica_key
+from tideshift.services.predictor.membership import (
+    Membership,
+    MembershipUnsupported,
+    parse_members,
+    replica_key,
+)
 from tideshift.services.predictor.settings import PredictorSettings
 from tideshift.services.predictor.shards import owner
 
@@ -86,3 +92,13 @@ def test_an_unreadable_member_still_counts_and_a_bad_replica_name_is_refused() -
     assert members["b"].seen == frozenset()
     with pytest.raises(ValueError, match="instance 'web 1': expected letters"):
         replica_key("web 1")
+
+
+async def test_a_bucket_that_cannot_expire_keys_is_refused_at_start(bus: Bus, unique: str) -> None:
+    # As nats-server 2.10 keeps it: no per-message TTL, a dead replica's key would stay.
+    bucket = f"members_{unique}"
+    await bus.js.add_stream(
+        StreamConfig(name=f"KV_{bucket}", subjects=[f"$KV.{bucket}.>"], max_msgs_per_subject=1)
+    )
+    with pytest.raises(MembershipUnsupported, match=r"need nats-server 2\.11 or later"):
+        await Membership(bus, settings(unique), "a").open()
