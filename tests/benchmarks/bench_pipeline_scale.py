@@ -494,21 +494,20 @@ def planner_samples(metrics_text: str, name: str) -> dict[str, float]:
     }
 
 
-async def planner_view(
-    health: int, size: Size, churn_events: int
+async def caught_up(
+    health: int, events: int, truth: dict[str, float] | None = None, timeout: float = 900.0
 ) -> tuple[dict[str, float], float]:
-    """The planner's view (nodes and pods in its last plan) once it equals the truth, and
-    how long after the churn that took; the last view and inf if not within WAIT_S."""
-    # The churn creates, schedules and deletes pod k at steps 3k, 3k+1, 3k+2: an unfinished
-    # triple leaves one more pod.
-    truth = {"node": float(size.nodes), "pod": float(size.pods + (churn_events % 3 != 0))}
+    """Wait until the planner applied `events` node/pod events (its ingest histogram's
+    count) and, with `truth`, its last plan saw that many nodes and pods; its view and how
+    long that took (inf if not within `timeout`)."""
     started = time.perf_counter()
     while True:
         text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{health}/metrics")
+        applied = plan_histogram(text, "tideshift_planner_ingest_lag_seconds")["count"]
         view = planner_samples(text, "tideshift_planner_cluster_objects")
-        if view == truth:
+        if applied >= events and (truth is None or view == truth):
             return view, time.perf_counter() - started
-        if time.perf_counter() - started > WAIT_S:
+        if time.perf_counter() - started > timeout:
             return view, math.inf
         await asyncio.sleep(0.5)
 
@@ -534,7 +533,9 @@ class Result:
     ingest: dict[str, float] = field(default_factory=dict)  # event observed -> applied
     inputs: dict[str, float] = field(default_factory=dict)  # copying a plan's inputs
     view: dict[str, float] = field(default_factory=dict)  # nodes and pods the planner sees
-    view_after_s: float = math.inf  # churn end -> its view equals the truth
+    view_after_s: float = math.inf  # churn end -> every event applied, view = truth
+    list_applied_s: float = math.inf  # generator start -> the cold list applied by the planner
+    cpu: dict[str, float] = field(default_factory=dict)  # the planner's CPU seconds, by phase
     repaired: dict[str, float] = field(default_factory=dict)  # by the snapshot resync
 
 
@@ -612,15 +613,25 @@ async def measure(size: Size, args: argparse.Namespace, work: Path) -> Result:
         pids = {"planner": planner.pid, "nats-server": nats._process.pid}
         sampler = Sampler(pids | {"generator": generator.pid}, nats.monitor_url)
         tasks.append(asyncio.create_task(sampler.run()))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), cpu_seconds(planner.pid)
         listed = await read_line(generator, "GEN listed", 1800)
         print(f"   the watcher listed and published {listed}", flush=True)
         result.cold_list_s = time.perf_counter() - started
-        await run_phases(size, args, bus, observed, generator, result)
+        # Idle means idle: the jumps start once the planner applied the whole cold list.
+        objects = size.nodes + size.pods
+        _, waited = await caught_up(health, objects)
+        result.list_applied_s = result.cold_list_s + waited
+        print(f"   the planner applied the cold list {result.list_applied_s:.1f}s", flush=True)
+        result.cpu["cold list"] = cpu_seconds(planner.pid) - cpu
+        await run_phases(size, args, bus, observed, generator, result, planner.pid)
         result.generator = json.loads(await read_line(generator, "GEN churn", 600))
         await generator.wait()
         events = int(result.generator.get("events", 0))
-        result.view, result.view_after_s = await planner_view(health, size, events)
+        # The churn creates, schedules and deletes pod k at steps 3k, 3k+1, 3k+2: an
+        # unfinished triple leaves one more pod.
+        truth = {"node": float(size.nodes), "pod": float(size.pods + (events % 3 != 0))}
+        result.view, result.view_after_s = await caught_up(health, objects + events, truth)
+        result.cpu["churn"] = cpu_seconds(planner.pid) - result.cpu.pop("churn start", 0.0)
         await asyncio.to_thread(sampler.sample)
         metrics_text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{health}/metrics")
         result.histogram = plan_histogram(metrics_text)
@@ -653,6 +664,7 @@ async def run_phases(
     observed: Observed,
     generator: Any,
     result: Result,
+    planner_pid: int,
 ) -> None:
     names = [f"web-{w}" for w in range(size.serving)]
     forecasts = Forecasts(bus, names, CAPACITY_RPS * size.serving_replicas)
@@ -667,6 +679,7 @@ async def run_phases(
         print(f"   idle: {len(result.idle_jumps)} forecast jumps", flush=True)
         idle_plans = len(observed.plan_seconds)
         stop = asyncio.Event()
+        result.cpu["churn start"] = cpu_seconds(planner_pid)
         generator.stdin.write(b"go\n")
         await generator.stdin.drain()
         churn = asyncio.create_task(jumps(forecasts, observed, size, stop))
@@ -726,8 +739,10 @@ def report(result: Result) -> None:
         f"max <= {ingest.get('max_le', 0) * 1000:.0f} ms"
     )
     print(
-        f"   planner's view after the churn: {result.view} (truth: {size.nodes:,} nodes, "
-        f"{size.pods:,} pods, and churn pods left), equal after {result.view_after_s:.1f}s; "
+        f"   the planner applied the cold list {result.list_applied_s:.1f}s after it began "
+        f"(for {result.cpu.get('cold list', 0):.1f}s of its CPU); every churn event, with its "
+        f"view equal to the truth {result.view}, {result.view_after_s:.1f}s after the churn "
+        f"(churn: {result.cpu.get('churn', 0):.1f}s of its CPU, plans included); "
         f"repaired by the snapshot resync: {result.repaired or 'none'}"
     )
     print(
