@@ -45,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import urllib3.exceptions  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
@@ -117,33 +118,50 @@ async def follow_pods(bus: Bus, events: PodEvents) -> None:
         events.record(data.change, data.name, data.phase)
 
 
-def watch_replicas(http: KubeHttp, seen: dict[int, list[float]], stop: threading.Event) -> None:
-    """Records when each Deployment spec.replicas value appears in the apiserver (a watch)."""
+def watch_replicas(
+    http: KubeHttp, seen: dict[int, list[float]], stop: threading.Event, listed: threading.Event
+) -> None:
+    """Records when each Deployment spec.replicas value appears in the apiserver (a watch,
+    resumed where it broke off: a loaded apiserver ends watches early)."""
     path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
-    listing = http.get(path)
-    version = listing["metadata"]["resourceVersion"]
+    version = ""
     while not stop.is_set():
-        response = http.request(
-            "GET",
-            path,
-            query=[("watch", "true"), ("resourceVersion", version), ("timeoutSeconds", "60")],
-            timeout=(5, 90),
-        )
-        for line in http.lines(response):
-            now = time.perf_counter()
-            event = json.loads(line)
-            obj = event["object"]
-            version = obj["metadata"]["resourceVersion"]
-            if obj["metadata"].get("name") == "bench-web":
-                seen.setdefault(int(obj["spec"]["replicas"]), []).append(now)
-            if stop.is_set():
-                return
+        if not version:
+            version = http.get(path)["metadata"]["resourceVersion"]
+            listed.set()
+        query = [("watch", "true"), ("resourceVersion", version), ("timeoutSeconds", "60")]
+        try:
+            response = http.request("GET", path, query=query, timeout=(5, 90))
+            for line in http.lines(response):
+                now = time.perf_counter()
+                event = json.loads(line)
+                obj = event["object"]
+                if event["type"] == "ERROR":  # 410 Gone: list again
+                    version = ""
+                    break
+                version = obj["metadata"]["resourceVersion"]
+                if obj["metadata"].get("name") == "bench-web":
+                    seen.setdefault(int(obj["spec"]["replicas"]), []).append(now)
+                if stop.is_set():
+                    return
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            print(f"    (replicas watch broke off: {error}; resumed)", flush=True)
+            stop.wait(1.0)
 
 
 def start_service(
-    name: str, nats_url: str, kubeconfig: Path, log_dir: Path, *extra: str, health_port: int = -1
+    name: str,
+    nats_url: str,
+    kubeconfig: Path,
+    log_dir: Path,
+    *extra: str,
+    health_port: int = -1,
+    tree: Path = ROOT,
 ) -> Any:
-    log = (log_dir / f"{name}.log").open("wb")
+    """`tideshift run <name>` from `tree`: this checkout, or an older one (`git archive`),
+    whose own code then comes first on the import path."""
+    log = (log_dir / f"{name}-{tree.name}.log").open("ab")
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree != ROOT else None
     return subprocess.Popen(
         [
             sys.executable,
@@ -163,7 +181,8 @@ def start_service(
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        cwd=ROOT,
+        cwd=tree,
+        env=env,
     )
 
 
@@ -245,20 +264,16 @@ async def nats_round_trips(bus: Bus, samples: int) -> list[float]:
     return trips
 
 
-async def bench_scale_latency(bus: Bus, http: KubeHttp, samples: int, metrics_port: int) -> None:
-    web = deployment("bench-web", 1)
-    web["metadata"]["labels"] = {"tideshift.io/role": "serving"}  # the executor acts on it
-    await asyncio.to_thread(create, http, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", web)
-    seen: dict[int, list[float]] = {}
-    stop = threading.Event()
-    watcher = threading.Thread(target=watch_replicas, args=(http, seen, stop), daemon=True)
-    watcher.start()
-    await asyncio.sleep(0.5)
+async def scale_commands(
+    bus: Bus, seen: dict[int, list[float]], samples: int
+) -> tuple[list[float], list[float]]:
+    """ScaleCommands one at a time, each once its replicas showed: the latencies to visible
+    replicas and the JetStream publish acks."""
     latencies: list[float] = []
     publish_acks: list[float] = []
     target = WorkloadRef(kind="Deployment.apps", namespace=NAMESPACE, name="bench-web")
     subject = SCALE_COMMAND.at(namespace=NAMESPACE, kind=target.kind, name="bench-web")
-    metrics_before = await asyncio.to_thread(scrape, metrics_port)
+    run = uuid.uuid4().hex[:8]  # JetStream drops a msg_id it saw within 2 minutes
     for i in range(samples):
         desired = 2 + (i % 2)  # alternate 2 and 3: always a real change, half of them down
         before = len(seen.get(desired, []))
@@ -268,18 +283,35 @@ async def bench_scale_latency(bus: Bus, http: KubeHttp, samples: int, metrics_po
             reason="benchmark",
             plan_id=f"bench-{i}",
             issued_at=datetime.now(UTC),
-            idempotency_key=f"bench-{os.getpid()}-{i}",
+            idempotency_key=f"bench-{run}-{i}",
         )
         started = time.perf_counter()
         await bus.publish_durable(subject, command, msg_id=command.idempotency_key)
         publish_acks.append(time.perf_counter() - started)
-        deadline = started + 30
+        deadline = started + 60
         while len(seen.get(desired, [])) <= before:
             if time.perf_counter() > deadline:
                 raise TimeoutError(f"replicas {desired} never appeared")
             await asyncio.sleep(0.0005)
         latencies.append(seen[desired][before] - started)
-    stop.set()
+    return latencies, publish_acks
+
+
+async def bench_scale_latency(
+    bus: Bus, http: KubeHttp, samples: int, metrics_port: int
+) -> dict[str, float]:
+    """(b) for the executor serving `metrics_port`; its figures for the before/after table."""
+    seen: dict[int, list[float]] = {}
+    stop, listed = threading.Event(), threading.Event()
+    watcher = threading.Thread(target=watch_replicas, args=(http, seen, stop, listed), daemon=True)
+    watcher.start()
+    try:
+        if not await asyncio.to_thread(listed.wait, 60):
+            raise TimeoutError("the replicas watch never listed")
+        metrics_before = await asyncio.to_thread(scrape, metrics_port)
+        latencies, publish_acks = await scale_commands(bus, seen, samples)
+    finally:
+        stop.set()
     metrics_after = await asyncio.to_thread(scrape, metrics_port)
     print(summary("(b) ScaleCommand published -> replicas visible in the apiserver", latencies))
     print("    executor, from /metrics: receive -> result published, then each step")
@@ -293,11 +325,63 @@ async def bench_scale_latency(bus: Bus, http: KubeHttp, samples: int, metrics_po
     print(summary("    NATS: core PING -> PONG", await nats_round_trips(bus, samples)))
     direct = await direct_scale_writes(http, min(samples, 100))
     print(summary("    baseline: GET + PUT of the scale subresource, directly", direct))
-    goal = 2 * percentile(direct, 99) + percentile(publish_acks, 99)
+    figures = {
+        "p50": percentile(latencies, 50),
+        "p90": percentile(latencies, 90),
+        "p99": percentile(latencies, 99),
+        "direct p99": percentile(direct, 99),
+        "JetStream ack p99": percentile(publish_acks, 99),
+    }
+    figures["goal"] = 2 * figures["direct p99"] + figures["JetStream ack p99"]
     print(
-        f"    goal: p99 <= 2 x direct p99 + one JetStream round trip p99 = {goal * 1000:.1f} ms; "
-        f"measured p99 {percentile(latencies, 99) * 1000:.1f} ms"
+        f"    goal: p99 <= 2 x direct p99 + one JetStream round trip p99 = "
+        f"{figures['goal'] * 1000:.1f} ms; measured p99 {figures['p99'] * 1000:.1f} ms"
     )
+    return figures
+
+
+def wait_ready(port: int, process: Any, timeout: float = 120.0) -> None:
+    """Until the service on `port` answers /readyz with 200."""
+    deadline = time.perf_counter() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the service exited ({process.returncode}) before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2):
+                return
+        except OSError:
+            if time.perf_counter() > deadline:
+                raise
+        time.sleep(0.1)
+
+
+async def compare_executors(
+    bus: Bus, http: KubeHttp, start: Any, trees: list[tuple[str, Path, int]]
+) -> None:
+    """(b) once per executor (label, checkout, samples): older checkouts' first, if given, one
+    at a time on the same durable consumer; then the before/after table."""
+    web = deployment("bench-web", 1)
+    web["metadata"]["labels"] = {"tideshift.io/role": "serving"}  # the executor acts on it
+    await asyncio.to_thread(create, http, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", web)
+    table: dict[str, dict[str, float]] = {}
+    for label, tree, samples in trees:
+        port = free_port()
+        process = start("executor", port, tree)
+        try:
+            await asyncio.to_thread(wait_ready, port, process)
+            print(f"--- executor {label}: {tree}", flush=True)
+            table[label] = await bench_scale_latency(bus, http, samples, port)
+            table[label]["RSS MiB"] = rss_mib(process)
+            table[label]["n"] = samples
+        finally:
+            process.terminate()
+            await asyncio.to_thread(process.wait, 30)
+    columns = [*next(iter(table.values()))]
+    print("(b) command -> replicas visible, ms (RSS in MiB):")
+    print(f"    {'executor':<10}" + "".join(f"{column:>20}" for column in columns))
+    for label, figures in table.items():
+        cells = [figures[c] if c in ("RSS MiB", "n") else figures[c] * 1000 for c in columns]
+        print(f"    {label:<10}" + "".join(f"{cell:>20.1f}" for cell in cells))
 
 
 async def direct_scale_writes(http: KubeHttp, samples: int) -> list[float]:
@@ -404,11 +488,13 @@ async def delete_pods(http: KubeHttp, events: PodEvents, names: list[str]) -> No
     )
 
 
-def churn_call(http: KubeHttp, change: str, name: str) -> tuple[str, str, float]:
-    """One create or delete; what the watcher should report and when the apiserver answered."""
+def churn_call(http: KubeHttp, change: str, name: str, live: deque[str]) -> tuple[str, str, float]:
+    """One create or delete; what the watcher should report and when the apiserver answered.
+    A created pod joins `live` once created (only those are deleted)."""
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
     if change == "added":
         http.json("POST", path, body=bare_pod(name))
+        live.append(name)
     else:
         http.json("DELETE", f"{path}/{name}", body={"gracePeriodSeconds": 0})
     return change, name, time.perf_counter()
@@ -431,10 +517,9 @@ async def churn_step(
                 await asyncio.sleep(delay)
             if i % 2 == 0 or not live:
                 change, name = "added", f"churn-{uuid.uuid4().hex[:10]}"
-                live.append(name)
             else:
                 change, name = "deleted", live.popleft()
-            calls.append(loop.run_in_executor(pool, churn_call, http, change, name))
+            calls.append(loop.run_in_executor(pool, churn_call, http, change, name, live))
         answers = await asyncio.gather(*calls)
     answered = time.perf_counter()
     lags = [
@@ -500,7 +585,6 @@ async def run(args: argparse.Namespace) -> None:
     nats = EmbeddedNats()
     nats.start()
     processes: list[Any] = []
-    metrics_port = free_port()
     with cluster.api_client() as api_client:
         http = KubeHttp(api_client, timeout=(5.0, 60.0))
         http.json("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
@@ -519,11 +603,6 @@ async def run(args: argparse.Namespace) -> None:
             processes.append(
                 start_service(
                     "watcher", nats.url, cluster.kubeconfig_path, work, "--namespace", NAMESPACE
-                )
-            )
-            processes.append(
-                start_service(
-                    "executor", nats.url, cluster.kubeconfig_path, work, health_port=metrics_port
                 )
             )
             # Warm-up: the watcher is up once it reports a pod.
@@ -551,14 +630,21 @@ async def run(args: argparse.Namespace) -> None:
             names = [f"load-{i}" for i in range(args.pods)]
             await create_pods(http, events, names)
             await bench_cold_start(restart_watcher, events, names)
-            await bench_scale_latency(bus, http, args.samples, metrics_port)
-            print(
-                f"    RSS with {args.pods} pods: watcher {rss_mib(processes[0]):.0f} MiB, "
-                f"executor {rss_mib(processes[1]):.0f} MiB"
-            )
+            print(f"    watcher RSS with {args.pods} pods: {rss_mib(processes[0]):.0f} MiB")
+
+            def start_executor(name: str, port: int, tree: Path) -> Any:
+                kubeconfig = cluster.kubeconfig_path
+                return start_service(name, nats.url, kubeconfig, work, health_port=port, tree=tree)
+
+            trees = [
+                (label, tree, samples or args.samples)
+                for label, tree, samples in map(parse_tree, args.executor or ["this"])
+            ]
+            await compare_executors(bus, http, start_executor, trees)
             rates = [float(rate) for rate in args.churn_rates.split(",") if rate]
             names += await bench_churn(http, events, rates, args.churn_seconds)
-            await delete_pods(http, events, names)
+            if not args.keep_pods:
+                await delete_pods(http, events, names)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -574,6 +660,17 @@ async def run(args: argparse.Namespace) -> None:
     print(f"service logs: {work}")
 
 
+def parse_tree(value: str) -> tuple[str, Path, int | None]:
+    """LABEL[=DIR][@SAMPLES]: another checkout (DIR) or this one, and its own sample count."""
+    spec, _, samples = value.partition("@")
+    label, _, tree = spec.partition("=")
+    if not label or (tree and not Path(tree, "tideshift", "services").is_dir()):
+        raise SystemExit(
+            f"--executor {value}: expected LABEL[=DIR][@SAMPLES], DIR holding tideshift/services"
+        )
+    return label, Path(tree) if tree else ROOT, int(samples) if samples else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=200, help="kwok nodes (default 200)")
@@ -583,6 +680,19 @@ def main() -> int:
         "--churn-rates", default="50,100,200,400", help="(d) requests/s per step, rising"
     )
     parser.add_argument("--churn-seconds", type=float, default=15.0, help="(d) each step")
+    parser.add_argument(
+        "--executor",
+        action="append",
+        default=[],
+        metavar="LABEL[=DIR][@SAMPLES]",
+        help="run (b) with each executor in turn: LABEL=DIR another checkout (git archive "
+        "<commit> | tar -x -C DIR, and DIR/tideshift/{events,services,loadgen} linked to DIR's "
+        "folders), LABEL alone this one; @SAMPLES its own sample count; repeatable (default: "
+        "this one, labelled 'this')",
+    )
+    parser.add_argument(
+        "--keep-pods", action="store_true", help="skip the final deletes (the cluster goes anyway)"
+    )
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
     asyncio.run(run(args))
