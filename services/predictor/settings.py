@@ -67,8 +67,9 @@ class PredictorSettings(ServiceSettings):
         default=300,
         ge=0,
         le=100_000,
-        description="at most this many announced workloads are forecast at once (memory is "
-        "bounded); further announcements are counted and skipped until one is removed",
+        description="at most this many announced workloads are forecast at once by this "
+        "replica (memory is bounded; sharded, each replica counts its own share); further "
+        "ones are counted and skipped until one is removed",
     )
     max_clock_skew_seconds: float = Field(
         default=60.0,
