@@ -306,6 +306,7 @@ class Planner:
             except Exception:  # a failed plan is logged and retried on the next trigger
                 PLAN_FAILURES.inc()
                 log.exception("planning failed")
+            trigger.finish(clock.now())
             if reason == "tick" or clock.now() >= next_tick:
                 next_tick = clock.now() + self.settings.tick_seconds
 

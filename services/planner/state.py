@@ -75,14 +75,17 @@ class PlanTrigger:
     """When the next plan is due, so that a burst of events costs one more plan, not one per
     event. Urgent changes (forecasts, observed demand, workloads) plan as soon as the plan in
     flight ends (and `debounce_s` after the last one began); cluster churn (nodes, pods) only
-    marks the view dirty and plans at most every `cluster_s`: at 1,000 pod events/s a plan
-    per event would keep a core busy and make a forecast wait behind a queue of them."""
+    marks the view dirty and plans `cluster_s` after the last plan ended, or as long after
+    as that plan took if longer: at 1,000 pod events/s a plan per event would keep a core
+    busy, and back-to-back plans on churn alone (a cold list of 150,000 pods) would leave
+    the events too little CPU to be applied on a loaded machine."""
 
     debounce_s: float
     cluster_s: float
     urgent: bool = False
     dirty: bool = False
     last_start: float = -math.inf  # when the last plan began
+    last_end: float = -math.inf  # when it ended
 
     def mark(self, *, urgent: bool) -> None:
         if urgent:
@@ -93,17 +96,22 @@ class PlanTrigger:
     def due_in(self, now: float) -> float | None:
         """Seconds until a change plan is due (0: now); None when nothing changed."""
         if self.urgent:
-            hold = self.debounce_s
+            due = self.last_start + self.debounce_s
         elif self.dirty:
-            hold = max(self.debounce_s, self.cluster_s)
+            took = max(0.0, self.last_end - self.last_start)
+            due = max(self.last_start + self.debounce_s, self.last_end + max(self.cluster_s, took))
         else:
             return None
-        return max(0.0, self.last_start + hold - now)
+        return max(0.0, due - now)
 
     def start(self, now: float) -> None:
         """A plan begins at `now` on the latest state: what changed so far is in it."""
         self.urgent = self.dirty = False
-        self.last_start = now
+        self.last_start = self.last_end = now
+
+    def finish(self, now: float) -> None:
+        """The plan begun last ended at `now`."""
+        self.last_end = now
 
 
 def forecast_of(event: ForecastIssued) -> pol.Forecast:

@@ -1,8 +1,10 @@
 """When the planner plans (`PlanTrigger`): urgent changes as soon as the plan in flight ends,
-cluster churn coalesced into at most one plan per `cluster_s`, a burst costs one more plan.
-Time is an argument: no clock."""
+cluster churn coalesced into one plan `cluster_s` (or as long as the last plan took) after
+the last one ended, a burst costs one more plan. Time is an argument: no clock."""
 
 from __future__ import annotations
+
+import pytest
 
 from tideshift.services.planner.state import PlanTrigger
 
@@ -23,14 +25,26 @@ def test_an_urgent_change_is_due_at_once_after_any_plan() -> None:
 def test_cluster_churn_waits_for_the_coalescing_window_from_the_last_plan() -> None:
     trigger = PlanTrigger(debounce_s=0.0, cluster_s=1.0)
     trigger.start(NOW)
+    trigger.finish(NOW + 0.1)
     trigger.mark(urgent=False)
-    assert trigger.due_in(NOW + 0.25) == 0.75
-    assert trigger.due_in(NOW + 2.0) == 0.0  # a plan longer than the window: next at once
+    assert trigger.due_in(NOW + 0.25) == pytest.approx(0.85)  # a window after it ended
+    assert trigger.due_in(NOW + 2.0) == 0.0
+
+
+def test_churn_after_a_long_plan_waits_as_long_as_that_plan_took() -> None:
+    trigger = PlanTrigger(debounce_s=0.0, cluster_s=1.0)
+    trigger.start(NOW)
+    trigger.finish(NOW + 3.0)  # a loaded machine: plans must not take all of its time
+    trigger.mark(urgent=False)
+    assert trigger.due_in(NOW + 3.0) == 3.0
+    trigger.mark(urgent=True)  # but a forecast does not wait
+    assert trigger.due_in(NOW + 3.0) == 0.0
 
 
 def test_a_burst_of_churn_makes_one_plan_and_a_forecast_cuts_the_wait() -> None:
     trigger = PlanTrigger(debounce_s=0.0, cluster_s=1.0)
     trigger.start(NOW)
+    trigger.finish(NOW)
     for _ in range(5000):
         trigger.mark(urgent=False)
     assert trigger.due_in(NOW + 0.5) == 0.5
