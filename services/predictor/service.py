@@ -54,6 +54,10 @@ RESYNC_S = 120.0
 ANNOUNCEMENTS_BUFFER = 16_384
 # Model fits running at once (each in a thread): see WorkloadForecaster._learn.
 FITS_AT_ONCE = 2
+# A sharded replica remembers the announced workloads it does not own (to take one over at
+# once), at most this many times max_announced_workloads: a share each for up to 20
+# replicas. A spec is ~1 KB, against ~5 MB for a forecast workload.
+KNOWN_PER_FORECAST = 20
 
 WORKLOADS = Gauge("tideshift_predictor_workloads", "workloads being forecast")
 REFUSED = Counter(
@@ -142,7 +146,7 @@ class Fleet:
     source: MetricSource
     on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None = None
     membership: Membership | None = None  # sharded: forecast only the workloads it owns
-    # Every workload to forecast, this replica's or not (sharded: ready to take one over).
+    # Sharded: every workload to forecast, this replica's or not (to take one over at once).
     wanted: dict[WorkloadRef, WorkloadQuery] = field(default_factory=dict)
     loops: dict[WorkloadRef, tuple[WorkloadQuery, asyncio.Task[None]]] = field(default_factory=dict)
     static: set[WorkloadRef] = field(default_factory=set)
@@ -154,6 +158,15 @@ class Fleet:
     def _announced_count(self) -> int:
         return len(self.loops) - len(self.static & self.loops.keys())
 
+    def _remember(self, ref: WorkloadRef, spec: WorkloadQuery) -> bool:
+        """Keep a sharded replica's list of every workload, bounded (counted past it)."""
+        limit = KNOWN_PER_FORECAST * max(self.settings.max_announced_workloads, 1)
+        if ref not in self.wanted and ref not in self.static and len(self.wanted) >= limit:
+            REFUSED.inc()
+            return False
+        self.wanted[ref] = spec
+        return True
+
     def mine(self, ref: WorkloadRef) -> bool:
         """Whether this replica forecasts `ref` now (always, unless sharded)."""
         return self.membership is None or self.membership.owns(str(ref))
@@ -162,10 +175,12 @@ class Fleet:
         ref = WorkloadRef(spec.namespace, spec.kind, spec.name)
         if not announced:
             self.static.add(ref)
-        self.wanted[ref] = spec
-        if not self.mine(ref):
-            self._stop(ref, "another replica owns it")
-            return
+        if self.membership is not None:
+            if not self._remember(ref, spec):
+                return
+            if not self.mine(ref):
+                self._stop(ref, "another replica owns it")
+                return
         running = self.loops.get(ref)
         if running is not None:
             if running[0] == spec:
@@ -300,7 +315,7 @@ class Fleet:
             wait = self.resync_s if held is not None else min(self.resync_s, 10.0)
             if held is None:
                 continue
-            announced = set(self.loops) - self.static
+            announced = (set(self.loops) | set(self.wanted)) - self.static
             for ref in absent & (announced - held.keys()):
                 self.remove(ref)
             absent = announced - held.keys()

@@ -5,17 +5,21 @@ seen it, and a member that leaves hands its share over at the others' next renew
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import pytest
 from nats.js.api import StreamConfig
 
+from tideshift.events import Resources, ServingPolicy, WorkloadChanged, WorkloadRef
 from tideshift.services.common.bus import Bus
+from tideshift.services.common.runtime import ServiceContext
 from tideshift.services.predictor.membership import (
     Membership,
     MembershipUnsupported,
     parse_members,
     replica_key,
 )
+from tideshift.services.predictor.service import KNOWN_PER_FORECAST, Fleet, WallClock, build_source
 from tideshift.services.predictor.settings import PredictorSettings
 from tideshift.services.predictor.shards import owner
 
@@ -102,3 +106,48 @@ async def test_a_bucket_that_cannot_expire_keys_is_refused_at_start(bus: Bus, un
     )
     with pytest.raises(MembershipUnsupported, match=r"need nats-server 2\.11 or later"):
         await Membership(bus, settings(unique), "a").open()
+
+
+def announced(ref: WorkloadRef, change: str = "added") -> WorkloadChanged:
+    return WorkloadChanged(
+        change=change,  # type: ignore[arg-type]
+        workload=ref,
+        role="serving",
+        replicas=1,
+        requests=Resources(cpu=0.1),
+        serving=ServingPolicy(capacity_rps=10),
+        observed_at=datetime.now(UTC),
+    )
+
+
+async def test_a_sharded_fleet_forecasts_its_share_and_takes_the_rest_when_alone(
+    bus: Bus, unique: str
+) -> None:
+    config = settings(unique).model_copy(
+        update={"metric_source": "sim", "model": "tidal", "max_announced_workloads": 1}
+    )
+    a = Membership(bus, config, "a")
+    b = Membership(bus, config, "b")
+    context = ServiceContext(name="predictor", settings=config, bus=bus, instance="a")
+    fleet = Fleet(config, context, clock=WallClock(), source=build_source(config), membership=a)
+    refs = [WorkloadRef(unique, "Deployment", f"web-{i}") for i in range(KNOWN_PER_FORECAST + 5)]
+    try:
+        for member in (a, b) * 3:
+            await member.renew()
+        for ref in refs:
+            fleet.apply(announced(ref))
+        # Remembered up to KNOWN_PER_FORECAST x max_announced_workloads; the rest counted.
+        assert list(fleet.wanted) == [announced(r).workload for r in refs[:KNOWN_PER_FORECAST]]
+        mine = [w for w in fleet.wanted if owner(str(w), ["a", "b"]) == "a"]
+        assert mine and set(fleet.loops) == {mine[0]}  # its share, up to its own cap of 1
+        await b.leave()
+        await a.renew()
+        fleet.reconcile()
+        assert set(fleet.loops) == {mine[0]}  # alone, every workload is its: its cap holds
+        fleet.apply(announced(mine[0], change="deleted"))
+        assert mine[0] not in fleet.wanted and not fleet.loops
+        fleet.reconcile()  # a slot is free: the first remembered workload, b's or not
+        assert set(fleet.loops) == {next(iter(fleet.wanted))}
+        await asyncio.sleep(0)  # its task starts before it is stopped (no unawaited loops)
+    finally:
+        await fleet.stop_all()
