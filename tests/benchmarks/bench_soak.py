@@ -403,7 +403,10 @@ async def flood(url: str, names: int, budget_s: float, only: str) -> dict[str, i
             wanted = (
                 sent.get("workload.changed (serving, announced)", names) if make is _gone else names
             )
-            sent[label] = await publish_each(bus, (make(i) for i in range(wanted)), budget_s)
+            # Every announced workload is deleted, whatever the budget: "after" is what the
+            # services keep once the flood's objects are gone.
+            budget = float("inf") if make is _gone else budget_s
+            sent[label] = await publish_each(bus, (make(i) for i in range(wanted)), budget)
             print(f"  {label}: {sent[label]:,} sent", flush=True)
     finally:
         await bus.close()
