@@ -370,11 +370,12 @@ Started = dict[str, tuple[subprocess.Popen[bytes], int]]
 
 
 async def until_ready(processes: Started, logs: Path) -> dict[str, int]:
-    """The services' pids once every one answers /readyz 200 (at most 120 s)."""
-    deadline = time.monotonic() + 120
+    """The services' pids once every one answers /readyz 200 (at most 300 s: slow to start
+    on a loaded machine, and slower with --tracemalloc)."""
+    deadline = time.monotonic() + 300
     while not all(ready(port) for _, port in processes.values()):
         if time.monotonic() > deadline or any(p.poll() is not None for p, _ in processes.values()):
-            raise SystemExit(f"services not ready in 120 s; logs in {logs}")
+            raise SystemExit(f"services not ready in 300 s; logs in {logs}")
         await asyncio.sleep(0.2)
     return {name: process.pid for name, (process, _) in processes.items()}
 
