@@ -637,7 +637,7 @@ async def measure(size: Size, args: argparse.Namespace, work: Path) -> Result:
         result.histogram = plan_histogram(metrics_text)
         result.ingest = plan_histogram(metrics_text, "tideshift_planner_ingest_lag_seconds")
         result.inputs = plan_histogram(metrics_text, "tideshift_planner_inputs_seconds")
-        result.repaired = planner_samples(metrics_text, "tideshift_planner_resync_repaired_total")
+        result.repaired = planner_samples(metrics_text, "tideshift_planner_resync_repaired")
         result.planner_cpu = cpu_seconds(planner.pid)
         result.rss, result.backlog_bytes = dict(sampler.peak), sampler.backlog_bytes
         result.slow_consumers = sampler.slow_consumers

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.integration.planner.test_planner_service import (
     Collector,
@@ -19,9 +20,11 @@ from tests.integration.planner.test_planner_service import (
     settings_for,
 )
 from tideshift.events import (
+    POD_CHANGED,
     WORKLOAD_CHANGED,
     PlanDecided,
     PlannerStatus,
+    PodChanged,
     Resources,
     ServingPolicy,
     WorkloadChanged,
@@ -31,7 +34,7 @@ from tideshift.services.common.bus import Bus
 from tideshift.services.planner import service
 from tideshift.services.planner.service import Planner
 from tideshift.services.planner.settings import PlannerSettings
-from tideshift.services.watcher.snapshot import workload_key
+from tideshift.services.watcher.snapshot import pod_key, workload_key
 
 __all__ = ["collectors"]  # the fixture, shared with the planner's service tests
 
@@ -133,3 +136,44 @@ async def test_a_planner_announces_its_status_again_without_a_change(
         await eventually(lambda: len(announcements()) >= 3)
     modes = [status.mode for status in announcements()]
     assert modes[-1] == modes[-2], "the same mode, announced again"
+
+
+def pod(namespace: str, name: str) -> PodChanged:
+    return PodChanged(
+        change="added",
+        namespace=namespace,
+        name=name,
+        phase="Running",
+        node=f"n-{namespace}",
+        requests=Resources(cpu=0.5),
+        observed_at=datetime.now(UTC),
+    )
+
+
+def repaired_pods() -> float:
+    return (
+        REGISTRY.get_sample_value("tideshift_planner_resync_repaired_total", {"kind": "pod"}) or 0.0
+    )
+
+
+async def test_pods_whose_events_were_lost_are_repaired_from_the_snapshot(
+    bus: Bus, unique: str
+) -> None:
+    settings = settings_for(unique, serving=[], training=[])
+    kv = await bus.kv(settings.snapshot_bucket)
+    await kv.put(f"node.n-{unique}", node(f"n-{unique}", 16.0))
+    before = repaired_pods()
+    async with resyncing(bus, settings, f"r-{unique}") as planner:
+        # Seen live, but its deletion was lost: the snapshot (the watcher's truth) lacks it.
+        await bus.publish(POD_CHANGED.at(namespace=unique, name="gone"), pod(unique, "gone"))
+        await eventually(lambda: (unique, "gone") in planner.state.pod_seen)
+        # Its addition was lost: only the snapshot has it.
+        await kv.put(pod_key(unique, "kept"), pod(unique, "kept"))
+        await eventually(
+            lambda: (
+                (unique, "gone") in planner.state.deleted_pods
+                and (unique, "kept") in planner.state.pod_seen
+                and len(planner.state.table) == 1
+            )
+        )
+        assert repaired_pods() - before >= 2
