@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Literal
 
 import pytest
 from nats.js.api import StreamConfig
 
 from tideshift.events import Resources, ServingPolicy, WorkloadChanged, WorkloadRef
 from tideshift.services.common.bus import Bus
+from tideshift.services.common.clock import WallClock
 from tideshift.services.common.runtime import ServiceContext
 from tideshift.services.predictor.membership import (
     Membership,
@@ -19,7 +21,7 @@ from tideshift.services.predictor.membership import (
     parse_members,
     replica_key,
 )
-from tideshift.services.predictor.service import KNOWN_PER_FORECAST, Fleet, WallClock, build_source
+from tideshift.services.predictor.service import KNOWN_PER_FORECAST, Fleet, build_source
 from tideshift.services.predictor.settings import PredictorSettings
 from tideshift.services.predictor.shards import owner
 
@@ -108,9 +110,9 @@ async def test_a_bucket_that_cannot_expire_keys_is_refused_at_start(bus: Bus, un
         await Membership(bus, settings(unique), "a").open()
 
 
-def announced(ref: WorkloadRef, change: str = "added") -> WorkloadChanged:
+def announced(ref: WorkloadRef, change: Literal["added", "deleted"] = "added") -> WorkloadChanged:
     return WorkloadChanged(
-        change=change,  # type: ignore[arg-type]
+        change=change,
         workload=ref,
         role="serving",
         replicas=1,
