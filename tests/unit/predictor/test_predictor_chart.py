@@ -42,7 +42,8 @@ def test_a_single_predictor_forecasts_every_workload(tmp_path: Path) -> None:
 
 
 def test_several_predictor_replicas_refuse_a_bundled_nats_older_than_2_11(tmp_path: Path) -> None:
-    error = render_error(tmp_path, {"predictor": {"replicas": 2}})
+    older = {"nats": {"bundled": {"image": {"tag": "2.10.24-alpine"}}}}
+    error = render_error(tmp_path, {"predictor": {"replicas": 2}, **older})
     assert "needs nats-server 2.11 or later" in error
     # An external NATS is the operator's to vouch for; the predictor checks its bucket at start.
     objects = render(
