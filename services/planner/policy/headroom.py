@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tideshift.services.planner.policy.model import Rises
+from tideshift.services.planner.policy.model import PolicyConfig, Rises, ServingWorkload
 
 # A rise within one lead time is an onset when it is at least this large and beyond the
 # workload's usual rises (their q0.99): noise does not come back on a schedule.
@@ -170,3 +170,47 @@ def recurrence(rises: Rises, quantile: float) -> Recurrence | None:
     spread = max(farthest * (count + 1) / (count - 1), MIN_SPREAD * period)
     ratio = conformal_quantile([score for _, score in rises.onsets], quantile)
     return Recurrence(period_s=period, phase_s=phase, spread_s=spread, ratio=ratio)
+
+
+def observe(
+    workload: ServingWorkload,
+    rises: Rises,
+    observed: float | None,
+    now: float,
+    config: PolicyConfig,
+) -> Rises:
+    """`observe_rise` with the workload's lead time and the configured window."""
+    return observe_rise(
+        rises,
+        observed=observed,
+        now=now,
+        lead_time_s=workload.lead_time_s,
+        window_s=config.rise_window_s,
+        # A rise from below one replica's capacity counts from it: a replica serves it anyway.
+        floor_rps=workload.capacity_rps,
+    )
+
+
+def priced_rise(
+    workload: ServingWorkload,
+    rises: Rises,
+    observed: float | None,
+    now: float,
+    config: PolicyConfig,
+) -> tuple[float, float, float]:
+    """Where demand may be one lead time from now (req/s; 0 without a fresh observation),
+    the ratio over the observation that says so, and the period of the recurring rise that
+    set it (0: none). The ratio is the workload's quantile of its rises (at least `rise_quantile`),
+    or of its recurring onsets when the next is due."""
+    ratio = rise_quantile(rises, workload.quantile, at_least=config.rise_quantile)
+    period_s = 0.0
+    recurring = recurrence(rises, workload.quantile)
+    if (
+        recurring is not None
+        and recurring.ratio > ratio
+        and recurring.due(rises, now=now, lead_time_s=workload.lead_time_s)
+    ):
+        ratio, period_s = recurring.ratio, recurring.period_s
+    if observed is None:
+        return 0.0, ratio, period_s
+    return observed * ratio, ratio, period_s

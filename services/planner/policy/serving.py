@@ -12,8 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tideshift.services.cluster.placement import compact_down, entry_rest
-from tideshift.services.planner.policy import reasons
-from tideshift.services.planner.policy.headroom import observe_rise, recurrence, rise_quantile
+from tideshift.services.planner.policy import headroom, reasons
 from tideshift.services.planner.policy.model import (
     BoolArray,
     FloatArray,
@@ -144,7 +143,8 @@ def plan_serving(
         peaks = forecast_peaks(workload, forecast, now, config)
     allowed = peaks.allowed if peaks is not None else None
     new_miss = track_miss(miss, observed=observed, allowed=allowed, now=now, config=config)
-    new_miss = replace(new_miss, rises=_observe(workload, new_miss.rises, observed, now, config))
+    rises = headroom.observe(workload, new_miss.rises, observed, now, config)
+    new_miss = replace(new_miss, rises=rises)
     observed_need = _replicas_for(observed, workload) if observed is not None else 0
     if peaks is None:
         held = min(max(current, observed_need, workload.min_replicas), workload.max_replicas)
@@ -177,24 +177,6 @@ def plan_serving(
     return ServingSize(desired, reason, new_history, new_miss, None, parts)
 
 
-def _observe(
-    workload: ServingWorkload,
-    rises: Rises,
-    observed: float | None,
-    now: float,
-    config: PolicyConfig,
-) -> Rises:
-    return observe_rise(
-        rises,
-        observed=observed,
-        now=now,
-        lead_time_s=workload.lead_time_s,
-        window_s=config.rise_window_s,
-        # A rise from below one replica's capacity counts from it: a replica serves it anyway.
-        floor_rps=workload.capacity_rps,
-    )
-
-
 def _parts(
     workload: ServingWorkload,
     peaks: Peaks,
@@ -204,18 +186,10 @@ def _parts(
     *,
     config: PolicyConfig,
 ) -> HeadroomParts:
-    rise_ratio = rise_quantile(miss.rises, workload.quantile, at_least=config.rise_quantile)
-    period_s = 0.0
-    recurring = recurrence(miss.rises, workload.quantile)
-    if (
-        recurring is not None
-        and recurring.ratio > rise_ratio
-        and recurring.due(miss.rises, now=now, lead_time_s=workload.lead_time_s)
-    ):
-        rise_ratio, period_s = recurring.ratio, recurring.period_s
+    rise, rise_ratio, period_s = headroom.priced_rise(workload, miss.rises, observed, now, config)
     return HeadroomParts(
         forecast=max(peaks.window, 0.0),
-        rise=(observed or 0.0) * rise_ratio,
+        rise=rise,
         rise_ratio=rise_ratio,
         observed=observed or 0.0,
         panic_hold=now < miss.panic_until,
