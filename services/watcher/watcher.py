@@ -241,13 +241,20 @@ class Watcher:
         while True:
             await self._pending_ready.wait()
             self._pending_ready.clear()
-            batch, self._pending = self._pending, {}
-            items = list(batch.items())
-            for start in range(0, len(items), self.kv_concurrency):
-                chunk = items[start : start + self.kv_concurrency]
-                await asyncio.gather(*(self._write_one(key, event) for key, event in chunk))
+            await self._write_all(self._pending)
             if not self._pending:
                 self._idle.set()
+
+    async def _write_all(self, batch: dict[str, ClusterEvent | None]) -> None:
+        """Write a batch (taking it from `_pending`). Its own frame: the writer then holds no
+        reference to the batch while it waits for the next (a flood's last batch of deleted
+        names was kept until the next change, measured)."""
+        self._pending = {}
+        items = list(batch.items())
+        batch.clear()
+        for start in range(0, len(items), self.kv_concurrency):
+            chunk = items[start : start + self.kv_concurrency]
+            await asyncio.gather(*(self._write_one(key, event) for key, event in chunk))
 
     async def flushed(self) -> None:
         """Wait until every queued snapshot update has been written."""
