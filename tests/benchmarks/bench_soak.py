@@ -308,7 +308,7 @@ def start(
     name: str, nats_url: str, logs: Path, extra: list[str], *, traced: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port("127.0.0.1")
-    env = dict(os.environ)
+    env = dict(os.environ, MALLOC_ARENA_MAX="2")  # as the images set it (Dockerfile)
     if traced is not None:
         (traced / "hook").mkdir(exist_ok=True)
         (traced / "hook" / "sitecustomize.py").write_text(TRACE_HOOK)
