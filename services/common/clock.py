@@ -37,8 +37,11 @@ class WallClock:
 WALL_CLOCK = WallClock()
 
 
-async def wait_for_event(clock: Clock, event: asyncio.Event, seconds: float) -> bool:
+async def wait_for_event(
+    clock: Clock, event: asyncio.Event, seconds: float, *sooner: asyncio.Event
+) -> bool:
     """Wait until `event` is set or `seconds` of `clock` time pass; whether it was set.
+    Any of `sooner` being set also ends the wait early (without counting as `event`).
 
     The one "wait unless stopping" of the services (a tick, a poll, a retry's backoff):
 
@@ -47,14 +50,16 @@ async def wait_for_event(clock: Clock, event: asyncio.Event, seconds: float) -> 
             if await wait_for_event(clock, stopping, interval_s):
                 break
     """
-    if event.is_set():
-        return True
-    setting = asyncio.ensure_future(event.wait())
-    sleeping = asyncio.ensure_future(clock.sleep(seconds))
+    if event.is_set() or any(early.is_set() for early in sooner):
+        return event.is_set()
+    waiters: list[asyncio.Future[object]] = [
+        asyncio.ensure_future(each.wait()) for each in (event, *sooner)
+    ]
+    waiters.append(asyncio.ensure_future(clock.sleep(seconds)))
     try:
-        await asyncio.wait({setting, sleeping}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for waiter in (setting, sleeping):
+        for waiter in waiters:
             waiter.cancel()
     return event.is_set()
 

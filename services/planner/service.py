@@ -109,6 +109,8 @@ class Planner:
     instance: str
     stopping: asyncio.Event
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when a subscription dropped events (it fell behind): the snapshot is read at once.
+    events_lost: asyncio.Event = field(default_factory=asyncio.Event)
     clock: Clock = WALL_CLOCK
     leader: bool = False
     mode: Literal["normal", "degraded", "passive"] = "passive"
@@ -180,6 +182,7 @@ class Planner:
                 stopping=self.stopping,
                 changed=partial(self._wake, urgent=True),
                 interval=self.resync_s,
+                lost=self.events_lost,
             )
             tasks.append(asyncio.create_task(resync))
             self.ready.set()
@@ -233,7 +236,9 @@ class Planner:
 
         buffer, consumer = self.settings.subscription_buffer, f"planner-{self.instance}"
         await follow(
-            lambda: self.bus.subscribe(subject, consumer=consumer, buffer=buffer),
+            lambda: self.bus.subscribe(
+                subject, consumer=consumer, buffer=buffer, on_drop=self.events_lost.set
+            ),
             handle,
             clock=self.clock,
             stopping=self.stopping,

@@ -105,11 +105,16 @@ async def resync(
     stopping: asyncio.Event,
     changed: Callable[[], None],
     interval: float = RESYNC_S,
+    lost: asyncio.Event | None = None,
 ) -> None:
     """Every `interval` until stopping, the announced workloads, nodes and pods become the
-    snapshot's; calls `changed` when that calls for a plan."""
+    snapshot's; calls `changed` when that calls for a plan. `lost` (set when a subscription
+    dropped events) brings the next read forward to now."""
     wait = interval
-    while not await wait_for_event(clock, stopping, wait):
+    sooner = (lost,) if lost is not None else ()
+    while not await wait_for_event(clock, stopping, wait, *sooner):
+        if lost is not None:
+            lost.clear()
         read_at = clock.now()
         held = await read(bus, bucket)
         wait = interval if held is not None else min(interval, RETRY_S)

@@ -3,8 +3,9 @@ the streams derived from the events' subjects, typed KV and leases, objects and 
 `follow` (a subscription kept up with backoff until the stop signal).
 Imports the events contract and, of the services, only the clock and retry policies."""
 
-from tideshift.services.common.bus.client import BUS_UNAVAILABLE, Bus, Delivery
+from tideshift.services.common.bus.client import BUS_UNAVAILABLE, Bus
 from tideshift.services.common.bus.connect import NatsAuthError
+from tideshift.services.common.bus.delivery import Delivery
 from tideshift.services.common.bus.follow import RESUBSCRIBE, StreamEnded, follow
 from tideshift.services.common.bus.kv import KVConflict, Lease, TypedKV
 from tideshift.services.common.bus.rpc import RequestFailed

@@ -14,9 +14,8 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import nats
 import nats.errors
@@ -40,6 +39,8 @@ from tideshift.events import (
 from tideshift.events.codec import decode, encode
 from tideshift.services.common.bus import objects, rpc
 from tideshift.services.common.bus.connect import open_connection
+from tideshift.services.common.bus.delivery import Delivery
+from tideshift.services.common.bus.drops import SlowConsumers
 from tideshift.services.common.bus.kv import Lease, TypedKV
 from tideshift.services.common.bus.streams import (
     STREAMS,
@@ -70,6 +71,9 @@ DEAD_LETTER_REASON_BYTES = 1024
 # A letter's payload escaped as JSON (up to 6 bytes a character), its reason, names and headers.
 LARGEST_DEAD_LETTER_BYTES = 6 * DEAD_LETTER_PAYLOAD_CHARS + DEAD_LETTER_REASON_BYTES + 2048
 RECONNECT_POLL_SECONDS = 0.2
+# Bytes a subscriber's buffer may hold per message it may hold: events are well under 2 KiB,
+# so the message count is what bounds it, not nats-py's 64 MiB default.
+EVENT_BYTES_BUDGET = 2048
 # A fetch that failed with one of these is tried again shortly rather than failing the
 # caller's `follow` into backoff. Reconnecting: the client never gives up and the pull
 # subscription survives it. Closed: only `close()` does that, and the caller is stopping.
@@ -88,33 +92,6 @@ BUS_UNAVAILABLE: tuple[type[Exception], ...] = (TimeoutError, nats.errors.Error)
 STREAM_NAME_IN_USE = 10058
 
 
-@dataclass
-class Delivery(Generic[T]):
-    """One JetStream message: the decoded event plus its acknowledgement controls."""
-
-    event: Envelope[T]
-    _msg: Msg
-
-    @property
-    def num_delivered(self) -> int:
-        return int(self._msg.metadata.num_delivered)
-
-    async def ack(self) -> None:
-        """Acknowledge and wait for the server's confirmation (so a crash cannot lose it)."""
-        await self._msg.ack_sync()
-
-    async def nak(self, delay_seconds: float | None = None) -> None:
-        await self._msg.nak(delay=delay_seconds)
-
-    async def in_progress(self) -> None:
-        """Reset the ack timer of a long-running task."""
-        await self._msg.in_progress()
-
-    async def term(self) -> None:
-        """Never redeliver (the message is poison)."""
-        await self._msg.term()
-
-
 class Bus:
     """A connected NATS client with Tideshift's typed helpers.
 
@@ -123,13 +100,20 @@ class Bus:
     """
 
     def __init__(
-        self, connection: Client, *, source: str, max_message_bytes: int, replicas: int = 1
+        self,
+        connection: Client,
+        *,
+        source: str,
+        max_message_bytes: int,
+        replicas: int = 1,
+        slow_consumers: SlowConsumers | None = None,
     ) -> None:
         self.connection = connection
         self.js: JetStreamContext = connection.jetstream()
         self.source = source
         self.max_message_bytes = max_message_bytes
         self.replicas = check_replicas(replicas)
+        self.slow_consumers = SlowConsumers() if slow_consumers is None else slow_consumers
 
     @classmethod
     async def connect(
@@ -153,6 +137,7 @@ class Bus:
         wrong password until the timeout would only hide it. A `user` gets its own inbox
         prefix, which its NATS permissions allow (`permissions.inbox_prefix`).
         """
+        slow_consumers = SlowConsumers()
         connection = await open_connection(
             url,
             name=name,
@@ -161,10 +146,15 @@ class Bus:
             password=password,
             timeout=connect_timeout,
             on_permission_violation=PERMISSION_VIOLATIONS.inc,
+            on_slow_consumer=slow_consumers.report,
         )
         source = f"tideshift/{name}/{socket.gethostname()}/{os.getpid()}"
         return cls(
-            connection, source=source, max_message_bytes=max_message_bytes, replicas=replicas
+            connection,
+            source=source,
+            max_message_bytes=max_message_bytes,
+            replicas=replicas,
+            slow_consumers=slow_consumers,
         )
 
     async def close(self) -> None:
@@ -287,11 +277,15 @@ class Bus:
         consumer: str,
         queue: str | None = None,
         buffer: int = 1024,
+        on_drop: Callable[[], None] | None = None,
     ) -> AsyncIterator[Envelope[T]]:
         """Valid events on a (wildcard) subject from core NATS, until the caller stops.
 
-        At most `buffer` messages wait in memory; beyond that NATS marks this subscriber as a
-        slow consumer and drops, which is the right trade-off for superseded telemetry.
+        At most `buffer` messages (and the largest events that many can be) wait in memory;
+        beyond that NATS marks this subscriber as a slow consumer and drops, which is the
+        right trade-off for superseded telemetry: each drop is counted
+        (`tideshift_bus_dropped_total{consumer}`) and calls `on_drop`, for a subscriber that
+        must repair what it missed.
         """
         inbox: asyncio.Queue[Msg] = asyncio.Queue(maxsize=buffer)
 
@@ -299,8 +293,13 @@ class Bus:
             await inbox.put(msg)
 
         subscription = await self.connection.subscribe(
-            subject.value, queue=queue or "", cb=deliver, pending_msgs_limit=buffer
+            subject.value,
+            queue=queue or "",
+            cb=deliver,
+            pending_msgs_limit=buffer,
+            pending_bytes_limit=buffer * EVENT_BYTES_BUDGET,
         )
+        self.slow_consumers.register(subscription, consumer, on_drop)
         try:
             while True:
                 msg = await inbox.get()
@@ -312,6 +311,7 @@ class Bus:
                 RECEIVED.labels(consumer).inc()
                 yield envelope
         finally:
+            self.slow_consumers.forget(subscription)
             with contextlib.suppress(nats.errors.Error):
                 await subscription.unsubscribe()
 

@@ -157,6 +157,7 @@ async def open_connection(
     password: str | None,
     timeout: float,
     on_permission_violation: Callable[[], None],
+    on_slow_consumer: Callable[[nats.errors.SlowConsumerError], None],
 ) -> Client:
     """Connect (ConnectionError after `timeout`, NatsAuthError or NatsTlsError at once when
     refused); once up, the connection reconnects for ever."""
@@ -175,6 +176,9 @@ async def open_connection(
         log.info("reconnected to NATS %s", shown)
 
     async def on_error(error: Exception) -> None:
+        if isinstance(error, nats.errors.SlowConsumerError):
+            on_slow_consumer(error)  # counted and logged there, not once per message here
+            return
         text = str(error)
         failure = _refusal(error, shown, user)
         if failure is not None and not refused.done():

@@ -9,6 +9,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tideshift.services.common.clock import Clock
@@ -80,42 +81,65 @@ async def _follow_once(
     """One subscription, until `stopping` (returns) or a failure: re-raised when nothing came
     (it counts towards the backoff), logged when items came (the next streak starts)."""
     stream = open_stream()
-    delivered = 0
+    progress = _Progress()
+    pump = asyncio.ensure_future(_pump(stream, handle, stopping, name, progress))
     try:
-        while not stopping.is_set():
-            pending = asyncio.ensure_future(anext(stream))
-            if not await _first_of(pending, stopping):
-                return
-            item = pending.result()
-            delivered += 1
-            await _handle_one(handle, item, name)
-        return
-    except StopAsyncIteration:
-        if stopping.is_set():  # closed for the shutdown: no failure
-            return
-        failure: Exception = StreamEnded(f"{name} ended")
-    except Exception as error:
-        failure = error
+        await _settle(pump, stopping, progress)
     finally:
         await _close(stream)
-    if not delivered:
+    failure = None if pump.cancelled() else pump.exception()
+    if failure is None:
+        if stopping.is_set():  # stopped, or closed for the shutdown: no failure
+            return
+        failure = StreamEnded(f"{name} ended")
+    if not progress.delivered:
         raise failure
-    log.warning("%s failed after %d items (%s); following again", name, delivered, failure)
+    log.warning("%s failed after %d items (%s); following again", name, progress.delivered, failure)
 
 
-async def _first_of(pending: asyncio.Future[T], stopping: asyncio.Event) -> bool:
-    """Wait for `pending` or `stopping`; whether `pending` finished (it is cancelled if not)."""
+@dataclass
+class _Progress:
+    delivered: int = 0
+    handling: bool = False
+
+
+async def _pump(
+    stream: AsyncIterator[T],
+    handle: Handle[T],
+    stopping: asyncio.Event,
+    name: str,
+    progress: _Progress,
+) -> None:
+    """Hand each item to `handle` until the stream ends or, after an item, `stopping` is set.
+    One task for the whole subscription: a task per item cost ~15 us of the planner's loop
+    per event, a plain `async for` ~0.4 us."""
+    async for item in stream:
+        progress.handling, progress.delivered = True, progress.delivered + 1
+        await _handle_one(handle, item, name)
+        progress.handling = False
+        if stopping.is_set():
+            return
+
+
+async def _settle(pump: asyncio.Future[None], stopping: asyncio.Event, progress: _Progress) -> None:
+    """Wait for `pump` to end or `stopping`; then let the item in hand finish (it returns
+    after it) or cancel the wait for the next one. Cancelling the caller cancels `pump`."""
     stop_wait = asyncio.ensure_future(stopping.wait())
-    either: set[asyncio.Future[Any]] = {pending, stop_wait}
+    either: set[asyncio.Future[Any]] = {pump, stop_wait}
     try:
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not pump.done():
+            if progress.handling:
+                await asyncio.wait({pump})
+            else:
+                pump.cancel()
+    except BaseException:
+        pump.cancel()
+        raise
     finally:
         stop_wait.cancel()
-        if not pending.done():
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pending
-    return pending.done() and not pending.cancelled()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await pump
 
 
 async def _close(stream: AsyncIterator[T]) -> None:

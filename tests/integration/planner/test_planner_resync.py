@@ -177,3 +177,24 @@ async def test_pods_whose_events_were_lost_are_repaired_from_the_snapshot(
             )
         )
         assert repaired_pods() - before >= 2
+
+
+async def test_events_lost_by_a_subscription_bring_the_resync_forward(
+    bus: Bus, unique: str
+) -> None:
+    """A subscription that dropped events sets `events_lost` (the bus's on_drop): the snapshot
+    is read at once, not at the next period (an hour here)."""
+    settings = settings_for(unique, serving=[], training=[])
+    kv = await bus.kv(settings.snapshot_bucket)
+    await kv.put(f"node.n-{unique}", node(f"n-{unique}", 16.0))
+    planner = Planner(bus, settings, f"l-{unique}", asyncio.Event(), resync_s=3600.0)
+    task = asyncio.create_task(planner.run())
+    try:
+        await asyncio.wait_for(planner.ready.wait(), 15)
+        await kv.put(pod_key(unique, "missed"), pod(unique, "missed"))
+        planner.events_lost.set()
+        await eventually(lambda: (unique, "missed") in planner.state.pod_seen)
+        assert not planner.events_lost.is_set()  # consumed by that read
+    finally:
+        planner.stopping.set()
+        await asyncio.wait_for(task, 15)

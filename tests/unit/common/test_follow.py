@@ -4,6 +4,7 @@ waits in the service's clock time, and the stop signal ends it; all on a recordi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from tests.unit.common.fake_clock import RecordingClock
@@ -150,3 +151,25 @@ async def test_stopping_ends_a_quiet_stream() -> None:
     seen, _ = await following
     assert seen == []
     assert closed.is_set()
+
+
+async def test_cancelling_the_caller_closes_the_subscription_at_once() -> None:
+    stopping = asyncio.Event()
+    opened, closed = asyncio.Event(), asyncio.Event()
+
+    async def quiet() -> AsyncIterator[int]:
+        opened.set()
+        try:
+            await asyncio.Event().wait()  # never delivers
+            yield 0
+        finally:
+            closed.set()
+
+    following = asyncio.ensure_future(run(quiet, stopping))
+    await asyncio.wait_for(opened.wait(), SAFETY_S)
+    following.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await following
+    assert following.cancelled()
+    assert closed.is_set()
+    assert not stopping.is_set()

@@ -1,0 +1,72 @@
+"""Messages a core-NATS subscriber lost because it fell behind (nats-py's "slow consumer"):
+counted per consumer, logged at most once a minute per consumer, and handed to the
+subscriber's own callback so it can repair what it missed (the planner reads its snapshot
+again at once). Imports nats only for the error's type."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import nats.errors
+from nats.aio.subscription import Subscription
+from prometheus_client import Counter
+
+log = logging.getLogger("tideshift.bus")
+
+DROPPED = Counter(
+    "tideshift_bus_dropped_total",
+    "Core NATS messages dropped because the subscriber fell behind (its buffer was full)",
+    ["consumer"],
+)
+# One warning per consumer per minute: a flood drops thousands a second, and a warning for
+# each would cost the very loop that fell behind.
+LOG_EVERY_S = 60.0
+
+
+@dataclass
+class _Subscriber:
+    consumer: str
+    on_drop: Callable[[], None] | None
+    logged_at: float = float("-inf")
+    unlogged: int = 0
+
+
+@dataclass
+class SlowConsumers:
+    """The connection's subscriptions, to name whoever a slow-consumer error is about."""
+
+    _by_subscription: dict[Subscription, _Subscriber] = field(default_factory=dict)
+
+    def register(
+        self, subscription: Subscription, consumer: str, on_drop: Callable[[], None] | None
+    ) -> None:
+        self._by_subscription[subscription] = _Subscriber(consumer, on_drop)
+
+    def forget(self, subscription: Subscription) -> None:
+        self._by_subscription.pop(subscription, None)
+
+    def __len__(self) -> int:
+        return len(self._by_subscription)
+
+    def report(self, error: nats.errors.SlowConsumerError) -> None:
+        """One dropped message: count it, tell its subscriber, warn now and then."""
+        subscriber = self._by_subscription.get(error.sub)
+        if subscriber is None:  # a subscription made outside `Bus.subscribe`
+            DROPPED.labels("unknown").inc()
+            return
+        DROPPED.labels(subscriber.consumer).inc()
+        subscriber.unlogged += 1
+        now = time.monotonic()
+        if now - subscriber.logged_at >= LOG_EVERY_S:
+            log.warning(
+                "%s fell behind on %s: %d message(s) dropped since the last warning",
+                subscriber.consumer,
+                error.subject,
+                subscriber.unlogged,
+            )
+            subscriber.logged_at, subscriber.unlogged = now, 0
+        if subscriber.on_drop is not None:
+            subscriber.on_drop()
