@@ -387,7 +387,11 @@ def stop_all(processes: Started, rows: list[Row]) -> None:
     for process, _ in processes.values():
         process.terminate()
     for process, _ in processes.values():
-        process.wait(20)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:  # busy with a backlog: its figures are taken
+            process.kill()
+            process.wait(20)
 
 
 # -- planner and predictor -------------------------------------------------------------------
