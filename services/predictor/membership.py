@@ -125,8 +125,7 @@ class Membership:
         if self._kv is None:
             # No age limit: each key carries its TTL (created here on an open NATS only).
             kv = await self.bus.kv(self.settings.members_bucket)
-            status = await kv.raw.status()
-            if not status.stream_info.config.allow_msg_ttl:
+            if not await kv.expires_keys():
                 # nats-server 2.10 keeps the key of a dead replica for ever: its share would
                 # never be forecast again. Refuse rather than fail silently.
                 raise MembershipUnsupported(
@@ -152,12 +151,7 @@ class Membership:
         kv = await self._bucket()
         record = MemberRecord(replica=self.replica, seen=sorted(self.shard.members))
         sent = self.clock.now()
-        # A put with a per-message TTL (`Nats-TTL`): nats-py's KeyValue.put takes none.
-        await kv.js.publish(
-            f"$KV.{kv.bucket}.{self.key}",
-            record.model_dump_json().encode(),
-            msg_ttl=self.settings.lease_ttl_seconds,
-        )
+        await kv.put_expiring(self.key, record, ttl_seconds=self.settings.lease_ttl_seconds)
         acked = self.clock.now()
         members = parse_members(await kv.values())
         self.shard.renewed(sent=sent, acked=acked, members=members)
@@ -192,4 +186,4 @@ class Membership:
         come and go, and a marker per pod name would stay for ever."""
         if self._kv is not None:
             with contextlib.suppress(Exception):
-                await self._kv.raw.purge(self.key, msg_ttl=self.settings.lease_ttl_seconds)
+                await self._kv.purge_expiring(self.key, ttl_seconds=self.settings.lease_ttl_seconds)

@@ -18,7 +18,7 @@ import logging
 import os
 import ssl
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -148,6 +148,35 @@ def _login_options(
     return options
 
 
+def _error_callback(
+    name: str,
+    shown: str,
+    user: str | None,
+    *,
+    refused: asyncio.Future[ConnectionError],
+    on_permission_violation: Callable[[], None],
+    on_slow_consumer: Callable[[nats.errors.SlowConsumerError], None],
+) -> Callable[[Exception], Awaitable[None]]:
+    """What the connection does with an asynchronous error: a refusal fails the connect at
+    once, a permission violation is counted, a slow consumer is its subscriber's business."""
+
+    async def on_error(error: Exception) -> None:
+        if isinstance(error, nats.errors.SlowConsumerError):
+            on_slow_consumer(error)  # counted and logged there, not once per message here
+            return
+        text = str(error)
+        failure = _refusal(error, shown, user)
+        if failure is not None and not refused.done():
+            refused.set_result(failure)
+        if "permissions violation" in text.lower():
+            on_permission_violation()
+            log.error("NATS refused an operation of %s: %s%s", name, text, _why(text))
+            return
+        log.warning("NATS error: %s", text)
+
+    return on_error
+
+
 async def open_connection(
     url: str,
     *,
@@ -175,20 +204,14 @@ async def open_connection(
     async def on_reconnect() -> None:
         log.info("reconnected to NATS %s", shown)
 
-    async def on_error(error: Exception) -> None:
-        if isinstance(error, nats.errors.SlowConsumerError):
-            on_slow_consumer(error)  # counted and logged there, not once per message here
-            return
-        text = str(error)
-        failure = _refusal(error, shown, user)
-        if failure is not None and not refused.done():
-            refused.set_result(failure)
-        if "permissions violation" in text.lower():
-            on_permission_violation()
-            log.error("NATS refused an operation of %s: %s%s", name, text, _why(text))
-            return
-        log.warning("NATS error: %s", text)
-
+    on_error = _error_callback(
+        name,
+        shown,
+        user,
+        refused=refused,
+        on_permission_violation=on_permission_violation,
+        on_slow_consumer=on_slow_consumer,
+    )
     options = _login_options(credentials, user, password, tls_from_environment())
     connecting = asyncio.ensure_future(
         nats.connect(

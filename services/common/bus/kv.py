@@ -116,6 +116,22 @@ class TypedKV:
     async def put(self, key: str, value: BaseModel) -> int:
         return await self.raw.put(key, value.model_dump_json().encode())
 
+    async def expires_keys(self) -> bool:
+        """Whether the bucket lets a key carry its own TTL (nats-server 2.11 or later)."""
+        status = await self.raw.status()
+        return bool(status.stream_info.config.allow_msg_ttl)
+
+    async def put_expiring(self, key: str, value: BaseModel, *, ttl_seconds: int) -> None:
+        """Put a value that goes by itself `ttl_seconds` after, unless put again (a lease's
+        renewal). nats-py's `KeyValue.put` takes no TTL: the `Nats-TTL` header does it."""
+        subject = f"$KV.{self.bucket}.{key}"
+        await self.js.publish(subject, value.model_dump_json().encode(), msg_ttl=ttl_seconds)
+
+    async def purge_expiring(self, key: str, *, ttl_seconds: int) -> None:
+        """Remove a key with a marker that expires too (markers of short-lived names, such as
+        pod names, would otherwise stay for ever)."""
+        await self.raw.purge(key, msg_ttl=ttl_seconds)
+
     async def get(self, key: str, model: type[M]) -> M | None:
         value, _ = await self.get_revision(key, model)
         return value
