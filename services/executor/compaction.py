@@ -52,14 +52,16 @@ def scale_down_victims(
         return []
     row_of = {node.name: row for row, node in enumerate(nodes)}
     allocatable = np.array([node.allocatable.vector() for node in nodes]).reshape(-1, 3)
-    used = np.zeros_like(allocatable)
-    for pod in live:
-        if pod.node in row_of:
-            used[row_of[pod.node]] += pod.requests.vector()
     by_node: dict[str, list[Pod]] = {}
     for pod in ready:
         if pod.node in row_of:
             by_node.setdefault(pod.node, []).append(pod)
+    # Only the nodes holding the target's pods are weighed (entry_rest reads no other row):
+    # the rest of the cluster's pods cost a membership test each, not a numpy addition.
+    used = np.zeros_like(allocatable)
+    for pod in live:
+        if pod.node in by_node:
+            used[row_of[pod.node]] += pod.requests.vector()
     names = sorted(by_node)
     node_rows = np.array([row_of[name] for name in names], dtype=np.int64)
     counts = np.array([len(by_node[name]) for name in names], dtype=np.int64)

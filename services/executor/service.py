@@ -347,7 +347,10 @@ async def _connect(
     """The port, and its packing writes on Kubernetes (a simulated cluster packs by itself)."""
     if cluster is not None:
         return cluster, None
-    port = await open_kubernetes(settings.kubeconfig, context=settings.kube_context)
+    # Every scale-down lists the cluster's nodes and pods (compaction), and so does the batch
+    # advertiser each period: the port follows them with informers and answers from their
+    # caches instead of listing the whole cluster each time.
+    port = await open_kubernetes(settings.kubeconfig, context=settings.kube_context, follow=True)
     return port, port.packing_writer()
 
 

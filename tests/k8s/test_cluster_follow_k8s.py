@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.k8s.cluster_objects import create, pod_template, service_kubeconfig
+from tests.k8s.cluster_objects import (
+    bind_cluster_role,
+    create,
+    pod_template,
+)
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.cluster.informer import RELISTS
 from tideshift.services.cluster.kubernetes import KubernetesClusterPort
@@ -94,10 +98,21 @@ async def test_a_following_port_lists_from_caches_its_watch_keeps_current(
 async def test_without_the_right_to_watch_each_listing_lists_afresh(
     admin: KubeHttp, k8s_namespace: str, k8s_service_account_kubeconfig: Callable[..., Path]
 ) -> None:
-    # The `tideshift-executor` ClusterRole of the chart grants list on pods, and no watch.
-    kubeconfig = service_kubeconfig(
-        admin, k8s_namespace, "executor", k8s_service_account_kubeconfig
+    # A role that may list pods and nodes but not watch them (the chart's executor role may
+    # watch both: an operator's narrower role is what this covers).
+    role = f"list-only-{k8s_namespace}"
+    create(
+        admin,
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": [{"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["list"]}],
+        },
     )
+    kubeconfig = k8s_service_account_kubeconfig(k8s_namespace, "list-only")
+    bind_cluster_role(admin, role, k8s_namespace, "list-only")
     pods = f"/api/v1/namespaces/{k8s_namespace}/pods"
     port = await asyncio.to_thread(
         KubernetesClusterPort.from_kubeconfig, kubeconfig, namespace=k8s_namespace, follow=True
