@@ -15,6 +15,7 @@ from prometheus_client import Counter
 from tideshift.events import NodeChanged, PodChanged, WorkloadChanged
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.clock import Clock, wait_for_event
+from tideshift.services.common.memory import release_freed_memory
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.state import PlannerState
 
@@ -139,3 +140,5 @@ async def resync(
             wait = min(interval, RETRY_S)
         if workloads or any(repaired.values()):
             changed()
+        # A flood's backlog, applied by now, leaves its memory in glibc's arenas.
+        await asyncio.to_thread(release_freed_memory)

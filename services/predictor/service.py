@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from tideshift.events.models import ForecastIssued, WorkloadChanged, WorkloadRef
 from tideshift.events.subjects import DEMAND_OBSERVED, FORECAST, WORKLOAD_CHANGED
 from tideshift.services.common.bus import follow
 from tideshift.services.common.clock import Clock, WallClock, wait_for_event
+from tideshift.services.common.memory import release_freed_memory
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import parse_settings
 from tideshift.services.predictor.forecaster import WorkloadForecaster, forget_metrics
@@ -64,14 +64,6 @@ REFUSED = Counter(
     "tideshift_predictor_announcements_skipped_total",
     "announced workloads not forecast: max_announced_workloads reached",
 )
-
-
-def release_freed_memory() -> None:
-    """glibc keeps what removed workloads' models freed in the arenas of the threads that
-    fitted them (RSS stayed ~3 MB per removed tidal workload, measured): malloc_trim returns
-    it to the OS. Without glibc (musl, macOS) there is nothing to call."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def build_source(settings: PredictorSettings) -> MetricSource:
