@@ -40,6 +40,7 @@ from tideshift.services.cluster.port import (
 from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.common.bus.client import DEAD_LETTER_REASON_BYTES, one_line
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
+from tideshift.services.common.memory import release_freed_memory
 from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
 from tideshift.services.watcher.snapshot import (
     VersionOrder,
@@ -52,6 +53,9 @@ from tideshift.services.watcher.snapshot import (
     same_state,
     workload_key,
 )
+
+# Snapshot writes after which an idle writer hands freed memory back to the OS (a burst).
+TRIM_AFTER_WRITES = 10_000
 
 log = logging.getLogger("tideshift.watcher")
 
@@ -238,11 +242,17 @@ class Watcher:
             log.warning("cannot update snapshot key %s: %s", key, error)
 
     async def _snapshot_writer(self) -> None:
+        written = 0  # since memory was last handed back
         while True:
             await self._pending_ready.wait()
             self._pending_ready.clear()
+            written += len(self._pending)
             await self._write_all(self._pending)
             if not self._pending:
+                if written >= TRIM_AFTER_WRITES:
+                    # A burst's events are freed by now, but glibc keeps them in its arenas.
+                    await asyncio.to_thread(release_freed_memory)
+                    written = 0
                 self._idle.set()
 
     async def _write_all(self, batch: dict[str, ClusterEvent | None]) -> None:

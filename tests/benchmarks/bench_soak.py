@@ -749,6 +749,7 @@ def spawn_watcher(args: argparse.Namespace, nats_url: str) -> subprocess.Popen[s
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env=dict(os.environ, MALLOC_ARENA_MAX="2"),  # as the images set it (Dockerfile)
     )
 
 
