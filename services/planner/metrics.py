@@ -10,12 +10,15 @@ left the plan is removed, so the label sets stay as many as the cluster's object
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable, Mapping
+import logging
+from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 from prometheus_client import Gauge, Histogram
 
 from tideshift.services.planner import policy as pol
+
+log = logging.getLogger("tideshift.planner")
 
 DEMAND = Gauge(
     "tideshift_planner_demand_rps",
@@ -44,6 +47,9 @@ INGEST_LAG = Histogram(
     "tideshift_planner_ingest_lag_seconds",
     "Age of each node/pod event when the planner applied it (watcher observed -> applied)",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+TARGETS = Gauge(
+    "tideshift_planner_targets", "Serving workloads and training jobs in the latest plan"
 )
 CLUSTER_OBJECTS = Gauge(
     "tideshift_planner_cluster_objects", "Nodes and pods in the planner's view", ["kind"]
@@ -120,3 +126,18 @@ def _lent(inputs: pol.PlanInputs) -> dict[tuple[str, ...], float]:
         minlength=len(cluster.node_names),
     )
     return {(node,): float(cpu[row]) for row, node in enumerate(cluster.node_names)}
+
+
+# New degraded reasons logged one by one per plan; the rest are counted in one line.
+LOGGED_REASONS = 10
+
+
+def log_degraded(before: Sequence[str], reasons: Sequence[str]) -> None:
+    """Log the reasons that are new since `before`, a few of them: thousands of workloads
+    announced one by one would otherwise log the whole list again at every plan."""
+    known = set(before)
+    new = [reason for reason in reasons if reason not in known]
+    for reason in new[:LOGGED_REASONS]:
+        log.warning("degraded: %s", reason)
+    if len(new) > LOGGED_REASONS:
+        log.warning("degraded: %d more (%d in all)", len(new) - LOGGED_REASONS, len(reasons))

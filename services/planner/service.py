@@ -334,6 +334,7 @@ class Planner:
         # 150,000 pods: events applied while plan() runs in its thread cannot change them.
         inputs = self.state.inputs(now, targets)
         metrics.INPUTS_SECONDS.observe(time.perf_counter() - copying)
+        metrics.TARGETS.set(len(targets.serving) + len(targets.jobs))
         metrics.CLUSTER_OBJECTS.labels("node").set(len(inputs.cluster.node_names))
         metrics.CLUSTER_OBJECTS.labels("pod").set(len(inputs.cluster.pod_node))
         # Off the event loop, so the subscriptions drain meanwhile; the policy state and the
@@ -351,10 +352,9 @@ class Planner:
         self.state.remember_allowed(targets.serving, decision.targets)
         reasons = tuple(decision.fallbacks)
         if reasons != self.reasons:
+            metrics.log_degraded(self.reasons, reasons)
             self.reasons = reasons
             DEGRADED.set(1 if reasons else 0)
-            for reason in reasons:
-                log.warning("degraded: %s", reason)
             await self._announce()
         if not self.leader:
             return

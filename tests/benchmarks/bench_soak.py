@@ -117,12 +117,15 @@ def metric(port: int, name: str) -> float | None:
     return next((float(line.split()[1]) for line in lines if line.startswith(name + " ")), None)
 
 
-async def caught_up(port: int, settle_s: float) -> float:
-    """Seconds until the predictor forecasts no workload (the flood's were all deleted; a
-    dropped deletion waits for its resync with the snapshot), at most `settle_s`."""
+async def caught_up(ports: dict[str, int], settle_s: float) -> float:
+    """Seconds until neither the predictor forecasts nor the planner plans a workload (the
+    flood's were all deleted; a dropped deletion waits for its resync with the snapshot), at
+    most `settle_s`."""
     started = time.monotonic()
     while time.monotonic() - started < settle_s:
-        if metric(port, "tideshift_predictor_workloads") == 0:
+        predicting = metric(ports["predictor"], "tideshift_predictor_workloads")
+        planning = metric(ports["planner"], "tideshift_planner_targets")
+        if predicting == 0 and planning == 0:
             break
         await asyncio.sleep(0.5)
     return time.monotonic() - started
@@ -456,16 +459,17 @@ async def soak_bus_services(args: argparse.Namespace, nats_url: str, logs: Path)
         sampler = Sampler(pids)
         sent = await flood(nats_url, args.names, args.budget, args.only)
         port = processes["predictor"][1]
-        took = await caught_up(port, args.settle)
+        took = await caught_up({name: p[1] for name, p in processes.items()}, args.settle)
         # the predictor hands removed models' memory back about 1 s after removing them
         await settled_rss(processes["predictor"][0].pid, timeout_s=15)
         await settled_rss(processes["planner"][0].pid, timeout_s=15)
         rows = rows_of(sampler, await sampler.stop(), sent)
         at_cap = metric(port, "tideshift_predictor_announcements_skipped_total")
         left = metric(port, "tideshift_predictor_workloads")
+        planned = metric(processes["planner"][1], "tideshift_planner_targets")
         rows[-1].notes.append(
-            f"{at_cap} announcements skipped at the cap; {left} workloads forecast "
-            f"{took:.0f} s after the flood (at most --settle {args.settle:g})"
+            f"{at_cap} announcements skipped at the cap; {left} workloads forecast and "
+            f"{planned} planned {took:.0f} s after the flood (at most --settle {args.settle:g})"
         )
         lasts = await snapshots(processes, traced, 1)
         for row in rows if firsts else ():
