@@ -133,18 +133,24 @@ async def test_a_stream_that_ends_without_items_counts_as_a_failure() -> None:
     assert clock.sleeps == [0.5, 1.0]
 
 
-async def test_stopping_ends_a_quiet_stream() -> None:
-    stopping = asyncio.Event()
-    opened, closed = asyncio.Event(), asyncio.Event()
+def quiet_stream(opened: asyncio.Event, closed: asyncio.Event) -> Callable[[], AsyncIterator[int]]:
+    """A subscription that never delivers; says when it is opened and when closed."""
 
     async def quiet() -> AsyncIterator[int]:
         opened.set()
         try:
-            await asyncio.Event().wait()  # never delivers
+            await asyncio.Event().wait()
             yield 0
         finally:
             closed.set()
 
+    return quiet
+
+
+async def test_stopping_ends_a_quiet_stream() -> None:
+    stopping = asyncio.Event()
+    opened, closed = asyncio.Event(), asyncio.Event()
+    quiet = quiet_stream(opened, closed)
     following = asyncio.ensure_future(run(quiet, stopping))
     await asyncio.wait_for(opened.wait(), SAFETY_S)
     stopping.set()
@@ -156,15 +162,7 @@ async def test_stopping_ends_a_quiet_stream() -> None:
 async def test_cancelling_the_caller_closes_the_subscription_at_once() -> None:
     stopping = asyncio.Event()
     opened, closed = asyncio.Event(), asyncio.Event()
-
-    async def quiet() -> AsyncIterator[int]:
-        opened.set()
-        try:
-            await asyncio.Event().wait()  # never delivers
-            yield 0
-        finally:
-            closed.set()
-
+    quiet = quiet_stream(opened, closed)
     following = asyncio.ensure_future(run(quiet, stopping))
     await asyncio.wait_for(opened.wait(), SAFETY_S)
     following.cancel()
