@@ -299,7 +299,7 @@ class Bus:
             pending_msgs_limit=buffer,
             pending_bytes_limit=buffer * EVENT_BYTES_BUDGET,
         )
-        self.slow_consumers.register(subscription, consumer, on_drop)
+        self.slow_consumers.register(subscription, consumer, on_drop, inbox.qsize)
         try:
             while True:
                 msg = await inbox.get()

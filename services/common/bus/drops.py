@@ -1,7 +1,8 @@
-"""Messages a core-NATS subscriber lost because it fell behind (nats-py's "slow consumer"):
-counted per consumer, logged at most once a minute per consumer, and handed to the
-subscriber's own callback so it can repair what it missed (the planner reads its snapshot
-again at once). Imports nats only for the error's type."""
+"""A connection's core-NATS subscribers: how many messages each has waiting (its backlog: a
+truthful "behind", whatever the producers' clocks say), and the messages one lost because it
+fell behind (nats-py's "slow consumer"): counted per consumer, logged at most once a minute
+per consumer, and handed to the subscriber's own callback so it can repair what it missed
+(the planner reads its snapshot again at once). Imports nats only for its types."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ LOG_EVERY_S = 60.0
 class _Subscriber:
     consumer: str
     on_drop: Callable[[], None] | None
+    waiting: Callable[[], int]  # messages taken from the server, not yet handed over
     logged_at: float = float("-inf")
     unlogged: int = 0
 
@@ -41,9 +43,21 @@ class SlowConsumers:
     _by_subscription: dict[Subscription, _Subscriber] = field(default_factory=dict)
 
     def register(
-        self, subscription: Subscription, consumer: str, on_drop: Callable[[], None] | None
+        self,
+        subscription: Subscription,
+        consumer: str,
+        on_drop: Callable[[], None] | None,
+        waiting: Callable[[], int],
     ) -> None:
-        self._by_subscription[subscription] = _Subscriber(consumer, on_drop)
+        self._by_subscription[subscription] = _Subscriber(consumer, on_drop, waiting)
+
+    def backlog(self, consumer: str) -> int:
+        """Messages waiting for `consumer`, over all its subscriptions on this connection."""
+        return sum(
+            subscription.pending_msgs + subscriber.waiting()
+            for subscription, subscriber in self._by_subscription.items()
+            if subscriber.consumer == consumer
+        )
 
     def forget(self, subscription: Subscription) -> None:
         self._by_subscription.pop(subscription, None)

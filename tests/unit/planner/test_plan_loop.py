@@ -1,14 +1,17 @@
 """The planner's plan loop (`Planner._plan_loop`) with its plan replaced (no bus): a burst
 of cluster events during a plan costs one more plan, on the latest state, and a forecast
-does not wait for cluster churn's coalescing window. Waits are on conditions."""
+does not wait for cluster churn's coalescing window; /readyz says "behind" from the planner's
+own backlog. Waits are on conditions."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 from tideshift.events import ForecastIssued, ForecastPoint, PodChanged, Resources, WorkloadRef
-from tideshift.services.planner.service import INGEST_LAG_LIMIT_S, Planner
+from tideshift.services.common.bus.drops import SlowConsumers
+from tideshift.services.planner.service import BEHIND_FRACTION, Planner
 from tideshift.services.planner.settings import PlannerSettings
 
 TIMEOUT_S = 30.0
@@ -108,12 +111,23 @@ async def test_a_forecast_does_not_wait_behind_the_churn_window() -> None:
         await asyncio.wait_for(task, TIMEOUT_S)
 
 
-def test_readiness_says_behind_while_cluster_events_arrive_late() -> None:
+class Waiting:
+    """A subscription as the bus's registry sees it: messages the server sent, not yet read."""
+
+    pending_msgs = 0
+
+
+def test_readiness_says_behind_while_its_own_backlog_is_long_not_for_a_stale_stamp() -> None:
+    subscribers = SlowConsumers()
     late_planner = planner(coalesce_s=1.0)
-    assert late_planner.readiness() == []
+    late_planner.bus = SimpleNamespace(slow_consumers=subscribers)  # type: ignore[assignment]
+    queued = [0]
+    subscribers.register(Waiting(), "planner-t", None, lambda: queued[0])  # type: ignore[arg-type]
+    # An event stamped long ago (a clock apart, a replay) is no sign of a backlog.
     late = pod(0).model_copy(update={"observed_at": datetime.fromtimestamp(0, UTC)})
     late_planner._apply_cluster(late_planner.state.apply_pod, late)
-    assert [r for r in late_planner.readiness() if r.startswith("behind:")]
-    late_planner._apply_cluster(late_planner.state.apply_pod, pod(1))  # on time again
-    late_planner.lagged_at -= INGEST_LAG_LIMIT_S + 1  # the late one left the window
+    assert late_planner.readiness() == []
+    queued[0] = late_planner.settings.subscription_buffer // BEHIND_FRACTION + 1
+    assert late_planner.readiness() == [f"behind: {queued[0]} events waiting to be applied"]
+    queued[0] = 0  # caught up
     assert late_planner.readiness() == []
