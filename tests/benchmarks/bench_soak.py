@@ -462,6 +462,8 @@ async def soak_bus_services(args: argparse.Namespace, nats_url: str, logs: Path)
         took = await caught_up({name: p[1] for name, p in processes.items()}, args.settle)
         # the predictor hands removed models' memory back about 1 s after removing them
         await settled_rss(processes["predictor"][0].pid, timeout_s=15)
+        # The planner hands a flood's freed memory back after its next snapshot resync.
+        await asyncio.sleep(args.linger)
         await settled_rss(processes["planner"][0].pid, timeout_s=15)
         rows = rows_of(sampler, await sampler.stop(), sent)
         at_cap = metric(port, "tideshift_predictor_announcements_skipped_total")
@@ -808,6 +810,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--names", type=int, default=1_000_000, help="distinct names per subject")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds per subject at most")
+    parser.add_argument(
+        "--linger",
+        type=float,
+        default=130.0,
+        help="seconds to wait after catching up before the planner's 'after' (its snapshot "
+        "resync, every 2 min, hands freed memory back)",
+    )
     parser.add_argument(
         "--settle",
         type=float,
