@@ -393,7 +393,7 @@ class Forecasts:
         while True:
             for name in list(self.level):
                 await self.publish(name)
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # the predictor's cadence, not a wait: cancelled at the end
 
 
 async def jumps(
@@ -447,7 +447,7 @@ class Sampler:
     async def run(self) -> None:
         while True:
             await asyncio.to_thread(self.sample)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the sampling period, not a wait: cancelled at the end
 
 
 def plan_histogram(
@@ -685,7 +685,10 @@ async def run_phases(
         churn = asyncio.create_task(jumps(forecasts, observed, size, stop))
         for second in range(0, int(args.churn_seconds), 10):
             print(f"   churn: {second}s, {len(observed.plan_seconds)} plans so far", flush=True)
-            await asyncio.sleep(min(10, args.churn_seconds - second))
+            # The churn's window, cut short if the jumps fail (their error surfaces below).
+            await asyncio.wait({churn}, timeout=min(10, args.churn_seconds - second))
+            if churn.done():
+                break
         stop.set()
         result.churn_jumps, missed = await asyncio.wait_for(churn, WAIT_S * 2)
         result.missed += missed
