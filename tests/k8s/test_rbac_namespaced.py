@@ -125,6 +125,21 @@ def may(
     return bool(review.get("status", {}).get("allowed"))
 
 
+def granted(admin: KubeHttp, account: str, verb: str, resource: str, **where: str) -> bool:
+    """`may`, once the authorizer has learnt the new roles and bindings (it follows them by a
+    watch, so a grant shows moments after it is created); False after 30 s."""
+    try:
+        return bool(
+            wait_until(
+                lambda: may(admin, account, verb, resource, **where),
+                timeout=30,
+                what=f"{account} may {verb} {resource}",
+            )
+        )
+    except TimeoutError:
+        return False
+
+
 def test_one_namespace_confines_the_executor_and_the_watcher_to_it(
     admin: KubeHttp,
     k8s_namespace: str,
@@ -138,27 +153,27 @@ def test_one_namespace_confines_the_executor_and_the_watcher_to_it(
     watcher = f"system:serviceaccount:{k8s_namespace}:ts-tideshift-watcher"
 
     scale = {"group": "apps", "subresource": "scale"}
-    assert may(admin, executor, "update", "deployments", namespace=team, **scale)
+    assert granted(admin, executor, "update", "deployments", namespace=team, **scale)
     assert not may(admin, executor, "update", "deployments", namespace=outside, **scale)
-    assert may(admin, executor, "patch", "jobs", namespace=team, group="batch")
+    assert granted(admin, executor, "patch", "jobs", namespace=team, group="batch")
     assert not may(admin, executor, "patch", "jobs", namespace=outside, group="batch")
-    assert may(admin, executor, "patch", "pods", namespace=team)
+    assert granted(admin, executor, "patch", "pods", namespace=team)
     assert not may(admin, executor, "patch", "pods", namespace=outside)
     assert not may(admin, executor, "create", "events", namespace=outside)
     # Cluster-wide, and only these: nodes, their status, and listing pods (compaction).
-    assert may(admin, executor, "list", "nodes")
-    assert may(admin, executor, "patch", "nodes", subresource="status")
-    assert may(admin, executor, "list", "pods")
+    assert granted(admin, executor, "list", "nodes")
+    assert granted(admin, executor, "patch", "nodes", subresource="status")
+    assert granted(admin, executor, "list", "pods")
     assert not may(admin, executor, "get", "pods", namespace=outside)
     assert not may(admin, executor, "patch", "nodes")
 
     workloads = {"group": "apps"}
-    assert may(admin, watcher, "watch", "deployments", namespace=team, **workloads)
+    assert granted(admin, watcher, "watch", "deployments", namespace=team, **workloads)
     assert not may(admin, watcher, "watch", "deployments", namespace=outside, **workloads)
     assert not may(admin, watcher, "list", "pods")
-    assert may(admin, watcher, "list", "pods", namespace=team)
-    assert may(admin, watcher, "watch", "nodes")
-    assert may(admin, watcher, "create", "events", namespace=team)
+    assert granted(admin, watcher, "list", "pods", namespace=team)
+    assert granted(admin, watcher, "watch", "nodes")
+    assert granted(admin, watcher, "create", "events", namespace=team)
     assert not may(admin, watcher, "create", "events", namespace=outside)
 
     assert env_of(docs, "tideshift-executor")["TIDESHIFT_ALLOWED_NAMESPACES"] == f'["{team}"]'
@@ -179,17 +194,17 @@ def test_several_namespaces_confine_the_watcher_to_them(
 
     scale = {"group": "apps", "subresource": "scale"}
     for listed in (first, second):
-        assert may(admin, executor, "update", "deployments", namespace=listed, **scale)
-        assert may(admin, watcher, "create", "events", namespace=listed)
+        assert granted(admin, executor, "update", "deployments", namespace=listed, **scale)
+        assert granted(admin, watcher, "create", "events", namespace=listed)
     assert not may(admin, executor, "update", "deployments", namespace=outside, **scale)
     # The watcher watches each listed namespace on its own: nothing outside, nothing
     # cluster-wide but nodes.
     for listed in (first, second):
-        assert may(admin, watcher, "watch", "deployments", namespace=listed, group="apps")
-        assert may(admin, watcher, "list", "pods", namespace=listed)
+        assert granted(admin, watcher, "watch", "deployments", namespace=listed, group="apps")
+        assert granted(admin, watcher, "list", "pods", namespace=listed)
     assert not may(admin, watcher, "watch", "deployments", namespace=outside, group="apps")
     assert not may(admin, watcher, "list", "pods")
-    assert may(admin, watcher, "watch", "nodes")
+    assert granted(admin, watcher, "watch", "nodes")
     assert not may(admin, watcher, "create", "events", namespace=outside)
     assert not may(admin, watcher, "patch", "events", namespace=outside)
 
