@@ -107,25 +107,42 @@ def ready(port: int) -> bool:
         return False
 
 
-def metric(port: int, name: str) -> float | None:
-    """An unlabelled sample from a service's /metrics; None when absent or unreachable."""
+def scrape(port: int) -> list[str] | None:
+    """A service's /metrics lines; None when unreachable."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-            lines = answer.read().decode().splitlines()
+            return answer.read().decode().splitlines()
     except OSError:
         return None
+
+
+def metric(port: int, name: str) -> float | None:
+    """An unlabelled sample from a service's /metrics; None when absent or unreachable."""
+    lines = scrape(port) or []
     return next((float(line.split()[1]) for line in lines if line.startswith(name + " ")), None)
+
+
+def backlog(port: int) -> float | None:
+    """The messages a service's subscriptions hold, not yet applied (all its consumers)."""
+    lines = scrape(port)
+    if lines is None:
+        return None
+    return sum(
+        float(line.split()[-1]) for line in lines if line.startswith("tideshift_bus_backlog{")
+    )
 
 
 async def caught_up(ports: dict[str, int], settle_s: float) -> float:
     """Seconds until neither the predictor forecasts nor the planner plans a workload (the
-    flood's were all deleted; a dropped deletion waits for its resync with the snapshot), at
-    most `settle_s`."""
+    flood's were all deleted; a dropped deletion waits for its resync with the snapshot) and
+    neither holds a message it has not applied (a backlog is memory held, not kept), at most
+    `settle_s`."""
     started = time.monotonic()
     while time.monotonic() - started < settle_s:
         predicting = metric(ports["predictor"], "tideshift_predictor_workloads")
         planning = metric(ports["planner"], "tideshift_planner_targets")
-        if predicting == 0 and planning == 0:
+        waiting = [backlog(port) for port in ports.values()]
+        if predicting == 0 and planning == 0 and waiting == [0.0] * len(ports):
             break
         await asyncio.sleep(0.5)
     return time.monotonic() - started

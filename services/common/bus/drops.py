@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+import weakref
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import nats.errors
 from nats.aio.subscription import Subscription
-from prometheus_client import Counter
+from prometheus_client import REGISTRY, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("tideshift.bus")
 
@@ -36,11 +40,14 @@ class _Subscriber:
     unlogged: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # hashable by identity: the backlog gauge holds each weakly
 class SlowConsumers:
     """The connection's subscriptions, to name whoever a slow-consumer error is about."""
 
     _by_subscription: dict[Subscription, _Subscriber] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _LIVE.add(self)
 
     def register(
         self,
@@ -51,13 +58,16 @@ class SlowConsumers:
     ) -> None:
         self._by_subscription[subscription] = _Subscriber(consumer, on_drop, waiting)
 
+    def backlogs(self) -> Tally[str]:
+        """Messages waiting per consumer, over all subscriptions on this connection."""
+        waiting: Tally[str] = Tally()
+        for subscription, subscriber in self._by_subscription.items():
+            waiting[subscriber.consumer] += subscription.pending_msgs + subscriber.waiting()
+        return waiting
+
     def backlog(self, consumer: str) -> int:
         """Messages waiting for `consumer`, over all its subscriptions on this connection."""
-        return sum(
-            subscription.pending_msgs + subscriber.waiting()
-            for subscription, subscriber in self._by_subscription.items()
-            if subscriber.consumer == consumer
-        )
+        return self.backlogs()[consumer]
 
     def forget(self, subscription: Subscription) -> None:
         self._by_subscription.pop(subscription, None)
@@ -84,3 +94,29 @@ class SlowConsumers:
             subscriber.logged_at, subscriber.unlogged = now, 0
         if subscriber.on_drop is not None:
             subscriber.on_drop()
+
+
+# Every connection's registry in this process, for the backlog gauge (weakly: a closed
+# connection's subscribers drop out with it).
+_LIVE: weakref.WeakSet[SlowConsumers] = weakref.WeakSet()
+
+
+class _BacklogCollector(Collector):
+    """`tideshift_bus_backlog{consumer}`, read at scrape time: how far behind each consumer
+    is (a flood's backlog is memory the service holds until it has applied it)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "tideshift_bus_backlog",
+            "Core NATS messages waiting to be handed to each consumer's handler",
+            labels=["consumer"],
+        )
+        waiting: Tally[str] = Tally()
+        for consumers in list(_LIVE):
+            waiting.update(consumers.backlogs())
+        for consumer, count in sorted(waiting.items()):
+            family.add_metric([consumer], count)
+        yield family
+
+
+REGISTRY.register(_BacklogCollector())

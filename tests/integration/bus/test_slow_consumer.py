@@ -17,6 +17,10 @@ BUFFER = 4
 SENT = 200
 
 
+def backlog(consumer: str) -> float | None:
+    return REGISTRY.get_sample_value("tideshift_bus_backlog", {"consumer": consumer})
+
+
 def dropped(consumer: str) -> float:
     value = REGISTRY.get_sample_value("tideshift_bus_dropped_total", {"consumer": consumer})
     return value or 0.0
@@ -50,6 +54,8 @@ async def test_a_subscriber_that_falls_behind_is_told_and_counted(bus: Bus, uniq
     envelope = await asyncio.wait_for(first, WAIT)
     assert envelope.data.name == "p0"
     await asyncio.wait_for(first_drop.wait(), WAIT)
+    # What it kept waits in its buffers, and the backlog gauge says so at scrape time.
+    assert 0 < (backlog(unique) or 0) <= 2 * BUFFER + 1
     await subscription.aclose()
     # Each loss is one call and one count; what was kept is at most both buffers.
     assert drops
@@ -57,3 +63,4 @@ async def test_a_subscriber_that_falls_behind_is_told_and_counted(bus: Bus, uniq
     assert len(drops) >= SENT - 1 - 2 * BUFFER - 1
     # Unsubscribed: the bus forgets the subscriber (no callback kept alive by the registry).
     assert len(bus.slow_consumers) == 0
+    assert backlog(unique) is None
