@@ -61,6 +61,10 @@ LENT = Gauge(
 )
 
 
+# Label sets that may go before a gauge is started afresh rather than pruned one by one.
+SERIES_REBUILD_SLACK = 1000
+
+
 class _Series:
     """One gauge's values for the latest plan; label sets absent from it are removed."""
 
@@ -69,10 +73,16 @@ class _Series:
         self.shown: set[tuple[str, ...]] = set()
 
     def show(self, values: Mapping[tuple[str, ...], float]) -> None:
+        gone = self.shown - values.keys()
+        # The client keeps its label sets in a dict that never shrinks: once most of them
+        # are gone (a flood of workloads deleted), start it afresh instead.
+        if len(gone) > len(values) + SERIES_REBUILD_SLACK:
+            self.gauge.clear()
+            gone = set()
         for labels, value in values.items():
             self.gauge.labels(*labels).set(value)
-        for gone in self.shown - values.keys():
-            self.gauge.remove(*gone)
+        for labels in gone:
+            self.gauge.remove(*labels)
         self.shown = set(values)
 
 

@@ -15,7 +15,7 @@ from prometheus_client import Counter
 from tideshift.events import NodeChanged, PodChanged, WorkloadChanged
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.clock import Clock, wait_for_event
-from tideshift.services.common.memory import release_freed_memory
+from tideshift.services.common.memory import compact_tables, release_freed_memory
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.state import PlannerState
 
@@ -140,5 +140,8 @@ async def resync(
             wait = min(interval, RETRY_S)
         if workloads or any(repaired.values()):
             changed()
-        # A flood's backlog, applied by now, leaves its memory in glibc's arenas.
+        # A flood of names, applied by now and gone, leaves the state's tables sized for it
+        # and its memory in glibc's arenas.
+        for owner in (state, state.book, state.table):
+            compact_tables(owner)
         await asyncio.to_thread(release_freed_memory)

@@ -157,6 +157,9 @@ class PlannerState:
     nodes_absent: set[str] = field(default_factory=set)
     pods_absent: set[tuple[str, str]] = field(default_factory=set)
     absent_since: datetime | None = None
+    # Per table (by attribute name: a service may rebind a table to a compacted copy), its
+    # targets nobody announced, oldest first (see `_keep`).
+    untracked: dict[str, dict[pol.Target, None]] = field(default_factory=dict)
     # Unix seconds of the last node or pod event (from the start until the first one).
     last_cluster_event: float = field(init=False)
     companion_markers: dict[pol.Target, tuple[str, ...]] = field(init=False)
@@ -325,7 +328,7 @@ class PlannerState:
         forecast = forecast_of(event)
         if forecast.issued_at > now + FUTURE_SKEW_S:  # else it would never age (see `clamped`)
             forecast = replace(forecast, issued_at=now + FUTURE_SKEW_S)
-        self._keep(self.forecasts, event.workload, forecast)
+        self._keep("forecasts", self.forecasts, event.workload, forecast)
         return True
 
     def apply_observed(self, event: DemandObserved, now: float) -> bool:
@@ -336,7 +339,7 @@ class PlannerState:
         previous = self.observed.get(target)
         if previous is not None and previous[1] >= at:
             return False  # out of order: a newer one is kept already
-        self._keep(self.observed, target, (event.rps, at))
+        self._keep("observed", self.observed, target, (event.rps, at))
         fresh = now - at <= self.config.observed_max_age_s
         allowed = self.allowed_rps.get(target)
         return fresh and allowed is not None and event.rps > allowed
@@ -345,25 +348,31 @@ class PlannerState:
         """What the executor did; a result plans nothing by itself."""
         target = event.target
         if event.outcome in ("applied", "noop") and event.current is not None:
-            self._keep(self.known, target, event.current)
-            self._keep(self.confirmed, target, event.current)
+            self._keep("known", self.known, target, event.current)
+            self._keep("confirmed", self.confirmed, target, event.current)
         elif event.outcome in ("rejected", "failed"):
             # Forget what we asked for, so a later plan re-issues it (after resend_seconds).
             self.known.pop(target, None)
             self.confirmed.pop(target, None)
         return False
 
-    def _keep(self, table: dict[pol.Target, V], target: pol.Target, value: V) -> None:
-        """`table[target] = value`, with at most UNTRACKED_LIMIT entries for targets that are
-        not ours (the oldest such go first; re-inserted so the dict stays oldest first)."""
+    def _keep(self, name: str, table: dict[pol.Target, V], target: pol.Target, value: V) -> None:
+        """`table[target] = value` (`table` is the attribute `name`), with at most
+        UNTRACKED_LIMIT entries for targets that are not ours (the oldest such go first;
+        re-inserted so the dict stays oldest first). `untracked` keeps the order of those per
+        table, so a flood costs O(1) per event."""
         table.pop(target, None)
         table[target] = value
-        if len(table) <= UNTRACKED_LIMIT:
+        if target in self.book.announced or target in self.book.static_targets():
             return
-        ours = self.book.static_targets() | self.book.announced.keys()
-        untracked = [key for key in table if key not in ours]
-        for key in untracked[: len(untracked) - UNTRACKED_LIMIT]:
-            del table[key]
+        order = self.untracked.setdefault(name, {})
+        order.pop(target, None)
+        order[target] = None
+        while len(order) > UNTRACKED_LIMIT:
+            oldest = next(iter(order))
+            del order[oldest]
+            if oldest not in self.book.announced:  # announced since: ours now, kept
+                table.pop(oldest, None)
 
     def remember_allowed(
         self, serving: tuple[pol.ServingWorkload, ...], decided: Sequence[pol.TargetDecision]

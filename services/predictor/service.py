@@ -37,7 +37,7 @@ from tideshift.events.models import ForecastIssued, WorkloadChanged, WorkloadRef
 from tideshift.events.subjects import DEMAND_OBSERVED, FORECAST, WORKLOAD_CHANGED
 from tideshift.services.common.bus import follow
 from tideshift.services.common.clock import Clock, WallClock, wait_for_event
-from tideshift.services.common.memory import release_freed_memory
+from tideshift.services.common.memory import compact_tables, release_freed_memory
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import parse_settings
 from tideshift.services.predictor.forecaster import WorkloadForecaster, forget_metrics
@@ -255,6 +255,7 @@ class Fleet:
     async def _release(self) -> None:
         # A second later: the removed workloads' tasks have ended and dropped their models.
         if not await wait_for_event(self.clock, self.context.stopping, 1.0):
+            compact_tables(self)  # its tables keep the slots of every workload removed
             await asyncio.to_thread(release_freed_memory)
 
     async def follow(self) -> None:

@@ -40,7 +40,7 @@ from tideshift.services.cluster.port import (
 from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.common.bus.client import DEAD_LETTER_REASON_BYTES, one_line
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
-from tideshift.services.common.memory import release_freed_memory
+from tideshift.services.common.memory import compact_tables, compacted, release_freed_memory
 from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
 from tideshift.services.watcher.snapshot import (
     VersionOrder,
@@ -250,7 +250,10 @@ class Watcher:
             await self._write_all(self._pending)
             if not self._pending:
                 if written >= TRIM_AFTER_WRITES:
-                    # A burst's events are freed by now, but glibc keeps them in its arenas.
+                    # A burst's events are freed by now, but the tables keyed by their names
+                    # keep the slots, and glibc keeps the rest in its arenas.
+                    compact_tables(self.order)
+                    self._reported = compacted(self._reported)
                     await asyncio.to_thread(release_freed_memory)
                     written = 0
                 self._idle.set()

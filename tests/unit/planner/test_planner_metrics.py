@@ -86,3 +86,40 @@ def test_a_workload_that_leaves_the_plan_loses_its_series() -> None:
     assert sample("tideshift_planner_desired_replicas", **web, role="serving") is None
     batch = {"namespace": "ml", "name": "batch", "role": "training"}
     assert sample("tideshift_planner_desired_replicas", **batch) == 4.0
+
+
+def test_a_flood_that_leaves_the_plan_leaves_only_the_plan_s_series() -> None:
+    """Past SERIES_REBUILD_SLACK gone label sets the gauge is started afresh (its client's
+    table never shrinks): what stays is exactly the latest plan's."""
+    inputs, decision = plan_inputs()
+    flood = [
+        TargetDecision(Target("soak", "Deployment", f"w-{i}"), "serving", 1, 2, "forecast")
+        for i in range(metrics.SERIES_REBUILD_SLACK + 50)
+    ]
+    metrics.record(
+        inputs, Decision((*decision.targets, *flood), (), (), decision.node_usage), now=0.0
+    )
+    assert (
+        sample("tideshift_planner_desired_replicas", namespace="soak", name="w-7", role="serving")
+        == 2.0
+    )
+
+    metrics.record(inputs, decision, now=0.0)
+
+    desired = REGISTRY.get_sample_value
+    assert all(
+        desired(
+            "tideshift_planner_desired_replicas",
+            {"namespace": "soak", "name": f"w-{i}", "role": "serving"},
+        )
+        is None
+        for i in range(len(flood))
+    )
+    assert (
+        sample("tideshift_planner_desired_replicas", namespace="prod", name="web", role="serving")
+        == 5.0
+    )
+    assert (
+        sample("tideshift_planner_desired_replicas", namespace="ml", name="batch", role="training")
+        == 4.0
+    )
