@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tideshift.services.planner.policy import reasons
+from tideshift.services.planner.policy.lifetime import Reclaim, growth_gain
 from tideshift.services.planner.policy.model import FloatArray, PolicyConfig, Target
 from tideshift.services.planner.policy.tiers import Bounds, TierJob, TierSolver
 
@@ -272,17 +273,22 @@ def defer_small_growth(
     skip: set[int],
     total: FloatArray,
     config: PolicyConfig,
+    reclaim: Reclaim | None = None,
+    leftover: FloatArray | None = None,
 ) -> tuple[list[int], dict[int, str]]:
     """Small growth of a running job waits until it is worth a membership change: each change
     costs the job a restart, and serving's jitter would otherwise make trainers come and go
-    every few minutes. Growth that does not pay its restart over the horizon waits too.
-    Small is in trainers and in what they hold of the cluster (`total`): one GPU of 16 is no
-    jitter even when no other job wants GPUs. Returns the counts and the reasons of the
-    deferred jobs."""
+    every few minutes. Growth that does not pay its restart over the horizon waits too, and
+    growth into room serving is expected to take back (`reclaim`, beyond the `leftover` room
+    `counts` leave free) is cut to what pays its two restarts before then. Small is in
+    trainers and in what they hold of the cluster (`total`): one GPU of 16 is no jitter even
+    when no other job wants GPUs. Later jobs (the newest) are cut first: the room they leave
+    lasts longer for the others. Returns the counts and the reasons of the deferred jobs."""
     final = list(counts)
     deferred: dict[int, str] = {}
-    horizon = config.release_horizon_s
-    for i, item in enumerate(jobs):
+    room = _Room(reclaim or Reclaim.none(), np.zeros(3) if leftover is None else leftover.copy())
+    for i in reversed(range(len(jobs))):
+        item = jobs[i]
         growth = final[i] - item.current
         if i in skip or growth <= 0 or item.current < item.job.floor:
             continue
@@ -291,13 +297,54 @@ def defer_small_growth(
             growth <= max(1, config.grow_tolerance * item.current)
             and growth * held_share(item, total) < config.grow_tolerance
         ):
-            deferred[i] = reasons.growth_deferred(growth)
-        elif change_gain([item], [item.current], [final[i]], horizon_s=horizon, total=total) <= 0:
-            deferred[i] = (
-                f"growth by {growth} deferred: {final[i]} trainers instead of {item.current} "
-                f"do not pay a {item.job.restart_cost_s:g} s restart over the next "
-                f"{horizon:.0f} s"
-            )
-        if i in deferred:
-            final[i] = item.current
+            final[i], deferred[i] = item.current, reasons.growth_deferred(growth)
+        else:
+            final[i], why = room.paying(item, growth, total=total, config=config)
+            if why is not None:
+                deferred[i] = why
+        room.leftover += (counts[i] - final[i]) * item.request
     return final, deferred
+
+
+@dataclass(slots=True)
+class _Room:
+    """The room a tier's plan leaves free (aggregate), and when serving takes it back."""
+
+    reclaim: Reclaim
+    leftover: FloatArray
+
+    def lifetime(self, ungrown: int, item: TierJob) -> float | None:
+        """How long the room lasts when `ungrown` of the job's new trainers wait."""
+        return self.reclaim.lifetime(self.leftover + ungrown * item.request)
+
+    def paying(
+        self, item: TierJob, growth: int, *, total: FloatArray, config: PolicyConfig
+    ) -> tuple[int, str | None]:
+        """The job's count after the largest part of `growth` that pays: its restart over the
+        horizon while no forecast sees serving take the room back, else its two restarts
+        over the room's lifetime. The reason when the growth is cut."""
+        cost, horizon = item.job.restart_cost_s, config.release_horizon_s
+        part = next(
+            (p for p in range(growth, 0, -1) if self._pays(item, growth, p, total, horizon)), 0
+        )
+        if part == growth:
+            return item.current + part, None
+        lifetime = self.lifetime(0, item)
+        if lifetime is None:
+            return item.current, (
+                f"growth by {growth} deferred: {item.current + growth} trainers instead of "
+                f"{item.current} do not pay a {cost:g} s restart over the next {horizon:.0f} s"
+            )
+        return item.current + part, reasons.growth_into_reclaimed_room(growth, part, lifetime, cost)
+
+    def _pays(
+        self, item: TierJob, growth: int, part: int, total: FloatArray, horizon: float
+    ) -> bool:
+        """Whether growing by `part` of `growth` pays over the lifetime of the room it leaves."""
+        lifetime = self.lifetime(growth - part, item)
+        if lifetime is None:
+            grown = [item.current + part]
+            return change_gain([item], [item.current], grown, horizon_s=horizon, total=total) > 0
+        before = job_rate(item, item.current, total)
+        after = job_rate(item, item.current + part, total)
+        return growth_gain(before, after, lifetime_s=lifetime, cost_s=item.job.restart_cost_s) > 0

@@ -18,6 +18,7 @@ from tideshift.services.planner.policy.batch import (
     serving_staying,
     split_batch,
 )
+from tideshift.services.planner.policy.lifetime import expected_reclaim
 from tideshift.services.planner.policy.model import (
     Decision,
     FloatArray,
@@ -33,7 +34,7 @@ from tideshift.services.planner.policy.packing import (
     managed_targets,
     reserve_pending_companions,
 )
-from tideshift.services.planner.policy.serving import place_serving, size_serving
+from tideshift.services.planner.policy.serving import ServingPlan, place_serving, size_serving
 from tideshift.services.planner.policy.training import (
     TierPlan,
     Trainers,
@@ -57,7 +58,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
 
     # Without a fresh view of the cluster or of some serving demand, training must not take
     # capacity serving might need: it keeps what it has but does not grow.
-    growth_frozen = inputs.cluster_stale or bool(serving.fallbacks)
+    growth_frozen = _growth_frozen(inputs, serving)
 
     # 2-4. Training, tier by tier (higher priority first): what the tiers above leave goes to
     #      weighted dominant-resource-fair shares, gangs all or nothing, packed per node,
@@ -67,7 +68,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         usage = hold_released_room(inputs, entries, usage)
     free = reserve_pending_companions(inputs, entries, inputs.cluster.allocatable - usage)
     grew_at = {target: t for target, t in state.job_grew_at.items() if target in managed}
-    training = _plan_training(inputs, entries, free, grew_at, growth_frozen=growth_frozen, now=now)
+    training = _plan_training(inputs, entries, free, grew_at, serving, now=now)
 
     # 5. Batch jobs on what serving reserves but does not use (and what no request took):
     #    planned after serving, so serving never waits for them, and shrunk first when
@@ -103,22 +104,44 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     return decision, new_state
 
 
+def _growth_frozen(inputs: PlanInputs, serving: ServingPlan) -> bool:
+    """Whether training keeps what it has but does not grow (stale cluster or demand)."""
+    return inputs.cluster_stale or bool(serving.fallbacks)
+
+
 def _plan_training(
     inputs: PlanInputs,
     entries: ClusterEntries,
     free: FloatArray,
     grew_at: dict[Target, float],
+    serving: ServingPlan,
     *,
-    growth_frozen: bool,
     now: float,
 ) -> TierPlan:
-    """Every tier's training jobs, higher priority first, each on what the tiers above left."""
+    """Every tier's training jobs, higher priority first, each on what the tiers above left;
+    growth only into room serving is expected to keep long enough to pay its restarts."""
+    reclaim = expected_reclaim(
+        inputs.serving,
+        inputs.forecasts,
+        serving.desired,
+        {d.target: d.headroom.rise_ratio for d in serving.decisions if d.headroom is not None},
+        now=now,
+        config=inputs.config,
+    )
+    growth_frozen = _growth_frozen(inputs, serving)
     decisions: list[TargetDecision] = []
     infeasible: list[Infeasible] = []
     trainers = Trainers.of(inputs, entries)
     for tier in tier_priorities(inputs):
         outcome = plan_tier(
-            inputs, trainers, tier, free, grew_at=grew_at, growth_frozen=growth_frozen, now=now
+            inputs,
+            trainers,
+            tier,
+            free,
+            grew_at=grew_at,
+            growth_frozen=growth_frozen,
+            now=now,
+            reclaim=reclaim,
         )
         decisions += outcome.decisions
         infeasible += outcome.infeasible

@@ -150,6 +150,16 @@ def growth_deferred(growth: int) -> str:
     return f"growth by {growth} deferred (within tolerance, avoids flapping)"
 
 
+def growth_into_reclaimed_room(growth: int, kept: int, lifetime_s: float, cost_s: float) -> str:
+    """Growth cut because serving is expected to take its room back before it pays."""
+    head = f"growth by {growth} deferred" if kept == 0 else f"growth by {growth} cut to {kept}"
+    return (
+        f"{head}: serving is expected to take the room back in {lifetime_s:.0f} s, before "
+        f"{'the growth pays its' if kept == 0 else 'more trainers pay their'} two {cost_s:g} s "
+        "restarts"
+    )
+
+
 def gang_excluded(job: TrainingJob, *, growth_frozen: bool) -> str:
     reason = (
         f"gang minimum {job.floor} x {format_vector(job.trainer_requests)} "

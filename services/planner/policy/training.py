@@ -15,11 +15,13 @@ from tideshift.services.planner.policy.churn import (
     rebalance_partly,
     release_tolerance,
 )
+from tideshift.services.planner.policy.lifetime import Reclaim
 from tideshift.services.planner.policy.model import (
     FloatArray,
     Infeasible,
     IntArray,
     PlanInputs,
+    PolicyConfig,
     Target,
     TargetDecision,
 )
@@ -188,8 +190,10 @@ def plan_tier(
     grew_at: Mapping[Target, float],
     growth_frozen: bool,
     now: float,
+    reclaim: Reclaim | None = None,
 ) -> TierPlan:
-    """Fair shares within the churn limits, then the tier's decisions and placement."""
+    """Fair shares within the churn limits, then the tier's decisions and placement; growth
+    priced against when serving is expected to take its room back (`reclaim`)."""
     prepared = _prepare(inputs, trainers, tier, free)
     jobs, solver, config = prepared.jobs, prepared.solver, inputs.config
     bounds = [(item.job.floor, _upper(item, growth_frozen=growth_frozen)) for item in jobs]
@@ -217,9 +221,7 @@ def plan_tier(
         final = solver.fill([i for i in order if i not in held_excluded], base, holds.bounds)
         excluded = held_excluded
     held = rebalance.reasons | holds.reasons
-    final, deferred = defer_small_growth(
-        jobs, final, skip=excluded | set(held), total=solver.allocatable.sum(axis=0), config=config
-    )
+    final, deferred = _defer_growth(solver, final, excluded | set(held), config, reclaim)
     held.update(deferred)
     decisions, infeasible, final = _decide(
         tier,
@@ -239,6 +241,28 @@ def plan_tier(
         if count > 0
     ]
     return TierPlan(tuple(decisions), tuple(infeasible), left, new_grew)
+
+
+def _defer_growth(
+    solver: TierSolver,
+    counts: list[int],
+    skip: set[int],
+    config: PolicyConfig,
+    reclaim: Reclaim | None,
+) -> tuple[list[int], dict[int, str]]:
+    """The growth that waits (churn.py), priced against the room the tier leaves free
+    (aggregate) with `counts`."""
+    change = np.asarray(counts, dtype=np.float64) - solver.kept_totals
+    requests = np.array([item.request for item in solver.jobs], dtype=np.float64).reshape(-1, 3)
+    return defer_small_growth(
+        solver.jobs,
+        counts,
+        skip=skip,
+        total=solver.allocatable.sum(axis=0),
+        config=config,
+        reclaim=reclaim,
+        leftover=solver.base_free.sum(axis=0) - change @ requests,
+    )
 
 
 def _grown(
