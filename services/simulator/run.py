@@ -14,10 +14,8 @@ metrics over the step (`accounting.py`, the accountant the demo shares):
   their whole trainer vector (`cpu_batch` is their share);
 * stranded capacity: free cpu and GPUs on nodes where not one trainer of a job that wants more
   fits (`policy.stranded_capacity`), as a fraction of allocatable, time-averaged;
-* serving starved minutes: minutes in which some node's pods held more requests than its
-  allocatable, or what its pods use (batch trainers included, measured before they are
-  evicted) exceeded its allocatable, so serving could not get what its demand needed (must
-  stay 0);
+* serving starved minutes (must stay 0): minutes in which some node's pods requested, or
+  used (batch trainers included, before their eviction), more than its allocatable;
 * serving shortfall: request-seconds above ready replicas x `capacity_rps`; minutes with any;
 * training work: progress units, ready_trainers ** speedup_exponent per second while the job
   runs (gang and parameter servers ready), none for `restart_cost_s` after its trainer set
@@ -57,6 +55,7 @@ from tideshift.services.simulator.scenario import JobGroup, Scenario
 from tideshift.services.simulator.scenario_world import (
     cluster_plan_inputs,
     job_arrivals,
+    planned_job,
     resources,
     scenario_nodes,
     serving_need,
@@ -285,7 +284,7 @@ class _Run:
         inputs = cluster_plan_inputs(
             self.cluster,
             self.serving,
-            [run.policy_job for run in self.live.values()],
+            [planned_job(j.policy_job, j.progress, j.group.work) for j in self.live.values()],
             forecasters=self.forecasters,
             demands=demands,
             now=now,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from tideshift.services.planner import policy as pol
 from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec
 from tideshift.services.simulator.forecasters import SimForecaster
 from tideshift.services.simulator.scenario import GIB, JobGroup, Scenario, ServingSpec
+from tideshift.services.simulator.training import JobProgress
 
 
 def scenario_nodes(scenario: Scenario) -> list[Node]:
@@ -59,6 +61,12 @@ def job_arrivals(scenario: Scenario) -> list[tuple[float, JobGroup, str]]:
             )
     arrivals.sort(key=lambda item: (item[0], item[2]))
     return arrivals
+
+
+def planned_job(job: pol.TrainingJob, progress: JobProgress, work: float | None) -> pol.TrainingJob:
+    """The job as the planner sees it: a finite job with its true remaining work (what the
+    running planner estimates from the job's progress, services/planner/progress.py)."""
+    return replace(job, remaining_work=progress.remaining(work))
 
 
 def serving_need(spec: ServingSpec, rps: float) -> int:

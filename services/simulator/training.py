@@ -46,3 +46,9 @@ class JobProgress:
         productive = end - max(begin, self.paused_until)
         if productive > 0:
             self.work += ready**model.speedup_exponent * productive
+
+    def remaining(self, total: float | None) -> float | None:
+        """What a job of `total` work still has to do, as the planner's remaining work (seconds
+        at one trainer, as the running planner estimates it from the job's progress); None for
+        a job that runs until the end."""
+        return None if total is None else max(total - self.work, 0.0)

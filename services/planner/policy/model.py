@@ -139,8 +139,17 @@ class TrainingJob:
     # without progress while the job checkpoints and re-forms), policy/churn.py.
     speedup_exponent: float = 0.8
     restart_cost_s: float = 30.0
+    # What a finite job still has to do, in seconds at one trainer (at n trainers it takes
+    # this / n ** speedup_exponent), from its progress (policy/remaining.py); None: unknown or
+    # a long-running job. Room beyond the gangs goes to finite jobs shortest-remaining-first.
+    remaining_work: float | None = None
 
     def __post_init__(self) -> None:
+        if self.remaining_work is not None and not self.remaining_work >= 0:
+            raise ValueError(
+                f"{self.target.name}: remaining_work: expected seconds >= 0 or None "
+                f"(got {self.remaining_work!r})"
+            )
         if self.batch and self.trainer_requests[2] > 0:
             raise ValueError(
                 f"{self.target.name}: batch: GPUs are not lent, a batch job's trainers must "

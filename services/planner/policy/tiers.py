@@ -1,6 +1,7 @@
 """Tier solving: within one priority tier, admit the jobs whose gangs fit (all or nothing,
 earlier jobs first), then raise a weighted dominant-resource-fair level until the trainers no
-longer pack per node, then top up single trainers. Pure numpy; no I/O."""
+longer pack per node, then top up single trainers; finite jobs (a known remaining work) then
+share their room shortest-remaining-first. Pure numpy; no I/O."""
 
 from __future__ import annotations
 
@@ -180,7 +181,46 @@ class TierSolver:
         best = self._fill_progressively(levels, admitted)
         if best is None:
             best = self._bisect_per_node(levels, admitted)
-        return self._top_up(best, admitted, bounds)
+        counts = self._top_up(best, admitted, bounds)
+        finite = [i for i in admitted if self.jobs[i].job.remaining_work is not None]
+        if len(finite) < 2:
+            return counts
+        return self._top_up(self._shortest_first(counts, finite, bounds), admitted, bounds)
+
+    def _shortest_first(self, fair: list[int], finite: list[int], bounds: Bounds) -> list[int]:
+        """The finite jobs' room goes shortest-remaining-first (Tiresias, Lyra): each at its
+        floor, then each in turn (the soonest done at its most trainers first) grown as far
+        as it packs. Jobs of unknown length keep their fair counts: ordering them by age
+        instead gave the oldest long-running job everything (docs/EVALUATION.md)."""
+        counts = list(fair)
+        for i in finite:
+            counts[i] = bounds[i][0]
+
+        def soonest_done(i: int) -> tuple[float, float, int]:
+            job = self.jobs[i].job
+            work = job.remaining_work or 0.0
+            return (work / max(bounds[i][1], 1) ** job.speedup_exponent, job.submitted_at, i)
+
+        for i in sorted(finite, key=soonest_done):
+            counts[i] = self._most_that_packs(counts, i, bounds[i])
+        return counts
+
+    def _most_that_packs(self, counts: list[int], i: int, bound: tuple[int, int]) -> int:
+        """Job `i`'s most trainers within `bound` that still pack beside `counts` (bisection
+        below what the aggregate room allows)."""
+        low = counts[i]
+        _, free, _ = self.place(counts)
+        request = self.jobs[i].request
+        asked = request > 0
+        spare = (free.sum(axis=0)[asked] / request[asked]).min(initial=float(bound[1]))
+        high = min(bound[1], low + int(np.floor(max(spare, 0.0) + 1e-9)))
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.feasible([*counts[:i], middle, *counts[i + 1 :]]):
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def _fill_progressively(self, levels: _FairLevels, admitted: Sequence[int]) -> list[int] | None:
         """Raise the level to the aggregate bound, then freeze every job whose additions did

@@ -1,0 +1,78 @@
+"""Finite jobs (a known remaining work) share the room beyond their gangs shortest-remaining-
+first; jobs of unknown length keep their fair share (issue 26: on edl-training-only fair
+shares made identical jobs finish together, at a mean JCT worse than a static partition's;
+ordering by age instead took long-running jobs' room)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tideshift.services.planner.policy import (
+    ClusterView,
+    NodeSpec,
+    PlanInputs,
+    PlanState,
+    Target,
+    TrainingJob,
+    plan,
+)
+
+GIB = 2**30
+NODES = [NodeSpec(f"cpu-{i}", (16.0, 64 * GIB, 0.0)) for i in range(4)]  # 64 cores
+A, B, C = (Target("ml", "PyTorchJob", name) for name in ("a", "b", "c"))
+
+
+def job(target: Target, remaining: float | None, *, submitted_at: float) -> TrainingJob:
+    return TrainingJob(
+        target,
+        (1.0, 2 * GIB, 0.0),
+        4,
+        40,
+        submitted_at=submitted_at,
+        remaining_work=remaining,
+    )
+
+
+def desired(*jobs: TrainingJob) -> dict[Target, int]:
+    inputs = PlanInputs(
+        cluster=ClusterView.build(NODES, []),
+        serving=(),
+        jobs=jobs,
+        forecasts={},
+        current={item.target: 0 for item in jobs},
+    )
+    decision, _ = plan(inputs, PlanState(), 1000.0)
+    return decision.desired()
+
+
+def test_the_job_closest_to_done_gets_the_room_beyond_the_gangs() -> None:
+    got = desired(job(A, 50_000.0, submitted_at=0.0), job(B, 5_000.0, submitted_at=1.0))
+    assert got == {B: 40, A: 24}
+
+
+def test_without_remaining_work_the_same_jobs_share_fairly() -> None:
+    got = desired(job(A, None, submitted_at=0.0), job(B, None, submitted_at=1.0))
+    assert got == {A: 32, B: 32}
+
+
+def test_a_long_running_job_keeps_its_fair_share_beside_finite_ones() -> None:
+    got = desired(
+        job(A, None, submitted_at=0.0),
+        job(B, 90_000.0, submitted_at=1.0),
+        job(C, 1_000.0, submitted_at=2.0),
+    )
+    # Three fair shares of 64 cores: 22 + 21 + 21; the finite jobs' 42 go shortest first.
+    assert got[A] == 22
+    assert got[C] == 38
+    assert got[B] == 64 - 22 - 38
+
+
+@pytest.mark.parametrize("remaining", [0.0, 1.0])
+def test_a_job_about_to_end_is_first(remaining: float) -> None:
+    got = desired(job(A, 10_000.0, submitted_at=0.0), job(B, remaining, submitted_at=1.0))
+    assert got[B] == 40
+
+
+def test_a_negative_remaining_work_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="remaining_work: expected seconds >= 0"):
+        job(A, -1.0, submitted_at=0.0)
