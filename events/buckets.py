@@ -23,6 +23,9 @@ TRAINER_MEMBERS_BUCKET = "tideshift_trainer_members"
 # One key per live predictor replica, renewed with a per-key TTL: the workloads are shared
 # among the keys present (`services/predictor/shards.py`).
 PREDICTOR_MEMBERS_BUCKET = "tideshift_predictor_members"
+# Serving's rise history, one key per workload the planner sizes (`planner/rise_store.py`):
+# a restarted planner starts from what it had learned; keys expire after the rise window.
+RISE_HISTORY_BUCKET = "tideshift_rise_history"
 # Parameter servers' checkpoints (an object store bucket).
 TRAINER_CHECKPOINTS_BUCKET = "tideshift_trainer_checkpoints"
 
@@ -35,4 +38,5 @@ ALL_BUCKETS = (
     TRAINER_MEMBERS_BUCKET,
     TRAINER_CHECKPOINTS_BUCKET,
     PREDICTOR_MEMBERS_BUCKET,
+    RISE_HISTORY_BUCKET,
 )

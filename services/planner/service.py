@@ -15,16 +15,14 @@ The loop:
 * Publishes a `ScaleCommand` only where the desired count differs from what the target is
   known to want (its last command or executor result, else its live pods), each with the
   policy's reason, plus one `PlanDecided` per plan.
-* Leads through a KV lease: a second planner keeps its state warm but stays passive (no
-  commands) until the lease is free. Leadership and degraded-mode changes are announced as
-  `PlannerStatus` events.
+* Leads through a KV lease: a second planner keeps its state warm, passive (no commands)
+  until the lease is free; leadership and degraded-mode changes go out as `PlannerStatus`.
 * The safety net: the latest observed demand per serving workload (`DemandObserved`, from
   the predictor; older than `observed_max_age_seconds` is ignored) goes into every plan, and
   one above what the last plan allowed for (its replicas x capacity_rps) plans at once.
 * Stale inputs fall back to safe behaviour inside the policy: a workload without a fresh
-  forecast keeps its replicas, and while any input is stale training does not grow. A
-  watcher silent for `cluster_silence_seconds` (no node or pod event) marks the cluster view
-  stale, which also stops serving scale-down.
+  forecast keeps its replicas, and while any input is stale training does not grow; a watcher
+  silent (no node or pod event) for `cluster_silence_seconds` also stops serving scale-down.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from tideshift.events import (
     DEMAND_OBSERVED,
     FORECAST,
+    JOB_PROGRESS,
     NODE_CHANGED,
     PLAN_DECIDED,
     PLANNER_STATUS,
@@ -72,6 +71,7 @@ from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
 from tideshift.services.planner.isolation import Quarantine
 from tideshift.services.planner.outputs import idempotency_key, plan_decided, skipped_held
+from tideshift.services.planner.rise_store import RiseStore
 from tideshift.services.planner.settings import PlannerSettings
 from tideshift.services.planner.state import PlannerState, PlanTrigger
 
@@ -136,6 +136,7 @@ class Planner:
         self._pin_kv: TypedKV | None = None
         self._last_pins: dict[pol.Target, ScalePin] = {}
         self.quarantine = Quarantine()
+        self.rises = RiseStore.of(self.bus, self.settings)
         self.last_plan_at = self.clock.now()
 
     def readiness(self) -> list[str]:
@@ -162,6 +163,7 @@ class Planner:
             (FORECAST.filter(), partial(self._apply, state.apply_forecast)),
             (DEMAND_OBSERVED.filter(), partial(self._apply, state.apply_observed)),
             (SCALE_RESULT.filter(), partial(self._apply, state.apply_result)),
+            (JOB_PROGRESS.filter(), partial(self._apply, state.apply_progress)),
         ]
         tasks = [asyncio.create_task(self._follow(subject, apply)) for subject, apply in followed]
         tasks.append(asyncio.create_task(self._wake_on_stop()))
@@ -337,6 +339,7 @@ class Planner:
         metrics.TARGETS.set(len(targets.serving) + len(targets.jobs))
         metrics.CLUSTER_OBJECTS.labels("node").set(len(inputs.cluster.node_names))
         metrics.CLUSTER_OBJECTS.labels("pod").set(len(inputs.cluster.pod_node))
+        self.policy_state = await self.rises.warm(self.policy_state, inputs.serving, now)
         # Off the event loop, so the subscriptions drain meanwhile; the policy state and the
         # quarantine are touched by this one plan only (the loop runs one at a time).
         decision, self.policy_state, skipped = await asyncio.to_thread(
@@ -350,6 +353,7 @@ class Planner:
             UNPLANNABLE.inc()
             log.warning("%s %s", target, reason)
         self.state.remember_allowed(targets.serving, decision.targets)
+        await self.rises.save(self.policy_state, inputs.serving, now, leader=self.leader)
         reasons = tuple(decision.fallbacks)
         if reasons != self.reasons:
             metrics.log_degraded(self.reasons, reasons)

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tideshift.events import PINS_BUCKET, SNAPSHOT_BUCKET
+from tideshift.events import PINS_BUCKET, RISE_HISTORY_BUCKET, SNAPSHOT_BUCKET
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.common.settings import ServiceSettings
 from tideshift.services.planner import policy as pol
@@ -163,6 +163,12 @@ class PlannerSettings(ServiceSettings):
         default=120.0, gt=0, description="re-issue a command not confirmed after this long"
     )
     snapshot_bucket: str = Field(default=SNAPSHOT_BUCKET, pattern=r"^[A-Za-z0-9_-]+$")
+    rise_history_bucket: str = Field(
+        default=RISE_HISTORY_BUCKET,
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description="KV bucket keeping serving's rise history across restarts "
+        "(empty: keep none, learn again after every start)",
+    )
     # The policy's tunables (PolicyConfig), each under its own name; a test checks none is
     # missing.
     max_forecast_age_s: float = _tunable("max_forecast_age_s")

@@ -63,6 +63,7 @@ from tideshift.services.simulator.scenario_world import (
     stranded,
 )
 from tideshift.services.simulator.training import JobProgress, WorkModel
+from tideshift.services.simulator.warm_start import warm_state
 
 
 @dataclass
@@ -170,6 +171,9 @@ class _Run:
         )
         self.next_plan = 0.0
         self.plan_every = self.policy.cadence_s or scenario.plan_interval_s
+        self.state = warm_state(
+            self.state, scenario, profiles, self.serving, plan_every_s=self.plan_every
+        )
         self.series_every = max(scenario.step_s, scenario.duration_s / 1500)
         self.next_series = 0.0
         series_keys = ("t", "demand", "capacity", "util_cpu")

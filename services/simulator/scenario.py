@@ -273,6 +273,9 @@ class ServingSpec(_Model):
     stabilization_s: float = Field(300.0, ge=0)
     quantile: float = Field(DEFAULT_SERVING_QUANTILE, gt=0, lt=1)
     priority: int = 1000
+    # Demand before t = 0 the tideshift planner has observed when the run starts (its rises,
+    # services/simulator/warm_start.py); None: the forecaster's history, up to the rise window.
+    warm_history_s: float | None = Field(None, ge=0)
     traffic: Traffic
 
     @model_validator(mode="after")
