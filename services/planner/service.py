@@ -15,16 +15,14 @@ The loop:
 * Publishes a `ScaleCommand` only where the desired count differs from what the target is
   known to want (its last command or executor result, else its live pods), each with the
   policy's reason, plus one `PlanDecided` per plan.
-* Leads through a KV lease: a second planner keeps its state warm but stays passive (no
-  commands) until the lease is free. Leadership and degraded-mode changes are announced as
-  `PlannerStatus` events.
+* Leads through a KV lease: a second planner keeps its state warm, passive (no commands)
+  until the lease is free; leadership and degraded-mode changes go out as `PlannerStatus`.
 * The safety net: the latest observed demand per serving workload (`DemandObserved`, from
   the predictor; older than `observed_max_age_seconds` is ignored) goes into every plan, and
   one above what the last plan allowed for (its replicas x capacity_rps) plans at once.
 * Stale inputs fall back to safe behaviour inside the policy: a workload without a fresh
-  forecast keeps its replicas, and while any input is stale training does not grow. A
-  watcher silent for `cluster_silence_seconds` (no node or pod event) marks the cluster view
-  stale, which also stops serving scale-down.
+  forecast keeps its replicas, and while any input is stale training does not grow; a watcher
+  silent (no node or pod event) for `cluster_silence_seconds` also stops serving scale-down.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from tideshift.events import (
     DEMAND_OBSERVED,
     FORECAST,
+    JOB_PROGRESS,
     NODE_CHANGED,
     PLAN_DECIDED,
     PLANNER_STATUS,
@@ -164,6 +163,7 @@ class Planner:
             (FORECAST.filter(), partial(self._apply, state.apply_forecast)),
             (DEMAND_OBSERVED.filter(), partial(self._apply, state.apply_observed)),
             (SCALE_RESULT.filter(), partial(self._apply, state.apply_result)),
+            (JOB_PROGRESS.filter(), partial(self._apply, state.apply_progress)),
         ]
         tasks = [asyncio.create_task(self._follow(subject, apply)) for subject, apply in followed]
         tasks.append(asyncio.create_task(self._wake_on_stop()))

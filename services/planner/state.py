@@ -13,6 +13,7 @@ from typing import TypeVar
 from tideshift.events import (
     DemandObserved,
     ForecastIssued,
+    JobProgress,
     NodeChanged,
     PodChanged,
     ScalePin,
@@ -21,6 +22,8 @@ from tideshift.events import (
 )
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.inputs import ClusterTable, plan_inputs
+from tideshift.services.planner.policy.remaining import DEFAULT_WINDOW_S
+from tideshift.services.planner.progress import ProgressBook
 from tideshift.services.planner.targets import TargetBook, Targets
 
 # Pods of a training job whose name contains one of these are its fixed helpers (parameter
@@ -164,6 +167,8 @@ class PlannerState:
     last_cluster_event: float = field(init=False)
     companion_markers: dict[pol.Target, tuple[str, ...]] = field(init=False)
     book: TargetBook = field(init=False)
+    # Training jobs' recent progress: each finite job's remaining work in every plan.
+    progress: ProgressBook = field(default_factory=lambda: ProgressBook(DEFAULT_WINDOW_S))
 
     def __post_init__(self) -> None:
         self.last_cluster_event = self.started_at
@@ -344,6 +349,11 @@ class PlannerState:
         allowed = self.allowed_rps.get(target)
         return fresh and allowed is not None and event.rps > allowed
 
+    def apply_progress(self, event: JobProgress, now: float) -> bool:
+        """A training job's progress; the next plan estimates its remaining work from it."""
+        self.progress.apply(event, now)
+        return False
+
     def apply_result(self, event: ScaleResult, now: float) -> bool:
         """What the executor did; a result plans nothing by itself."""
         target = event.target
@@ -397,7 +407,7 @@ class PlannerState:
         return plan_inputs(
             self.table.view(),
             targets.serving,
-            targets.jobs,
+            self.progress.attach(targets.jobs),
             dict(self.forecasts),
             wanted=self.known,
             config=self.config.policy,
