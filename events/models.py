@@ -29,6 +29,8 @@ Namespace = Annotated[str, Field(min_length=1, max_length=63)]
 
 # Bounds of what the cluster can mean, so that every valid event can be planned.
 MAX_REPLICAS = 2**31 - 1  # replicas are int32 in Kubernetes
+# A training job's restart (checkpoint, re-form) longer than an hour is no elastic job.
+MAX_RESTART_COST_S = 3600.0
 Replicas = Annotated[int, Field(ge=0, le=MAX_REPLICAS)]
 # Below this a replica's capacity is no capacity: demand / capacity would overflow a count.
 MIN_CAPACITY_RPS = 1e-3
@@ -212,6 +214,21 @@ class TrainingPolicy(_Frozen):
         default=False,
         description="tideshift.io/batch: trainers borrow tideshift.io/batch-cpu / batch-memory "
         "(serving's idle reservation) and are the first to shrink",
+    )
+    # The job's work model, what the planner weighs a change of its trainers with; None: the
+    # planner's defaults (30 s, 0.8).
+    restart_cost_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RESTART_COST_S,
+        description="seconds without progress each time its trainers change (checkpoint, "
+        "re-form); None: the planner's default",
+    )
+    speedup_exponent: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="its throughput grows as trainers ** this; None: the planner's default",
     )
 
     @model_validator(mode="after")

@@ -17,6 +17,10 @@ from datetime import datetime
 
 from tideshift.events import ScalePin, WorkloadChanged
 from tideshift.services.planner.policy import Role, ServingWorkload, Target, TrainingJob
+from tideshift.services.planner.policy.model import (
+    DEFAULT_RESTART_COST_S,
+    DEFAULT_SPEEDUP_EXPONENT,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,7 @@ def job_of(event: WorkloadChanged, *, first_replicas: int, submitted_at: float) 
     low = max(policy.min_replicas, event.min_replicas, 1)
     maxima = [m for m in (policy.max_replicas, event.max_replicas) if m is not None]
     high = max(min(maxima) if maxima else max(first_replicas, event.replicas), low)
+    restart, exponent = policy.restart_cost_seconds, policy.speedup_exponent
     return TrainingJob(
         target=event.workload,
         trainer_requests=(requests.cpu, requests.memory, float(requests.gpu)),
@@ -75,6 +80,8 @@ def job_of(event: WorkloadChanged, *, first_replicas: int, submitted_at: float) 
         weight=policy.weight,
         submitted_at=submitted_at,
         batch=policy.batch,
+        speedup_exponent=DEFAULT_SPEEDUP_EXPONENT if exponent is None else exponent,
+        restart_cost_s=DEFAULT_RESTART_COST_S if restart is None else restart,
     )
 
 

@@ -5,7 +5,10 @@ Serving workloads (`tideshift.io/role: serving`): `capacity-rps` (required), `mi
 Training workloads (`tideshift.io/role: training`): `min-replicas`, `max-replicas`,
 `gang-min`, `priority`, `weight`, `scale-task` (Volcano), `batch` (`"true"`: its trainers
 borrow serving's idle reservation through the `tideshift.io/batch-cpu` / `batch-memory` their
-pod template requests, which become the announced requests). Any workload: `paused`
+pod template requests, which become the announced requests), `restart-cost-seconds` and
+`speedup-exponent` (its work model: seconds without progress after its trainers change, and
+throughput growing as trainers ** exponent; what the planner weighs moves against). Any
+workload: `paused`
 (`"true"`: Tideshift leaves it alone). A value that does not parse raises `InvalidPolicy`
 naming the annotation and what it expects.
 """
@@ -24,6 +27,7 @@ from tideshift.events import (
     TrainingPolicy,
     WorkloadChanged,
 )
+from tideshift.events.models import MAX_RESTART_COST_S
 from tideshift.services.cluster.overcommit import BATCH_CPU, BATCH_MEMORY
 from tideshift.services.cluster.port import ChangeType, Workload
 
@@ -48,6 +52,8 @@ TRAINING_ANNOTATIONS = {
     "weight": "weight",
     "scale-task": "scale_task",
     "batch": "batch",
+    "restart-cost-seconds": "restart_cost_seconds",
+    "speedup-exponent": "speedup_exponent",
 }
 # What each field expects, in words for the message on the object.
 EXPECTED = {
@@ -63,6 +69,8 @@ EXPECTED = {
     "weight": "a number > 0",
     "scale_task": "the name of one of the job's tasks",
     "batch": '"true" or "false"',
+    "restart_cost_seconds": f"seconds >= 0 and <= {MAX_RESTART_COST_S:.0f}",
+    "speedup_exponent": "a number > 0 and <= 1, e.g. 0.8",
 }
 
 

@@ -24,6 +24,10 @@ RESOURCE_NAMES = ("cpu", "memory", "gpu")
 EPS = 1e-9
 # The forecast quantile a serving workload is sized for unless it says otherwise.
 DEFAULT_SERVING_QUANTILE = 0.95
+# A training job's work model unless it says otherwise (tideshift.io/speedup-exponent and
+# restart-cost-seconds): throughput as trainers ** exponent, seconds lost per restart.
+DEFAULT_SPEEDUP_EXPONENT = 0.8
+DEFAULT_RESTART_COST_S = 30.0
 
 
 # The contract's one workload identity (group-qualified kind, namespace, name), by the name
@@ -137,8 +141,8 @@ class TrainingJob:
     # The job's work model (as the simulator's WorkModel): what a change of its trainers buys
     # (throughput grows as trainers ** speedup_exponent) and costs (restart_cost_s seconds
     # without progress while the job checkpoints and re-forms), policy/churn.py.
-    speedup_exponent: float = 0.8
-    restart_cost_s: float = 30.0
+    speedup_exponent: float = DEFAULT_SPEEDUP_EXPONENT
+    restart_cost_s: float = DEFAULT_RESTART_COST_S
     # What a finite job still has to do, in seconds at one trainer (at n trainers it takes
     # this / n ** speedup_exponent), from its progress (policy/remaining.py); None: unknown or
     # a long-running job. Room beyond the gangs goes to finite jobs shortest-remaining-first.
