@@ -10,10 +10,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tideshift.events import PINS_BUCKET, RISE_HISTORY_BUCKET, SNAPSHOT_BUCKET
+from tideshift.events.models import MAX_RESTART_COST_S
 from tideshift.services.cluster.overcommit import OvercommitConfig
 from tideshift.services.common.settings import ServiceSettings
 from tideshift.services.planner import policy as pol
 from tideshift.services.planner.baselines import POLICIES
+from tideshift.services.planner.policy.model import (
+    DEFAULT_RESTART_COST_S,
+    DEFAULT_SPEEDUP_EXPONENT,
+)
 from tideshift.services.planner.state import DEFAULT_COMPANION_MARKERS, StateConfig
 
 _POLICY_FIELDS = {spec.name: spec for spec in fields(pol.PolicyConfig)}
@@ -87,6 +92,15 @@ class TrainingTarget(BaseModel):
     priority: int = 0
     weight: float = Field(1.0, gt=0)
     companion_markers: tuple[str, ...] = DEFAULT_COMPANION_MARKERS
+    restart_cost_s: float = Field(
+        DEFAULT_RESTART_COST_S,
+        ge=0,
+        le=MAX_RESTART_COST_S,
+        description="seconds without progress each time its trainers change (checkpoint, re-form)",
+    )
+    speedup_exponent: float = Field(
+        DEFAULT_SPEEDUP_EXPONENT, gt=0, le=1, description="throughput grows as trainers ** this"
+    )
     batch: bool = Field(
         False,
         description="trainers request tideshift.io/batch-cpu / batch-memory (cpu, memory: "
@@ -114,6 +128,8 @@ class TrainingTarget(BaseModel):
             weight=self.weight,
             submitted_at=submitted_at,
             batch=self.batch,
+            speedup_exponent=self.speedup_exponent,
+            restart_cost_s=self.restart_cost_s,
         )
 
 
