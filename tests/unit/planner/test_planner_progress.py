@@ -5,23 +5,14 @@ namespaces share) are counted by reason and skipped; a finished or gone job's hi
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
-from prometheus_client import REGISTRY
 
-from tideshift.events import JobProgress
+from tests.unit.planner.progress_support import ignored
+from tests.unit.planner.progress_support import progress_report as progress
 from tideshift.services.planner.settings import PlannerSettings, TrainingTarget
 from tideshift.services.planner.state import PlannerState
 
 NOW = 1_800_000_000.0
-
-
-def ignored(reason: str) -> float:
-    value = REGISTRY.get_sample_value(
-        "tideshift_planner_progress_ignored_total", {"reason": reason}
-    )
-    return value or 0.0
 
 
 def new_state(*names: tuple[str, str]) -> PlannerState:
@@ -31,25 +22,6 @@ def new_state(*names: tuple[str, str]) -> PlannerState:
     ]
     config = PlannerSettings(health_port=-1, training=jobs).state_config()
     return PlannerState(config, started_at=NOW)
-
-
-def progress(
-    job: str, at: float, done: int, *, epochs: int | None = 4, state: str = "running"
-) -> JobProgress:
-    # 100 shards per epoch, 10 trainers.
-    return JobProgress(
-        job=job,
-        state=state,  # type: ignore[arg-type]
-        epoch=done // 100,
-        epochs=epochs,
-        shards=100,
-        applied_in_epoch=done % 100,
-        applied_total=done,
-        in_flight=0,
-        redelivered=0,
-        trainers=10,
-        at=datetime.fromtimestamp(at, UTC),
-    )
 
 
 def remaining(state: PlannerState, now: float) -> dict[str, float | None]:
