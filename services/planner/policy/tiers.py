@@ -189,17 +189,20 @@ class TierSolver:
 
     def _shortest_first(self, fair: list[int], finite: list[int], bounds: Bounds) -> list[int]:
         """The finite jobs' room goes shortest-remaining-first (Tiresias, Lyra): each at its
-        floor, then each in turn (the soonest done at its most trainers first) grown as far
-        as it packs. Jobs of unknown length keep their fair counts: ordering them by age
-        instead gave the oldest long-running job everything (docs/EVALUATION.md)."""
+        floor, then each in turn (GPU jobs, then the others, each the soonest done at its most
+        trainers first) grown as far as it packs. Jobs of unknown length keep their fair
+        counts: ordering them by age instead gave the oldest long-running job everything
+        (docs/EVALUATION.md)."""
         counts = list(fair)
         for i in finite:
             counts[i] = bounds[i][0]
 
-        def soonest_done(i: int) -> tuple[float, float, int]:
+        def soonest_done(i: int) -> tuple[bool, float, float, int]:
+            # GPU jobs first, as they pack (`_shape_order`): a short CPU job first would
+            # take the GPU nodes' cores and strand their GPUs.
             job = self.jobs[i].job
-            work = job.remaining_work or 0.0
-            return (work / max(bounds[i][1], 1) ** job.speedup_exponent, job.submitted_at, i)
+            time = (job.remaining_work or 0.0) / max(bounds[i][1], 1) ** job.speedup_exponent
+            return (job.trainer_requests[2] <= 0, time, job.submitted_at, i)
 
         for i in sorted(finite, key=soonest_done):
             counts[i] = self._most_that_packs(counts, i, bounds[i])

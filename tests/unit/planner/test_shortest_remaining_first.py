@@ -76,3 +76,21 @@ def test_a_job_about_to_end_is_first(remaining: float) -> None:
 def test_a_negative_remaining_work_is_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match="remaining_work: expected seconds >= 0"):
         job(A, -1.0, submitted_at=0.0)
+
+
+def test_a_shorter_cpu_job_does_not_strand_a_gpu_jobs_gpus() -> None:
+    gpu_job = TrainingJob(A, (4.0, 8 * GIB, 1.0), 1, 4, submitted_at=0.0, remaining_work=90_000.0)
+    cpu_job = TrainingJob(B, (1.0, 2 * GIB, 0.0), 1, 64, submitted_at=1.0, remaining_work=10.0)
+    inputs = PlanInputs(
+        cluster=ClusterView.build(
+            [NodeSpec("gpu-0", (16.0, 64 * GIB, 4.0)), NodeSpec("cpu-0", (16.0, 64 * GIB, 0.0))],
+            [],
+        ),
+        serving=(),
+        jobs=(gpu_job, cpu_job),
+        forecasts={},
+        current={A: 0, B: 0},
+    )
+    decision, _ = plan(inputs, PlanState(), 1000.0)
+    # GPU jobs grow first: the CPU job, closer to done, takes the cores they leave.
+    assert decision.desired() == {A: 4, B: 16}
