@@ -160,16 +160,31 @@ def recurrence(rises: Rises, quantile: float) -> Recurrence | None:
         return None
     index = np.concatenate([[0.0], np.cumsum(np.maximum(cycles, 1.0))])
     period, phase = (float(value) for value in np.polyfit(index, times, 1))
-    farthest = float(np.max(np.abs(times - (phase + period * index))))
+    residuals = times - (phase + period * index)
+    farthest = float(np.max(np.abs(residuals)))
     if period <= 0 or farthest > PERIOD_TOLERANCE * period:
         return None
     # The farthest of n onsets from a line fitted through them (two of their n degrees of
     # freedom) understates how far the next may fall: widened by (n + 1) / (n - 1), 1.67x
-    # on four onsets, 1.18x on twelve.
+    # on four onsets, 1.18x on twelve; and the line is itself uncertain where the next is due.
     count = len(times)
-    spread = max(farthest * (count + 1) / (count - 1), MIN_SPREAD * period)
+    spread = max(
+        farthest * (count + 1) / (count - 1) + _next_error(index, residuals),
+        MIN_SPREAD * period,
+    )
     ratio = conformal_quantile([score for _, score in rises.onsets], quantile)
     return Recurrence(period_s=period, phase_s=phase, spread_s=spread, ratio=ratio)
+
+
+def _next_error(index: np.ndarray, residuals: np.ndarray) -> float:
+    """Two standard errors of the fitted schedule one cycle past its last onset, seconds: a
+    day of onsets jittered by a tenth of the period put the line 230 s off where the next was
+    due (family-periodic-spikes), and the widened farthest onset alone missed it by 17 s."""
+    count = len(index)
+    deviation = math.sqrt(float(np.sum(residuals**2)) / (count - 2))
+    scatter = float(np.sum((index - np.mean(index)) ** 2))
+    ahead = float(index[-1]) + 1.0 - float(np.mean(index))
+    return 2.0 * deviation * math.sqrt(1.0 / count + ahead**2 / scatter)
 
 
 def observe(

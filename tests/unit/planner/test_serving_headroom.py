@@ -144,3 +144,18 @@ def test_frequent_onsets_do_not_make_themselves_usual() -> None:
     assert len(rises.onsets) == 8
     found = recurrence(rises, 0.95)
     assert found is not None and found.period_s == pytest.approx(1200.0, rel=0.02)
+
+
+def test_the_next_onset_is_due_within_the_schedule_lines_own_error() -> None:
+    # A day of onsets of family-periodic-spikes (seed 11, jittered by up to a tenth of the
+    # period): the line through them puts the next at 61,678 s; it came at 60,840 (838 s
+    # early), beyond the widened farthest onset (635 s) and a tenth of the period (731 s).
+    starts = [-18940, -11860, -4360, 3560, 10460, 18140, 25520, 32780, 39800, 46520, 54080]
+    rises = Rises(onsets=tuple((float(start), 4.0) for start in starts))
+    found = recurrence(rises, 0.95)
+    assert found is not None
+    assert found.phase_s + 11 * found.period_s == pytest.approx(61678.0, abs=1.0)
+    # Ordered a lead time before the jump (the onset is the observation before it).
+    assert found.due(rises, now=60840.0 - 45.0, lead_time_s=45.0)
+    # Not held for half a period before it.
+    assert not found.due(rises, now=61678.0 - 3600.0, lead_time_s=45.0)
