@@ -14,9 +14,10 @@ import logging
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from tideshift.services.planner import policy as pol
+from tideshift.services.planner.targets import TargetBook
 
 log = logging.getLogger("tideshift.planner")
 
@@ -47,6 +48,10 @@ INGEST_LAG = Histogram(
     "tideshift_planner_ingest_lag_seconds",
     "Age of each node/pod event when the planner applied it (watcher observed -> applied)",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+ANNOUNCEMENTS_SKIPPED = Counter(
+    "tideshift_planner_announcements_skipped_total",
+    "Workload announcements not planned: max_announced_workloads were planned already",
 )
 TARGETS = Gauge(
     "tideshift_planner_targets", "Serving workloads and training jobs in the latest plan"
@@ -140,6 +145,23 @@ def _lent(inputs: pol.PlanInputs) -> dict[tuple[str, ...], float]:
 
 # New degraded reasons logged one by one per plan; the rest are counted in one line.
 LOGGED_REASONS = 10
+
+
+def record_inputs(inputs: pol.PlanInputs, book: TargetBook) -> None:
+    """What a plan takes in: its targets, the cluster's objects, and the announcements the
+    book refused at its limit since the last plan (counted, and said)."""
+    TARGETS.set(len(inputs.serving) + len(inputs.jobs))
+    CLUSTER_OBJECTS.labels("node").set(len(inputs.cluster.node_names))
+    CLUSTER_OBJECTS.labels("pod").set(len(inputs.cluster.pod_node))
+    skipped = book.take_refused()
+    if skipped:
+        ANNOUNCEMENTS_SKIPPED.inc(skipped)
+        log.warning(
+            "%d workload announcement(s) not planned: max_announced_workloads (%d) reached; "
+            "raise it or remove workloads",
+            skipped,
+            book.limit,
+        )
 
 
 def log_degraded(before: Sequence[str], reasons: Sequence[str]) -> None:

@@ -336,9 +336,7 @@ class Planner:
         # 150,000 pods: events applied while plan() runs in its thread cannot change them.
         inputs = self.state.inputs(now, targets)
         metrics.INPUTS_SECONDS.observe(time.perf_counter() - copying)
-        metrics.TARGETS.set(len(targets.serving) + len(targets.jobs))
-        metrics.CLUSTER_OBJECTS.labels("node").set(len(inputs.cluster.node_names))
-        metrics.CLUSTER_OBJECTS.labels("pod").set(len(inputs.cluster.pod_node))
+        metrics.record_inputs(inputs, self.state.book)
         self.policy_state = await self.rises.warm(self.policy_state, inputs.serving, now)
         # Off the event loop, so the subscriptions drain meanwhile; the policy state and the
         # quarantine are touched by this one plan only (the loop runs one at a time).

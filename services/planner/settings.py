@@ -157,6 +157,15 @@ class PlannerSettings(ServiceSettings):
         description="node/pod churn alone plans at most this often (forecasts, demand and "
         "workload changes plan as soon as the plan in flight ends)",
     )
+    max_announced_workloads: int = Field(
+        # A plan over every announced workload runs on the event loop's thread in part: at
+        # 77,000 (a flood) the loop stalled long enough for every NATS request to time out.
+        default=5_000,
+        ge=1,
+        le=100_000,
+        description="at most this many announced workloads are planned at once; further "
+        "announcements are counted and skipped until one is removed",
+    )
     subscription_buffer: int = Field(
         default=65_536,
         ge=1024,
@@ -224,4 +233,5 @@ class PlannerSettings(ServiceSettings):
             policy=self.policy_config(),
             observed_max_age_s=self.observed_max_age_seconds,
             cluster_silence_s=self.cluster_silence_seconds,
+            max_announced=self.max_announced_workloads,
         )

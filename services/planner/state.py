@@ -71,6 +71,7 @@ class StateConfig:
     policy: pol.PolicyConfig
     observed_max_age_s: float  # older observed demand is ignored
     cluster_silence_s: float  # no node or pod event this long: the cluster view is stale
+    max_announced: int | None = None  # announced workloads planned at most (None: no bound)
 
 
 @dataclass
@@ -173,7 +174,7 @@ class PlannerState:
     def __post_init__(self) -> None:
         self.last_cluster_event = self.started_at
         self.companion_markers = dict(self.config.companion_markers)
-        self.book = TargetBook(self.config.serving, self.config.jobs)
+        self.book = TargetBook(self.config.serving, self.config.jobs, self.config.max_announced)
 
     def apply_node(self, event: NodeChanged, now: float) -> bool:
         event = clamped(event, now)

@@ -96,10 +96,14 @@ class TargetBook:
 
     static_serving: tuple[ServingWorkload, ...] = ()
     static_jobs: tuple[TrainingJob, ...] = ()
+    # Announced workloads held at most; a newcomer past it is refused (counted in `refused`
+    # until the service takes the count) until one is deleted. None: no bound.
+    limit: int | None = None
     announced: dict[Target, WorkloadChanged] = field(default_factory=dict)
     _first_replicas: dict[Target, int] = field(default_factory=dict)
     _order: dict[Target, int] = field(default_factory=dict)
     _arrivals: int = 0
+    refused: int = 0
 
     def apply(self, event: WorkloadChanged) -> bool:
         """Fold one announcement in (an older one than held loses); whether anything changed."""
@@ -111,12 +115,20 @@ class TargetBook:
             self._first_replicas.pop(target, None)
             self._order.pop(target, None)
             return self.announced.pop(target, None) is not None
+        if held is None and self.limit is not None and len(self.announced) >= self.limit:
+            self.refused += 1
+            return False
         self.announced[target] = event
         self._first_replicas.setdefault(target, event.replicas)
         if target not in self._order:
             self._arrivals += 1
             self._order[target] = self._arrivals
         return True
+
+    def take_refused(self) -> int:
+        """Announcements refused at the limit since the last call."""
+        refused, self.refused = self.refused, 0
+        return refused
 
     def static_targets(self) -> set[Target]:
         return {w.target for w in self.static_serving} | {j.target for j in self.static_jobs}

@@ -103,3 +103,18 @@ def test_pinned_and_paused_targets_are_held_with_their_reason() -> None:
     # An expired pin holds nothing: the planner resumes control.
     later = book.targets({WEB: pin}, NOW + timedelta(minutes=6))
     assert [w.target for w in later.serving] == [WEB]
+
+
+def test_announcements_past_the_limit_are_refused_and_counted_until_one_is_removed() -> None:
+    book = TargetBook(limit=1)
+    assert book.apply(serving())
+    assert not book.apply(training())  # a newcomer past the limit
+    assert book.apply(serving(at=NOW + timedelta(seconds=1)))  # one held may still change
+    assert [w.target for w in book.targets({}, NOW).serving] == [WEB]
+    assert book.targets({}, NOW).jobs == ()
+    assert book.take_refused() == 1
+    assert book.take_refused() == 0  # taken once
+
+    assert book.apply(serving("deleted", at=NOW + timedelta(seconds=2)))
+    assert book.apply(training())  # room again
+    assert [j.target for j in book.targets({}, NOW).jobs] == [CTR]
