@@ -20,7 +20,8 @@ from dataclasses import dataclass
 # A report stamped further ahead of the planner's clock than this is refused: it would hold
 # the history's end in the future (no later report would count as newer).
 FUTURE_SKEW_S = 30.0
-# Reports kept per job (the oldest go first), and how far back the rate is measured.
+# Reports kept per job (the oldest go first; closer ones are thinned, see `_kept`), and how
+# far back the rate is measured.
 MAX_REPORTS = 64
 DEFAULT_WINDOW_S = 1800.0
 # An estimate beyond this is no estimate (a job barely moving): seconds at one trainer.
@@ -88,12 +89,27 @@ def observe(
                 f"went backwards (epoch {report.epoch} shard {report.applied_in_epoch} after "
                 f"epoch {last.epoch} shard {last.applied_in_epoch})",
             )
-        kept = [r for r in history.reports if r.at >= report.at - window_s]
-        # The report just before the window opens starts its first interval.
-        start = len(history.reports) - len(kept)
-        reports = (*history.reports[max(start - 1, 0) :], report)
-        return History(reports[-MAX_REPORTS:]), None
+        return History(_kept(history.reports, report, window_s=window_s)), None
     return History((report,)), None
+
+
+def _kept(reports: tuple[Report, ...], report: Report, *, window_s: float) -> tuple[Report, ...]:
+    """`reports` and `report`, over `window_s` and the report before it (which starts the
+    window's first interval), at most MAX_REPORTS. A coordinator reports every few seconds:
+    the latest report replaces the one before it while the trainers did not change across
+    them and the one before that is less than 2 x window_s / MAX_REPORTS old, so the history
+    spans the window with room for as many changes of trainers (the rate stays exact: the
+    dropped report split an interval run at one trainer count)."""
+    spacing = 2 * window_s / MAX_REPORTS
+    if (
+        len(reports) >= 2
+        and reports[-1].trainers == reports[-2].trainers
+        and report.at - reports[-2].at < spacing
+    ):
+        reports = reports[:-1]
+    inside = sum(1 for r in reports if r.at >= report.at - window_s)
+    start = max(len(reports) - inside - 1, 0)
+    return (*reports[start:], report)[-MAX_REPORTS:]
 
 
 def remaining_work(history: History, *, speedup_exponent: float) -> float | None:

@@ -142,6 +142,27 @@ def test_the_rate_is_measured_over_the_window_only() -> None:
 def test_a_history_holds_at_most_max_reports() -> None:
     held = History()
     for step in range(3 * MAX_REPORTS):
-        held, _ = observe(held, report(float(step), step, epochs=40), now=1e9, window_s=1e6)
+        # The trainers change at every report: none may be thinned.
+        point = report(float(step), step, trainers=10 + step % 2, epochs=40)
+        held, _ = observe(held, point, now=1e9, window_s=1e6)
     assert len(held.reports) == MAX_REPORTS
     assert held.reports[-1].at == 3 * MAX_REPORTS - 1
+
+
+def test_reports_every_two_seconds_are_thinned_to_span_the_window() -> None:
+    held = History()
+    # A shard every 2 s for an hour at 10 trainers, then two per 2 s at 20 trainers.
+    for step in range(1800):
+        held, _ = observe(held, report(2.0 * step, step, epochs=100), now=1e9, window_s=1800.0)
+    for step in range(1, 301):
+        point = report(3598.0 + 2.0 * step, 1799 + 2 * step, trainers=20, epochs=100)
+        held, _ = observe(held, point, now=1e9, window_s=1800.0)
+    assert len(held.reports) <= MAX_REPORTS
+    span = held.reports[-1].at - held.reports[0].at
+    assert 1800.0 <= span <= 1800.0 + 2 * 2 * 1800.0 / MAX_REPORTS
+    # Exact over the thinned history: the effort of its span, 10 trainers until 3,600 s and
+    # 20 after, for the shards applied over it.
+    first, done = held.reports[0], 1799 + 600
+    effort = (3600.0 - first.at) * 10**EXPONENT + (4198.0 - 3600.0) * 20**EXPONENT
+    expected = (10_000 - done) * effort / (done - first.done)
+    assert remaining_work(held, speedup_exponent=EXPONENT) == pytest.approx(expected)
