@@ -184,6 +184,12 @@ def fair_share(
         f"(weight {job.weight:g}) -> {desired} trainers in "
         f"[{job.floor}, {job.max_trainers}]"
     )
+    if job.remaining_work is not None and desired > 0:
+        left = job.remaining_work / desired**job.speedup_exponent
+        reason += (
+            f"; finite job, about {left:.0f} s of work left at {desired} trainers (finite "
+            "jobs share the room beyond the gangs shortest-remaining-first)"
+        )
     if desired >= job.max_trainers:
         reason += " (at max)"
     return reason + ("; inputs stale, not growing" if stale_cap else "")

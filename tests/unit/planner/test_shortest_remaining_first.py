@@ -94,3 +94,19 @@ def test_a_shorter_cpu_job_does_not_strand_a_gpu_jobs_gpus() -> None:
     decision, _ = plan(inputs, PlanState(), 1000.0)
     # GPU jobs grow first: the CPU job, closer to done, takes the cores they leave.
     assert decision.desired() == {A: 4, B: 16}
+
+
+def test_a_finite_jobs_reason_says_how_long_it_has_left() -> None:
+    jobs = (job(A, 50_000.0, submitted_at=0.0), job(B, None, submitted_at=1.0))
+    inputs = PlanInputs(
+        cluster=ClusterView.build(NODES, []),
+        serving=(),
+        jobs=jobs,
+        forecasts={},
+        current={A: 0, B: 0},
+    )
+    decision, _ = plan(inputs, PlanState(), 1000.0)
+    reasons = {item.target: item.reason for item in decision.targets}
+    # 32 trainers (a fair share beside one job of unknown length): 50,000 / 32 ** 0.8 s.
+    assert f"about {50_000 / 32**0.8:.0f} s of work left at 32 trainers" in reasons[A]
+    assert "finite job" not in reasons[B]
