@@ -204,26 +204,74 @@ class TierSolver:
             time = (job.remaining_work or 0.0) / max(bounds[i][1], 1) ** job.speedup_exponent
             return (job.trainer_requests[2] <= 0, time, job.submitted_at, i)
 
-        for i in sorted(finite, key=soonest_done):
-            counts[i] = self._most_that_packs(counts, i, bounds[i])
+        order = sorted(finite, key=soonest_done)
+        _, free, _ = self.place(counts)
+        start = 0
+        while start < len(order):
+            # The next jobs in order whose maxima all fit the room in aggregate are tried at
+            # once (one packing instead of one per job: on a roomy cluster every job gets
+            # its maximum); if they do not pack, the first is grown on its own.
+            chunk = order[
+                start : start + self._fit_in_aggregate(order[start:], counts, free, bounds)
+            ]
+            if len(chunk) > 1:
+                trial = list(counts)
+                for i in chunk:
+                    trial[i] = bounds[i][1]
+                placed, left, _ = self.place(trial)
+                if placed:
+                    counts, free = trial, left
+                    start += len(chunk)
+                    continue
+            i = order[start]
+            counts[i], free = self._most_that_packs(counts, i, bounds[i], free)
+            start += 1
         return counts
 
-    def _most_that_packs(self, counts: list[int], i: int, bound: tuple[int, int]) -> int:
-        """Job `i`'s most trainers within `bound` that still pack beside `counts` (bisection
-        below what the aggregate room allows)."""
+    def _fit_in_aggregate(
+        self, order: Sequence[int], counts: list[int], free: FloatArray, bounds: Bounds
+    ) -> int:
+        """How many of `order`'s jobs, in order, fit at their maxima in `free` in aggregate."""
+        requests = np.array([self.jobs[i].request for i in order], dtype=np.float64)
+        more = np.array([max(bounds[i][1] - counts[i], 0) for i in order], dtype=np.float64)
+        need = np.cumsum(more[:, None] * requests.reshape(-1, 3), axis=0)
+        fits = np.all(need <= free.sum(axis=0) + 1e-6, axis=1)
+        return len(order) if fits.all() else int(np.argmin(fits))
+
+    def _most_that_packs(
+        self, counts: list[int], i: int, bound: tuple[int, int], free: FloatArray
+    ) -> tuple[int, FloatArray]:
+        """Job `i`'s most trainers within `bound` that still pack beside `counts`, and the
+        room then left (`free`: the room left with `counts`). Tried at what the aggregate room
+        allows, then at what of that packed, then by bisection below."""
         low = counts[i]
-        _, free, _ = self.place(counts)
         request = self.jobs[i].request
+        if low >= bound[1] or not slots_per_node(free, request).any():
+            return low, free
         asked = request > 0
         spare = (free.sum(axis=0)[asked] / request[asked]).min(initial=float(bound[1]))
         high = min(bound[1], low + int(np.floor(max(spare, 0.0) + 1e-9)))
+        if high <= low:
+            return low, free
+        placed, left, unplaced = self.place([*counts[:i], high, *counts[i + 1 :]])
+        if placed:
+            return high, left
+        # What did not pack is this job's (the others packed before): what did is likely to.
+        guess = high - int(unplaced.sum())
+        high -= 1
+        if low < guess <= high:
+            placed, left, _ = self.place([*counts[:i], guess, *counts[i + 1 :]])
+            if placed:
+                return guess, left
+            high = guess - 1
         while low < high:
             middle = (low + high + 1) // 2
-            if self.feasible([*counts[:i], middle, *counts[i + 1 :]]):
-                low = middle
+            placed, left, _ = self.place([*counts[:i], middle, *counts[i + 1 :]])
+            if placed:
+                low, free = middle, left
             else:
                 high = middle - 1
-        return low
+        return low, free
 
     def _fill_progressively(self, levels: _FairLevels, admitted: Sequence[int]) -> list[int] | None:
         """Raise the level to the aggregate bound, then freeze every job whose additions did
