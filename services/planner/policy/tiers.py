@@ -208,25 +208,37 @@ class TierSolver:
         _, free, _ = self.place(counts)
         start = 0
         while start < len(order):
-            # The next jobs in order whose maxima all fit the room in aggregate are tried at
-            # once (one packing instead of one per job: on a roomy cluster every job gets
-            # its maximum); if they do not pack, the first is grown on its own.
-            chunk = order[
-                start : start + self._fit_in_aggregate(order[start:], counts, free, bounds)
-            ]
-            if len(chunk) > 1:
-                trial = list(counts)
-                for i in chunk:
-                    trial[i] = bounds[i][1]
-                placed, left, _ = self.place(trial)
-                if placed:
-                    counts, free = trial, left
-                    start += len(chunk)
-                    continue
-            i = order[start]
-            counts[i], free = self._most_that_packs(counts, i, bounds[i], free)
-            start += 1
+            # The longest run of the next jobs that packs at their maxima (one packing per
+            # step of a bisection, not one per job: on a roomy cluster every job gets its
+            # maximum), then the first job after it grown on its own.
+            fits = self._fit_in_aggregate(order[start:], counts, free, bounds)
+            run, counts, free = self._longest_run_at_max(
+                order[start : start + fits], counts, free, bounds
+            )
+            start += run
+            if start < len(order):
+                i = order[start]
+                counts[i], free = self._most_that_packs(counts, i, bounds[i], free)
+                start += 1
         return counts
+
+    def _longest_run_at_max(
+        self, run: Sequence[int], counts: list[int], free: FloatArray, bounds: Bounds
+    ) -> tuple[int, list[int], FloatArray]:
+        """How many of `run`'s jobs, in order, pack at their maxima beside `counts`
+        (bisection, the whole run first), with the counts and the room then left."""
+        low, high, middle = 0, len(run) if len(run) > 1 else 0, len(run)
+        while low < high:
+            trial = list(counts)
+            for i in run[:middle]:
+                trial[i] = bounds[i][1]
+            placed, left, _ = self.place(trial)
+            if placed:
+                low, counts, free = middle, trial, left
+            else:
+                high = middle - 1
+            middle = (low + high + 1) // 2
+        return low, counts, free
 
     def _fit_in_aggregate(
         self, order: Sequence[int], counts: list[int], free: FloatArray, bounds: Bounds
