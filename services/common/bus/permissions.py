@@ -190,7 +190,8 @@ def _cluster_roles() -> list[Role]:
         ),
         _service(
             "planner",
-            "reads forecasts, demand and the cluster; publishes scale commands and plans",
+            "reads forecasts, demand, jobs' progress and the cluster; publishes scale commands "
+            "and plans; keeps serving's rise history",
             [
                 command,
                 _all(s.PLAN_DECIDED),
@@ -199,8 +200,9 @@ def _cluster_roles() -> list[Role]:
                 *_kv_write(b.LEASES_BUCKET),
                 *_kv_read(b.PINS_BUCKET),
                 *_kv_read(b.SNAPSHOT_BUCKET),
+                *_kv_write(b.RISE_HISTORY_BUCKET),
             ],
-            [_all(s.FORECAST), _all(s.DEMAND_OBSERVED), *cluster],
+            [_all(s.FORECAST), _all(s.DEMAND_OBSERVED), _all(s.JOB_PROGRESS), *cluster],
         ),
         _service(
             "executor",

@@ -20,7 +20,7 @@ import nats.errors
 import pytest
 
 from tideshift import events
-from tideshift.events.buckets import EXECUTOR_RECORDS_BUCKET, SNAPSHOT_BUCKET
+from tideshift.events.buckets import EXECUTOR_RECORDS_BUCKET, RISE_HISTORY_BUCKET, SNAPSHOT_BUCKET
 from tideshift.events.client import EventClient
 from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery, NatsAuthError
 from tideshift.services.common.bus.permissions import EXECUTOR_DURABLE, ROLES, markdown_table
@@ -191,6 +191,37 @@ async def test_the_watcher_publishes_the_cluster_and_not_commands(
             await watcher.js.publish(command_subject(unique).value, b"{}", timeout=2)
     finally:
         await watcher.close()
+
+
+async def test_the_planner_follows_jobs_progress_and_keeps_the_rise_history(
+    server: EmbeddedNats, planner: Bus, unique: str
+) -> None:
+    coordinator = await as_role(server, "coordinator")
+    try:
+        reports = planner.subscribe(events.JOB_PROGRESS.filter(), consumer=unique)
+        first = asyncio.ensure_future(anext(reports))
+        await planner.flush()
+        progress = events.JobProgress(
+            job=unique,
+            state="running",
+            epoch=0,
+            epochs=2,
+            shards=10,
+            applied_in_epoch=3,
+            applied_total=3,
+            in_flight=0,
+            redelivered=0,
+            trainers=2,
+            at=NOW,
+        )
+        await coordinator.publish(events.JOB_PROGRESS.at(job=unique), progress)
+        assert (await asyncio.wait_for(first, WAIT)).data.job == unique
+        await reports.aclose()
+        history = await planner.kv(RISE_HISTORY_BUCKET)
+        await history.raw.put(unique, b"{}")
+        assert (await history.raw.get(unique)).value == b"{}"
+    finally:
+        await coordinator.close()
 
 
 def test_a_service_started_with_a_wrong_password_exits_at_once_with_a_clear_line(
