@@ -99,20 +99,23 @@ def tier_job(current: int) -> TierJob:
     return TierJob(job, current, np.array([1.0, GIB, 0.0]), current, 0.01)
 
 
-def reclaimed_after(seconds: float, cores: float) -> Reclaim:
-    return Reclaim(np.array([seconds]), np.array([[cores, cores * GIB, 0.0]]))
-
-
-def test_growth_into_room_serving_takes_back_too_soon_waits_and_says_why() -> None:
-    counts, deferred = defer_small_growth(
+def grow_8_to_16(reclaimed_after_s: float, cores: float) -> tuple[list[int], dict[int, str]]:
+    """A job of 8 trainers whose fair share is 16, with no room left beyond them, when
+    serving takes `cores` back after `reclaimed_after_s`."""
+    reclaim = Reclaim(np.array([reclaimed_after_s]), np.array([[cores, cores * GIB, 0.0]]))
+    return defer_small_growth(
         [tier_job(8)],
         [16],
         skip=set(),
         total=TOTAL,
         config=CONFIG,
-        reclaim=reclaimed_after(60.0, 8.0),
+        reclaim=reclaim,
         leftover=np.zeros(3),
     )
+
+
+def test_growth_into_room_serving_takes_back_too_soon_waits_and_says_why() -> None:
+    counts, deferred = grow_8_to_16(60.0, 8.0)
     assert counts == [8]
     assert deferred[0] == (
         "growth by 8 deferred: serving is expected to take the room back in 60 s, before the "
@@ -122,31 +125,13 @@ def test_growth_into_room_serving_takes_back_too_soon_waits_and_says_why() -> No
 
 def test_growth_is_cut_to_the_part_whose_room_lasts() -> None:
     # Serving takes 5 cores back in 60 s: the first 3 new trainers stand on room it leaves.
-    counts, deferred = defer_small_growth(
-        [tier_job(8)],
-        [16],
-        skip=set(),
-        total=TOTAL,
-        config=CONFIG,
-        reclaim=reclaimed_after(60.0, 5.0),
-        leftover=np.zeros(3),
-    )
+    counts, deferred = grow_8_to_16(60.0, 5.0)
     assert counts == [11]
     assert deferred[0].startswith("growth by 8 cut to 3: serving is expected to take the room")
 
 
 def test_growth_into_room_that_lasts_goes_ahead() -> None:
-    counts, deferred = defer_small_growth(
-        [tier_job(8)],
-        [16],
-        skip=set(),
-        total=TOTAL,
-        config=CONFIG,
-        reclaim=reclaimed_after(1200.0, 8.0),
-        leftover=np.zeros(3),
-    )
-    assert counts == [16]
-    assert deferred == {}
+    assert grow_8_to_16(1200.0, 8.0) == ([16], {})
 
 
 def plan_beside_web(upper: list[float]) -> tuple[int, str]:
