@@ -683,6 +683,7 @@ class ChurnCluster:
         self.version = counting(1)
         self.watcher: Watcher | None = None
         self.adapter = default_adapters()[KIND]
+        self.traced: Path | None = None  # --tracemalloc: the snapshot taken when ready
 
     async def list_nodes(self) -> list[Node]:
         return []
@@ -726,6 +727,11 @@ class ChurnCluster:
             print("SENT " + json.dumps({label: sent}), flush=True)
         assert self.watcher is not None
         await self.watcher.flushed()
+        if self.traced is not None:
+            after = self.traced.with_suffix(".after")
+            tracemalloc.take_snapshot().dump(str(after))
+            for line in growth(self.traced, after):
+                print(line, flush=True)
         print("DONE " + json.dumps(await watcher_state(self.watcher)), flush=True)
         await asyncio.to_thread(sys.stdin.readline)
 
@@ -743,11 +749,16 @@ async def watcher_state(watcher: Watcher) -> dict[str, int]:
 
 async def watcher_child(args: argparse.Namespace) -> None:
     port = ChurnCluster(args.names, args.budget)
+    if args.tracemalloc:
+        tracemalloc.start(8)
     bus = await Bus.connect(args.nats_url, name="soak-watcher")
     port.watcher = Watcher(port, bus)
     listed = asyncio.Event()
     running = asyncio.create_task(port.watcher.run(listed))
     await listed.wait()
+    if args.tracemalloc:
+        port.traced = Path(tempfile.mkdtemp(prefix="soak-watcher-")) / "ready.snap"
+        tracemalloc.take_snapshot().dump(str(port.traced))
     print("READY " + json.dumps(await watcher_state(port.watcher)), flush=True)
     await running
     await bus.close()
@@ -767,6 +778,7 @@ async def child_line(child: subprocess.Popen[str], prefix: str, timeout_s: float
 
 def spawn_watcher(args: argparse.Namespace, nats_url: str) -> subprocess.Popen[str]:
     sizes = ["--names", str(args.names), "--budget", str(args.budget)]
+    sizes += ["--tracemalloc"] if args.tracemalloc else []
     return subprocess.Popen(
         [sys.executable, __file__, "--watcher-child", nats_url, *sizes],
         stdin=subprocess.PIPE,
@@ -848,7 +860,7 @@ def main() -> None:
     parser.add_argument(
         "--tracemalloc",
         action="store_true",
-        help="planner and predictor: trace their allocations and print what grew "
+        help="planner, predictor and watcher: trace their allocations and print what grew "
         "(slower; their RSS then includes tracemalloc's own)",
     )
     parser.add_argument("--services", default=",".join(SOAKS), help="comma-separated, in order")
