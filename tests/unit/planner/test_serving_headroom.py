@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.services.planner.policy.headroom import observe_rise, recurrence, rise_quantile
-from tideshift.services.planner.policy.model import Rises
+from tideshift.services.planner.policy.headroom import (
+    observe_rise,
+    priced_rise,
+    recurrence,
+    rise_quantile,
+)
+from tideshift.services.planner.policy.model import PolicyConfig, Rises, ServingWorkload, Target
 
 
 def feed(points: list[tuple[float, float | None]], *, window_s: float = 3600.0) -> Rises:
@@ -159,3 +164,28 @@ def test_the_next_onset_is_due_within_the_schedule_lines_own_error() -> None:
     assert found.due(rises, now=60840.0 - 45.0, lead_time_s=45.0)
     # Not held for half a period before it.
     assert not found.due(rises, now=61678.0 - 3600.0, lead_time_s=45.0)
+
+
+def test_onsets_on_a_schedule_are_priced_only_when_due_not_in_the_plain_rise() -> None:
+    # A spike every 20 min: its jumps are 5 % of the scores, so the plain q0.99 would be the
+    # spike's 5x at all times; on a schedule they are held only when the next is due.
+    workload = ServingWorkload(
+        target=Target("default", "Deployment", "web"),
+        replica_requests=(1.0, 1.0, 0.0),
+        capacity_rps=1.0,
+        min_replicas=1,
+        max_replicas=1000,
+        lead_time_s=45.0,
+        margin_s=30.0,
+        stabilization_s=60.0,
+        quantile=0.95,
+    )
+    points = spikes(period_s=1200.0, count=8)
+    rises = feed_lead(points)
+    assert rise_quantile(rises, 0.99) == pytest.approx(5.0)  # all scores: the jumps
+    config = PolicyConfig()
+    next_spike = 1800.0 + 8 * 1200.0
+    _, between, _ = priced_rise(workload, rises, 100.0, next_spike - 600.0, config)
+    assert between < 1.5
+    _, due, period_s = priced_rise(workload, rises, 100.0, next_spike - 45.0, config)
+    assert due == pytest.approx(5.0) and period_s == pytest.approx(1200.0, rel=0.02)
