@@ -118,12 +118,6 @@ def conformal_quantile(values: Sequence[float], quantile: float) -> float:
     return max(1.0, ordered[rank - 1])
 
 
-def calibrated(rises: Rises, config: PolicyConfig) -> bool:
-    """Whether enough scores estimate the configured rise quantile (before, it would be
-    their maximum, or 1 with none)."""
-    return len(rises.scores) * (1.0 - config.rise_quantile) >= 1.0
-
-
 def rise_quantile(
     rises: Rises, quantile: float, *, at_least: float = 0.0, scores: Sequence[float] | None = None
 ) -> float:

@@ -138,7 +138,9 @@ def plan_serving(
     demand may reach a lead time on at a quantile of its own recent rises (`rise_quantile`
     at least), or of the large rises recurring on a schedule when one is due.
     """
-    peaks = _fresh_peaks(workload, forecast, observed=observed, miss=miss, now=now, config=config)
+    peaks: Peaks | None = None
+    if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
+        peaks = forecast_peaks(workload, forecast, now, config)
     allowed = peaks.allowed if peaks is not None else None
     new_miss = track_miss(miss, observed=observed, allowed=allowed, now=now, config=config)
     rises = headroom.observe(workload, new_miss.rises, observed, now, config)
@@ -175,26 +177,6 @@ def plan_serving(
     return ServingSize(desired, reason, new_history, new_miss, None, parts)
 
 
-def _fresh_peaks(
-    workload: ServingWorkload,
-    forecast: Forecast | None,
-    *,
-    observed: float | None,
-    miss: Miss | None,
-    now: float,
-    config: PolicyConfig,
-) -> Peaks | None:
-    """The peaks of the forecast when it is fresh, else None.
-
-    With a fresh observation and a calibrated rise, the rise prices how far demand may run
-    above where it goes: the forecast's median says where (its quantile band again held
-    serving for the same uncertainty twice: periodic spikes 4.25 -> 3.19 x demand)."""
-    if forecast is None or now - forecast.issued_at > config.max_forecast_age_s:
-        return None
-    priced = observed is not None and miss is not None and headroom.calibrated(miss.rises, config)
-    return forecast_peaks(workload, forecast, now, config, on_median=priced)
-
-
 def _parts(
     workload: ServingWorkload,
     peaks: Peaks,
@@ -216,17 +198,11 @@ def _parts(
 
 
 def forecast_peaks(
-    workload: ServingWorkload,
-    forecast: Forecast,
-    now: float,
-    config: PolicyConfig,
-    *,
-    on_median: bool = False,
+    workload: ServingWorkload, forecast: Forecast, now: float, config: PolicyConfig
 ) -> Peaks | None:
-    """The peaks of a fresh forecast; None when no point of it covers the look-ahead window.
-    The window's is the median's with `on_median`, else the workload's quantile's."""
+    """The peaks of a fresh forecast; None when no point of it covers the look-ahead window."""
     window_end = now + workload.lead_time_s + workload.margin_s
-    window = forecast_peak(forecast, now, window_end, 0.5 if on_median else workload.quantile)
+    window = forecast_peak(forecast, now, window_end, workload.quantile)
     if window is None:
         return None
     release_end = now + max(config.release_horizon_s, window_end - now)

@@ -230,35 +230,3 @@ def test_the_rise_is_priced_at_least_at_the_configured_quantile() -> None:
     assert desired(0.99) == 30
     # At the workload's own q0.95 only the observed demand (100 req/s) is covered.
     assert desired(0.5) == 10
-
-
-def test_a_calibrated_rise_sizes_on_the_forecasts_median_not_its_band_again() -> None:
-    now = 50_000.0
-    times = tuple(now + 60.0 * i for i in range(30))
-    wide = pol.Forecast(now, times, {0.5: (100.0,) * 30, 0.95: (300.0,) * 30})
-    steady = Rises(scores=tuple((now - 20.0 * k, 1.0) for k in range(200, 0, -1)))
-
-    def desired(miss: Miss | None, observed: float | None) -> int:
-        size = plan_serving(
-            WEB,
-            wide,
-            current=1,
-            history=(),
-            seen_since=-1e6,
-            now=now,
-            config=CONFIG,
-            cluster_stale=False,
-            observed=observed,
-            miss=miss,
-        )
-        return size.desired
-
-    calibrated = Miss(panic_until=-1e9, observed=100.0, rises=steady)
-    # 200 steady scores price the rise (x 1): the median's 100 req/s needs 10 replicas.
-    assert desired(calibrated, 100.0) == 10
-    # Too few scores to estimate the q0.99 rise, or no fresh observation to price it from:
-    # the forecast's q0.95 band (300 req/s) sizes serving.
-    few = Miss(panic_until=-1e9, observed=100.0, rises=Rises(scores=steady.scores[:50]))
-    assert desired(few, 100.0) == 30
-    assert desired(None, 100.0) == 30
-    assert desired(calibrated, None) == 30
