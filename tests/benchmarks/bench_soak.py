@@ -472,6 +472,8 @@ async def soak_bus_services(args: argparse.Namespace, nats_url: str, logs: Path)
     rows: list[Row] = []
     try:
         pids = await until_ready(processes, logs)
+        if args.warmup:
+            await warm_up(args, nats_url, processes)
         firsts = await snapshots(processes, traced, 0)
         sampler = Sampler(pids)
         sent = await flood(nats_url, args.names, args.budget, args.only)
@@ -496,6 +498,18 @@ async def soak_bus_services(args: argparse.Namespace, nats_url: str, logs: Path)
     finally:
         stop_all(processes, rows)
     return rows
+
+
+async def warm_up(args: argparse.Namespace, nats_url: str, processes: Started) -> None:
+    """A small flood first, applied and cleared (--warmup names per subject), so that "before"
+    is a service that has planned and forecast: its first plans' one-time costs (modules
+    imported on first use, caches) are not counted as what the big flood left."""
+    print(f"  warm-up: {args.warmup:,} names per subject", flush=True)
+    await flood(nats_url, args.warmup, args.budget, args.only)
+    await caught_up({name: p[1] for name, p in processes.items()}, args.settle)
+    await asyncio.sleep(args.linger)  # the planner's resync (a period, not a condition)
+    for process, _ in processes.values():
+        await settled_rss(process.pid, timeout_s=15)
 
 
 async def snapshots(processes: Started, traced: Path | None, index: int) -> dict[str, Path]:
@@ -864,6 +878,13 @@ def main() -> None:
         "(slower; their RSS then includes tracemalloc's own)",
     )
     parser.add_argument("--services", default=",".join(SOAKS), help="comma-separated, in order")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="planner and predictor: names per subject of a small flood applied and cleared "
+        "before 'before' is read (0: none)",
+    )
     parser.add_argument("--watcher-child", metavar="NATS_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.nats_url = args.watcher_child

@@ -188,11 +188,19 @@ class BucketSpec:
         return f"{'OBJ' if self.objects else 'KV'}_{self.name}"
 
 
+# Serving's rise history expires with the default rise window (`PolicyConfig.rise_window_s`,
+# a day): a key of a workload that is gone is not kept for ever on a provisioned bus.
+RISE_HISTORY_TTL_SECONDS = 86_400.0
+_BUCKET_TTLS = {
+    buckets.TRAINER_MEMBERS_BUCKET: TRAINER_MEMBER_TTL_SECONDS,
+    buckets.RISE_HISTORY_BUCKET: RISE_HISTORY_TTL_SECONDS,
+}
+
 BUCKETS: tuple[BucketSpec, ...] = tuple(
     BucketSpec(
         name,
         objects=name == buckets.TRAINER_CHECKPOINTS_BUCKET,
-        ttl_seconds=TRAINER_MEMBER_TTL_SECONDS if name == buckets.TRAINER_MEMBERS_BUCKET else None,
+        ttl_seconds=_BUCKET_TTLS.get(name),
     )
     for name in buckets.ALL_BUCKETS
 )

@@ -23,6 +23,7 @@ import pytest
 from tideshift import events
 from tideshift.events.buckets import (
     PINS_BUCKET,
+    RISE_HISTORY_BUCKET,
     TRAINER_CHECKPOINTS_BUCKET,
     TRAINER_JOBS_BUCKET,
     TRAINER_MEMBERS_BUCKET,
@@ -45,6 +46,7 @@ from tideshift.services.common.bus.streams import (
 )
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port
+from tideshift.services.planner.policy import PolicyConfig
 from tideshift.services.trainer.busport import MEMBER_TTL_SECONDS
 
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
@@ -186,6 +188,17 @@ async def test_a_service_role_cannot_create_delete_purge_or_redefine_a_stream(
 
 def test_the_member_bucket_expires_keys_as_the_trainer_expects() -> None:
     assert TRAINER_MEMBER_TTL_SECONDS == MEMBER_TTL_SECONDS
+
+
+async def test_the_rise_history_of_a_workload_that_is_gone_expires_with_the_rise_window(
+    provisioned: EmbeddedNats,
+) -> None:
+    planner = await as_role(provisioned, "planner")
+    try:
+        info = await planner.js.stream_info(f"KV_{RISE_HISTORY_BUCKET}")
+    finally:
+        await planner.close()
+    assert info.config.max_age == PolicyConfig().rise_window_s
 
 
 async def test_only_the_executor_keeps_the_decision_history_stream(
