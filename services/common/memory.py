@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import sys
 from typing import Any, TypeVar
 
-Table = TypeVar("Table", dict[Any, Any], set[Any])
+Table = TypeVar("Table", bound=dict[Any, Any] | set[Any])
 
 
 def release_freed_memory() -> None:
@@ -34,14 +35,12 @@ def compacted(table: Table) -> Table:
     size = sys.getsizeof(table)
     if size < _COMPACT_FROM_BYTES or size < _COMPACT_BYTES_PER_ENTRY * len(table):
         return table
-    return table.copy()
+    return copy.copy(table)  # dict.copy / set.copy: the same type, in the same order
 
 
 def compact_tables(owner: object) -> None:
     """Rebind each dict or set attribute of `owner` to `compacted(it)`. For objects that own
     their tables (none is shared with another object, which would keep the old one)."""
     for name, value in list(vars(owner).items()):
-        if isinstance(value, dict):
-            setattr(owner, name, compacted(value))
-        elif isinstance(value, set):
+        if isinstance(value, dict | set):
             setattr(owner, name, compacted(value))
