@@ -129,9 +129,13 @@ def rise_quantile(
     the quantile: noise past q0.95 of a bursty stream's rises starved it for the lead time a
     reaction takes."""
     values = [score for _, score in rises.scores] if scores is None else list(scores)
-    if len(values) * (1.0 - at_least) >= 1.0:
-        quantile = max(quantile, at_least)
-    return conformal_quantile(values, quantile)
+    return conformal_quantile(values, applied_quantile(len(values), quantile, at_least))
+
+
+def applied_quantile(scores: int, quantile: float, at_least: float) -> float:
+    """The quantile rises are priced at with this many scores: the workload's own, raised to
+    `at_least` once enough scores estimate it."""
+    return max(quantile, at_least) if scores * (1.0 - at_least) >= 1.0 else quantile
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,11 +230,12 @@ def priced_rise(
     observed: float | None,
     now: float,
     config: PolicyConfig,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Where demand may be one lead time from now (req/s; 0 without a fresh observation),
-    the ratio over the observation that says so, and the period of the recurring rise that
-    set it (0: none). The ratio is the workload's quantile of its rises (at least `rise_quantile`),
-    or of its recurring onsets when the next is due."""
+    the ratio over the observation that says so, the period of the recurring rise that set
+    it (0: none) and the quantile of the rises that set it otherwise (0: the recurring one).
+    The ratio is the workload's quantile of its rises (at least `rise_quantile` once
+    calibrated), or of its recurring onsets when the next is due."""
     recurring = recurrence(rises, workload.quantile)
     # Onsets on a schedule are priced when the next is due: their jumps are left out of the
     # rise held at all times (on edl-mixed-nginx the 2x step every 540 s is 1.9 % of the
@@ -241,13 +246,13 @@ def priced_rise(
         else _without_onsets(rises.scores, rises.onsets, workload.lead_time_s)
     )
     ratio = rise_quantile(rises, workload.quantile, at_least=config.rise_quantile, scores=plain)
+    count = len(rises.scores if plain is None else plain)
+    quantile = applied_quantile(count, workload.quantile, config.rise_quantile)
     period_s = 0.0
     if (
         recurring is not None
         and recurring.ratio > ratio
         and recurring.due(rises, now=now, lead_time_s=workload.lead_time_s)
     ):
-        ratio, period_s = recurring.ratio, recurring.period_s
-    if observed is None:
-        return 0.0, ratio, period_s
-    return observed * ratio, ratio, period_s
+        ratio, period_s, quantile = recurring.ratio, recurring.period_s, 0.0
+    return (0.0 if observed is None else observed * ratio), ratio, period_s, quantile

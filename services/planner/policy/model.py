@@ -322,6 +322,9 @@ class HeadroomParts:
     panic_hold: bool  # scale-down held: demand ran above what the forecast allowed
     # A rise that recurs with this period (seconds) is due and set `rise_ratio`; 0: none.
     recurring_period_s: float = 0.0
+    # Otherwise, the quantile of its rises that set `rise_ratio` (the workload's own, or
+    # `rise_quantile` once calibrated).
+    rise_quantile: float = 0.0
 
 
 Role = Literal["serving", "training"]

@@ -42,15 +42,15 @@ def serving_basis(
     *,
     peak: float,
     forecast_need: int,
-    rise: tuple[float, int, float] | None,
+    rise: tuple[float, int, float, float] | None,
     observed: float | None,
     observed_need: int,
     clamped: bool,
     safety_net: bool,
 ) -> str:
     """How serving's count was reached; `rise` (the calibrated rise, the replicas it needs,
-    the period of the recurring rise that set it or 0) and `observed` only when they need
-    more than the forecast."""
+    the period of the recurring rise that set it or 0, else the quantile of rises that set
+    it) and `observed` only when they need more than the forecast."""
     basis = (
         f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
         f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
@@ -58,11 +58,11 @@ def serving_basis(
     )
     basis += f" = {forecast_need}"
     if rise is not None:
-        ratio, need, period_s = rise
+        ratio, need, period_s, quantile = rise
         source = (
             f"a rise recurring every {period_s / 60:.0f} min is due"
             if period_s > 0
-            else f"q{workload.quantile:g} of recent rises"
+            else f"q{quantile:g} of recent rises"
         )
         basis += (
             f"; observed may rise x {ratio:.2f} within the {workload.lead_time_s:.0f} s "

@@ -186,7 +186,9 @@ def _parts(
     *,
     config: PolicyConfig,
 ) -> HeadroomParts:
-    rise, rise_ratio, period_s = headroom.priced_rise(workload, miss.rises, observed, now, config)
+    rise, rise_ratio, period_s, quantile = headroom.priced_rise(
+        workload, miss.rises, observed, now, config
+    )
     return HeadroomParts(
         forecast=max(peaks.window, 0.0),
         rise=rise,
@@ -194,6 +196,7 @@ def _parts(
         observed=observed or 0.0,
         panic_hold=now < miss.panic_until,
         recurring_period_s=period_s,
+        rise_quantile=quantile,
     )
 
 
@@ -234,7 +237,7 @@ def recommend(
         workload,
         peak=parts.forecast,
         forecast_need=forecast_need,
-        rise=(parts.rise_ratio, rise_need, parts.recurring_period_s)
+        rise=(parts.rise_ratio, rise_need, parts.recurring_period_s, parts.rise_quantile)
         if rise_need > max(forecast_need, observed_need)
         else None,
         observed=parts.observed

@@ -185,7 +185,20 @@ def test_onsets_on_a_schedule_are_priced_only_when_due_not_in_the_plain_rise() -
     assert rise_quantile(rises, 0.99) == pytest.approx(5.0)  # all scores: the jumps
     config = PolicyConfig()
     next_spike = 1800.0 + 8 * 1200.0
-    _, between, _ = priced_rise(workload, rises, 100.0, next_spike - 600.0, config)
+    _, between, _, _ = priced_rise(workload, rises, 100.0, next_spike - 600.0, config)
     assert between < 1.5
-    _, due, period_s = priced_rise(workload, rises, 100.0, next_spike - 45.0, config)
+    _, due, period_s, _ = priced_rise(workload, rises, 100.0, next_spike - 45.0, config)
     assert due == pytest.approx(5.0) and period_s == pytest.approx(1200.0, rel=0.02)
+
+
+def test_the_rise_says_which_quantile_priced_it() -> None:
+    """The workload's own quantile until enough scores estimate `rise_quantile`, then that:
+    the plan's reason quotes the quantile that applied."""
+    workload = ServingWorkload(
+        Target("shop", "Deployment", "web"), (1.0, 0.0, 0.0), capacity_rps=10.0, lead_time_s=60.0
+    )
+    config = PolicyConfig(rise_quantile=0.99)
+    few = Rises(scores=tuple((float(i), 1.0 + i / 100) for i in range(50)))
+    many = Rises(scores=tuple((float(i), 1.0 + i / 1000) for i in range(200)))
+    assert priced_rise(workload, few, 100.0, 300.0, config)[3] == workload.quantile
+    assert priced_rise(workload, many, 100.0, 300.0, config)[3] == 0.99
