@@ -11,6 +11,7 @@ and the planner plans on without it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ log = logging.getLogger("tideshift.planner.rises")
 # Often enough that a restart loses a few minutes of rises at most, rarely enough that a
 # thousand workloads' histories (tens of kB each) are a trickle.
 SAVE_EVERY_S = 300.0
+SAVES_AT_ONCE = 32
 
 RISE_HISTORY = Counter(
     "tideshift_planner_rise_history_total",
@@ -116,21 +118,25 @@ class RiseStore:
             return
         self.saved_at = now
         held = warm.held_rises(state, now=now, window_s=self.window_s)
+        values = [
+            RiseHistory(
+                target=workload.target,
+                lead_time_s=workload.lead_time_s,
+                saved_at=now,
+                scores=list(rises.scores),
+                onsets=list(rises.onsets),
+            )
+            for workload in serving
+            if (rises := held.get(workload.target)) is not None
+        ]
         try:
             kv = await self._bucket()
-            for workload in serving:
-                rises = held.get(workload.target)
-                if rises is None:
-                    continue
-                value = RiseHistory(
-                    target=workload.target,
-                    lead_time_s=workload.lead_time_s,
-                    saved_at=now,
-                    scores=list(rises.scores),
-                    onsets=list(rises.onsets),
-                )
-                await kv.put(history_key(workload.target), value)
-                RISE_HISTORY.labels("saved").inc()
+            # A few writes in flight at once: one at a time, thousands of workloads held the
+            # plan that saves them for seconds (a request each).
+            for start in range(0, len(values), SAVES_AT_ONCE):
+                batch = values[start : start + SAVES_AT_ONCE]
+                await asyncio.gather(*(kv.put(history_key(v.target), v) for v in batch))
+                RISE_HISTORY.labels("saved").inc(len(batch))
         except Exception as error:  # the next save tries again
             RISE_HISTORY.labels("save_failed").inc()
             log.warning("cannot save rise histories to %s: %s", self.bucket, error)
