@@ -54,6 +54,15 @@ def demand(elapsed: float, run_s: float) -> float:
     return LOW + (HIGH - LOW) * (1 + math.cos(2 * math.pi * elapsed / run_s)) / 2
 
 
+def pace(stack: Any, period_s: float) -> None:
+    """One period of the load's pace, cut short by a service that exits (stack.alive raises:
+    checked every 0.1 s)."""
+    deadline = time.monotonic() + period_s
+    while time.monotonic() < deadline:
+        stack.alive()
+        time.sleep(0.1)
+
+
 def record(cluster: K8sCluster, prometheus: str, workdir: Path, run_s: float) -> tuple[Any, float]:
     """Drives a compressed day through the stack: each panel's series and the start time."""
     with monitored_stack(cluster, prometheus, workdir, initial_rate=HIGH) as stack:
@@ -71,7 +80,7 @@ def record(cluster: K8sCluster, prometheus: str, workdir: Path, run_s: float) ->
             if elapsed >= 30 * (reported + 1):
                 reported += 1
                 print(f"{elapsed:.0f} s: demand {demand(elapsed, run_s):.0f} req/s", flush=True)
-            time.sleep(1.0)  # the load's own pace: one rate change a second
+            pace(stack, 1.0)  # one rate change a second
         queries = [q for q in dashboard_queries() if q[0] in PANELS]
         series = {
             (title, legend): stack.query_range(expr, start=started, end=time.time(), step=5)

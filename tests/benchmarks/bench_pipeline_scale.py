@@ -384,16 +384,26 @@ class Forecasts:
 
     def __init__(self, bus: Bus, names: list[str], base: float) -> None:
         self.bus, self.level = bus, dict.fromkeys(names, base)
+        self.stopped = asyncio.Event()
 
     async def publish(self, name: str) -> None:
         subject = FORECAST.at(namespace=NAMESPACE, workload=name)
         await self.bus.publish(subject, forecast(name, self.level[name]))
 
     async def refresh(self) -> None:
+        """Every workload's forecast again at the predictor's cadence (60 s), until stopped."""
         while True:
             for name in list(self.level):
                 await self.publish(name)
-            await asyncio.sleep(60)  # the predictor's cadence, not a wait: cancelled at the end
+            if await until(self.stopped, 60.0):
+                return
+
+
+async def until(event: asyncio.Event, timeout_s: float) -> bool:
+    """Whether `event` was set within `timeout_s`: a period that ends as soon as asked to."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout_s)
+    return event.is_set()
 
 
 async def jumps(
@@ -433,6 +443,7 @@ class Sampler:
     peak: dict[str, float] = field(default_factory=dict)
     backlog_bytes: int = 0
     slow_consumers: int = 0
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     def sample(self) -> None:
         for name, pid in self.pids.items():
@@ -445,9 +456,11 @@ class Sampler:
         self.slow_consumers = int(varz.get("slow_consumers", 0))
 
     async def run(self) -> None:
+        """A sample every second until stopped."""
         while True:
             await asyncio.to_thread(self.sample)
-            await asyncio.sleep(1.0)  # the sampling period, not a wait: cancelled at the end
+            if await until(self.stopped, 1.0):
+                return
 
 
 def plan_histogram(
@@ -632,6 +645,7 @@ async def measure(size: Size, args: argparse.Namespace, work: Path) -> Result:
         truth = {"node": float(size.nodes), "pod": float(size.pods + (events % 3 != 0))}
         result.view, result.view_after_s = await caught_up(health, objects + events, truth)
         result.cpu["churn"] = cpu_seconds(planner.pid) - result.cpu.pop("churn start", 0.0)
+        sampler.stopped.set()
         await asyncio.to_thread(sampler.sample)
         metrics_text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{health}/metrics")
         result.histogram = plan_histogram(metrics_text)
@@ -673,7 +687,8 @@ async def run_phases(
         # Settle: every workload planned on its forecast (commands for the first ones).
         stop = asyncio.Event()
         idle = asyncio.create_task(jumps(forecasts, observed, size, stop))
-        await asyncio.sleep(args.idle_seconds)  # a duration to sample, not a wait for a state
+        # The idle phase lasts idle_seconds, or ends early if the jumps fail.
+        await asyncio.wait({idle}, timeout=args.idle_seconds)
         stop.set()
         result.idle_jumps, result.missed = await asyncio.wait_for(idle, WAIT_S * 2)
         print(f"   idle: {len(result.idle_jumps)} forecast jumps", flush=True)
@@ -694,9 +709,8 @@ async def run_phases(
         result.missed += missed
         result.plans = observed.plan_seconds[idle_plans:]
     finally:
-        refresher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await refresher
+        forecasts.stopped.set()
+        await asyncio.wait_for(refresher, WAIT_S)
 
 
 async def second_planner(nats_url: str, work: Path, size: Size) -> float:
