@@ -11,7 +11,10 @@ around the time the next one is due, and released once it came. Pure; time is an
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,48 +48,101 @@ def observe_rise(
     window_s: float,
     floor_rps: float,
 ) -> Rises:
-    """`rises` after an observation at `now`: every observation a whole lead time old becomes
-    a score, the highest demand seen within the lead time after it / it (at least
-    `floor_rps`, so a rise from near zero within one replica's capacity is not a huge ratio);
-    a large score is an onset unless one started within the lead time before it (the same
-    jump, seen from the observations before it); scores and onsets older than `window_s` are
-    dropped."""
-    pending = rises.pending if observed is None else (*rises.pending, (now, observed))
-    scores = list(rises.scores)
-    onsets = list(rises.onsets)
-    kept: list[tuple[float, float]] = []
-    for index, (start, value) in enumerate(pending):
-        if now - start < lead_time_s:
-            kept.append((start, value))
-            continue
-        later = [v for t, v in pending[index + 1 :] if t - start <= lead_time_s]
-        # An observation nothing followed within the lead time (a gap) measures no rise.
-        if not later:
-            continue
-        score = max(later) / max(value, floor_rps)
+    """`rises` after an observation at `now` (`RiseWindow.observe`)."""
+    window = RiseWindow(rises, lead_time_s=lead_time_s, window_s=window_s, floor_rps=floor_rps)
+    window.observe(observed, now)
+    return window.rises()
+
+
+class RiseWindow:
+    """`Rises` while observations (oldest first, as a planner's clock gives them) arrive: one
+    at a time in a plan, or a day of them in a row (`warm.derive`) without copying and
+    re-sorting the window at each (that was quadratic: 16 s before an nginx simulation)."""
+
+    def __init__(
+        self, rises: Rises, *, lead_time_s: float, window_s: float, floor_rps: float
+    ) -> None:
+        self._lead_time_s = lead_time_s
+        self._window_s = window_s
+        self._floor_rps = floor_rps
+        self._pending = list(rises.pending)
+        self._scores = deque(rises.scores)
+        self._onsets = list(rises.onsets)
+        # The sorted scores no onset's jump measured (`_usual_rise`), built when first asked
+        # for and kept up to date from then on.
+        self._usual: list[float] | None = None
+
+    def rises(self) -> Rises:
+        return Rises(
+            pending=tuple(self._pending), scores=tuple(self._scores), onsets=tuple(self._onsets)
+        )
+
+    def observe(self, observed: float | None, now: float) -> None:
+        """Every observation a whole lead time old becomes a score, the highest demand seen
+        within the lead time after it / it (at least `floor_rps`, so a rise from near zero
+        within one replica's capacity is not a huge ratio); a large score is an onset unless
+        one started within the lead time before it (the same jump, seen from the
+        observations before it); scores and onsets older than `window_s` are dropped."""
+        pending = self._pending
+        if observed is not None:
+            pending.append((now, observed))
+        kept: list[tuple[float, float]] = []
+        for index, (start, value) in enumerate(pending):
+            if now - start < self._lead_time_s:
+                kept.append((start, value))
+                continue
+            later = [v for t, v in pending[index + 1 :] if t - start <= self._lead_time_s]
+            # An observation nothing followed within the lead time (a gap) measures no rise.
+            if later:
+                self._score(start, max(later) / max(value, self._floor_rps))
+        self._pending = kept
+        self._forget(now)
+
+    def _score(self, start: float, score: float) -> None:
+        onsets = self._onsets
         if (
             score >= ONSET_MIN_RATIO
-            and (not onsets or start - onsets[-1][0] > lead_time_s)
-            and score > _usual_rise(scores, onsets, lead_time_s)
+            and (not onsets or start - onsets[-1][0] > self._lead_time_s)
+            and score > self._usual_rise()
         ):
             onsets.append((start, score))
-        scores.append((start, score))
-    return Rises(
-        pending=tuple(kept),
-        scores=tuple(item for item in scores if now - item[0] <= window_s),
-        onsets=tuple(item for item in onsets if now - item[0] <= window_s),
-    )
+        self._scores.append((start, score))
+        if self._usual is not None and not self._measures_onset(start):
+            bisect.insort(self._usual, score)
 
+    def _usual_rise(self) -> float:
+        """The q0.99 of the rises that are no onset's (an onset's jump scores from every
+        observation within a lead time before it: with frequent onsets, those would make the
+        usual rise as large as an onset and hide the next ones)."""
+        if self._usual is None:
+            self._usual = sorted(_without_onsets(self._scores, self._onsets, self._lead_time_s))
+        return _ranked(self._usual, ONSET_USUAL_QUANTILE)
 
-def _usual_rise(
-    scores: Sequence[tuple[float, float]],
-    onsets: Sequence[tuple[float, float]],
-    lead_time_s: float,
-) -> float:
-    """The q0.99 of the rises that are no onset's (an onset's jump scores from every
-    observation within a lead time before it: with frequent onsets, those would make the
-    usual rise as large as an onset and hide the next ones)."""
-    return conformal_quantile(_without_onsets(scores, onsets, lead_time_s), ONSET_USUAL_QUANTILE)
+    def _measures_onset(self, start: float) -> bool:
+        """Whether a score from `start` saw an onset's jump: the latest onset at or before it
+        started within a lead time before it (`_without_onsets`)."""
+        latest = bisect.bisect_right(self._onsets, start, key=lambda onset: onset[0]) - 1
+        return latest >= 0 and start - self._onsets[latest][0] <= self._lead_time_s
+
+    def _forget(self, now: float) -> None:
+        scores, onsets, usual = self._scores, self._onsets, self._usual
+        while scores and now - scores[0][0] > self._window_s:
+            start, score = scores.popleft()
+            if usual is not None and not self._measures_onset(start):
+                del usual[bisect.bisect_left(usual, score)]
+        while onsets and now - onsets[0][0] > self._window_s:
+            front = self._front(onsets[0][0]) if usual is not None else []
+            measured = [self._measures_onset(start) for start, _ in front]
+            onsets.pop(0)
+            # The scores the forgotten onset's jump set apart count as usual ones again.
+            for (start, score), was in zip(front, measured, strict=True):
+                if was and usual is not None and not self._measures_onset(start):
+                    bisect.insort(usual, score)
+
+    def _front(self, onset: float) -> list[tuple[float, float]]:
+        """The oldest scores, up to a lead time after `onset`."""
+        reach = onset + self._lead_time_s
+        return list(itertools.takewhile(lambda item: item[0] <= reach, self._scores))
 
 
 def _without_onsets(
@@ -111,7 +167,11 @@ def _without_onsets(
 def conformal_quantile(values: Sequence[float], quantile: float) -> float:
     """The split-conformal `quantile` of `values`: the ceil((n + 1) q)-th smallest (the
     largest when there are too few), never below 1; 1 when there is none."""
-    ordered = sorted(values)
+    return _ranked(sorted(values), quantile)
+
+
+def _ranked(ordered: Sequence[float], quantile: float) -> float:
+    """`conformal_quantile` of values already sorted."""
     if not ordered:
         return 1.0
     rank = min(math.ceil((len(ordered) + 1) * quantile), len(ordered))
@@ -212,11 +272,17 @@ def observe(
     now: float,
     config: PolicyConfig,
 ) -> Rises:
-    """`observe_rise` with the workload's lead time and the configured window."""
-    return observe_rise(
+    """`rises` after an observation at `now`, with the workload's lead time and the
+    configured window."""
+    rise_window = window(workload, rises, config)
+    rise_window.observe(observed, now)
+    return rise_window.rises()
+
+
+def window(workload: ServingWorkload, rises: Rises, config: PolicyConfig) -> RiseWindow:
+    """The workload's `RiseWindow` from `rises`: its lead time, the configured window."""
+    return RiseWindow(
         rises,
-        observed=observed,
-        now=now,
         lead_time_s=workload.lead_time_s,
         window_s=config.rise_window_s,
         # A rise from below one replica's capacity counts from it: a replica serves it anyway.

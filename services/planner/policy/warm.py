@@ -64,10 +64,10 @@ def derive(
     """The rises a planner would hold had it observed `observations` ((time, req/s), oldest
     first, at its plan cadence) since before the first: a fresh install learns a schedule
     from the demand of the last day instead of from its next four spikes."""
-    rises = Rises()
+    window = headroom.window(workload, Rises(), config)
     for at, value in observations:
-        rises = headroom.observe(workload, rises, value, at, config)
-    return rises
+        window.observe(value, at)
+    return window.rises()
 
 
 def sampled(
