@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tideshift.services.planner.policy import reasons
+from tideshift.services.planner.policy.admission import queue_finite_jobs
 from tideshift.services.planner.policy.batch import (
     BatchPlan,
     batch_room,
@@ -66,6 +67,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     #      Room serving releases waits one plan while batch trainers may stand on it.
     if batch_inputs.jobs:
         usage = hold_released_room(inputs, entries, usage)
+    inputs, entries, queued = queue_finite_jobs(inputs, usage, entries)
     free = reserve_pending_companions(inputs, entries, inputs.cluster.allocatable - usage)
     grew_at = {target: t for target, t in state.job_grew_at.items() if target in managed}
     training = _plan_training(inputs, entries, free, grew_at, serving, now=now)
@@ -89,7 +91,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         )
 
     decision = Decision(
-        (*serving.decisions, *training.decisions, *batch.decisions),
+        (*serving.decisions, *training.decisions, *queued, *batch.decisions),
         (*serving_infeasible, *training.infeasible, *batch.infeasible),
         tuple(fallbacks),
         np.asarray(inputs.cluster.allocatable - training.free),

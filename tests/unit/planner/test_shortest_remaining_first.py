@@ -12,6 +12,7 @@ from tideshift.services.planner.policy import (
     NodeSpec,
     PlanInputs,
     PlanState,
+    PodSpec,
     Target,
     TrainingJob,
     plan,
@@ -114,17 +115,19 @@ def test_a_finite_jobs_reason_says_how_long_it_has_left() -> None:
 
 def test_the_shortest_job_gets_what_packs_per_node_not_what_the_aggregate_allows() -> None:
     # Two 10-core nodes: 4-core trainers fit twice per node, and the long job's floor (one
-    # 3-core trainer) must still fit: 3 for the short job, although 17 free cores hold 4.
+    # 3-core trainer, running: a started job is not queued again) must still fit: 3 for the
+    # short job, although 17 free cores hold 4.
     short = TrainingJob(A, (4.0, GIB, 0.0), 1, 10, submitted_at=0.0, remaining_work=10.0)
     long = TrainingJob(B, (3.0, GIB, 0.0), 1, 10, submitted_at=1.0, remaining_work=1e6)
     inputs = PlanInputs(
         cluster=ClusterView.build(
-            [NodeSpec("n0", (10.0, 64 * GIB, 0.0)), NodeSpec("n1", (10.0, 64 * GIB, 0.0))], []
+            [NodeSpec("n0", (10.0, 64 * GIB, 0.0)), NodeSpec("n1", (10.0, 64 * GIB, 0.0))],
+            [PodSpec((3.0, GIB, 0.0), "n1", B)],
         ),
         serving=(),
         jobs=(short, long),
         forecasts={},
-        current={A: 0, B: 0},
+        current={A: 0, B: 1},
     )
     decision, _ = plan(inputs, PlanState(), 1000.0)
     assert decision.desired() == {A: 3, B: 2}

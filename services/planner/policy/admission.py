@@ -1,0 +1,151 @@
+"""Admission of finite CPU jobs: a job of known length that has not started waits while the
+finite jobs ahead of it (shortest-remaining-first, as `tiers` grows them) would use the room
+at their maxima. Admitting every job at once made each bring its parameter servers and gang
+floor into room the running jobs would have used at a better speed-up: on a stream of
+identical jobs all then finished together, late (docs/EVALUATION.md, q26h).
+
+Only CPU jobs wait: GPU jobs are the scarce room's and never queue behind CPU jobs; jobs of
+unknown length (long-running ones) are never held back. Pure numpy; no I/O."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from tideshift.services.planner.policy import reasons
+from tideshift.services.planner.policy.model import (
+    BoolArray,
+    FloatArray,
+    PlanInputs,
+    Target,
+    TargetDecision,
+    TrainingJob,
+)
+from tideshift.services.planner.policy.packing import ClusterEntries, cluster_entries
+
+_SLACK = 1e-6
+
+
+def queue_finite_jobs(
+    inputs: PlanInputs, usage: FloatArray, entries: ClusterEntries
+) -> tuple[PlanInputs, ClusterEntries, tuple[TargetDecision, ...]]:
+    """`inputs` and `entries` without the finite jobs that wait, and their decisions (0
+    trainers, why). `usage`: per node, the requests of every pod the plan does not scale and
+    of serving as planned. Out of the inputs, a waiting job's parameter servers hold no room
+    (`reserve_pending_companions`)."""
+    waiting = hold_back(inputs, usage, entries)
+    if not waiting:
+        return inputs, entries, ()
+    decisions = tuple(
+        TargetDecision(job.target, "training", inputs.current.get(job.target, 0), 0, why)
+        for job in inputs.jobs
+        if (why := waiting.get(job.target)) is not None
+    )
+    kept = replace(inputs, jobs=tuple(job for job in inputs.jobs if job.target not in waiting))
+    return kept, cluster_entries(kept), decisions
+
+
+def hold_back(inputs: PlanInputs, usage: FloatArray, entries: ClusterEntries) -> dict[Target, str]:
+    """The finite CPU jobs that wait, with why (`queue_finite_jobs`)."""
+    jobs = inputs.jobs
+    finite = [
+        k
+        for k, job in enumerate(jobs)
+        if job.remaining_work is not None and job.trainer_requests[2] <= 0 and not job.batch
+    ]
+    cpu_nodes = inputs.cluster.allocatable[:, 2] <= 0
+    if not finite or not cpu_nodes.any():
+        return {}
+    started, pending = _started_and_pending(inputs)
+    room = _cpu_room(inputs, usage, entries, cpu_nodes)
+    ahead: list[TrainingJob] = []  # the jobs before, each at its maximum
+    used = np.zeros(3)
+    # Started jobs cannot be queued again: those after a job keep at least their floors.
+    behind = sum((_use(jobs[k], jobs[k].floor) for k in finite if started[k]), np.zeros(3))
+    waiting: dict[Target, str] = {}
+    for k in sorted(finite, key=lambda k: _soonest_done(jobs[k])):
+        job = jobs[k]
+        if started[k]:
+            behind -= _use(job, job.floor)
+        else:
+            need = used + behind + _use(job, job.floor) + pending[k]
+            asked = (np.asarray(job.trainer_requests) > 0) | (pending[k] > 0)
+            over = np.where(asked, need - room, 0.0)
+            gain = job.weight * job.floor**job.speedup_exponent
+            if _loss_to_cover(ahead, over) > gain:
+                waiting[job.target] = reasons.queued_behind_shorter(job, need, room)
+                continue
+            used += pending[k]
+        ahead.append(job)
+        used += _use(job, job.max_trainers)
+    return waiting
+
+
+def _cpu_room(
+    inputs: PlanInputs, usage: FloatArray, entries: ClusterEntries, cpu_nodes: BoolArray
+) -> FloatArray:
+    """What the nodes without GPUs leave to finite jobs: jobs of unknown length keep what
+    they hold (their fair share is not this module's)."""
+    room: FloatArray = inputs.cluster.allocatable[cpu_nodes].sum(axis=0) - usage[cpu_nodes].sum(
+        axis=0
+    )
+    serving = len(inputs.serving)
+    on_cpu = (entries.row >= serving) & cpu_nodes[entries.node]
+    for k, count in zip(
+        (entries.row[on_cpu] - serving).tolist(), entries.count[on_cpu].tolist(), strict=True
+    ):
+        if inputs.jobs[k].remaining_work is None:
+            room -= _use(inputs.jobs[k], count)
+    return room
+
+
+def _loss_to_cover(ahead: Sequence[TrainingJob], over: FloatArray) -> float:
+    """The weighted throughput the jobs ahead lose when the longest of them shrink (down to
+    their floors) until `over` (what a newcomer needs beyond the room) is free; infinite when
+    they cannot free it. Throughput is trainers ** speedup_exponent, as in `tiers`."""
+    left = over.copy()
+    loss = 0.0
+    for job in reversed(ahead):
+        if np.all(left <= _SLACK):
+            break
+        request = np.asarray(job.trainer_requests, dtype=np.float64)
+        short = (left > _SLACK) & (request > 0)
+        if not short.any():
+            continue
+        taken = min(job.max_trainers - job.floor, math.ceil((left[short] / request[short]).max()))
+        if taken <= 0:
+            continue
+        exponent = job.speedup_exponent
+        loss += job.weight * (job.max_trainers**exponent - (job.max_trainers - taken) ** exponent)
+        left -= taken * request
+    return loss if np.all(left <= _SLACK) else math.inf
+
+
+def _use(job: TrainingJob, trainers: int) -> FloatArray:
+    return trainers * np.asarray(job.trainer_requests, dtype=np.float64)
+
+
+def _soonest_done(job: TrainingJob) -> tuple[int, float, float, str]:
+    """Higher tiers first, then the job soonest done at its most trainers."""
+    time = (job.remaining_work or 0.0) / max(job.max_trainers, 1) ** job.speedup_exponent
+    return (-job.priority, time, job.submitted_at, job.target.name)
+
+
+def _started_and_pending(inputs: PlanInputs) -> tuple[BoolArray, list[FloatArray]]:
+    """Per job: whether any of its pods is bound (its gang has started), and the requests of
+    its companions (parameter servers) waiting for a node."""
+    view = inputs.cluster
+    index = {owner: i for i, owner in enumerate(view.owners)}
+    owned = view.pod_owner >= 0
+    bound_owners = np.zeros(len(view.owners) + 1, dtype=np.bool_)
+    bound_owners[view.pod_owner[owned & (view.pod_node >= 0)] + 1] = True
+    waiting = owned & (view.pod_node < 0) & ~view.pod_replica
+    pending_by_owner = np.zeros((len(view.owners) + 1, 3))
+    np.add.at(pending_by_owner, view.pod_owner[waiting] + 1, view.pod_requests[waiting])
+    rows = [index.get(job.target, -1) + 1 for job in inputs.jobs]
+    started: BoolArray = np.array([row > 0 and bound_owners[row] for row in rows], dtype=np.bool_)
+    pending = [pending_by_owner[row] if row > 0 else np.zeros(3) for row in rows]
+    return started, pending
