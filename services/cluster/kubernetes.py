@@ -69,6 +69,10 @@ SCALE_CONFLICTS = Counter(
     "tideshift_scale_conflicts_total", "409 Conflicts on scale writes (re-read and retried)"
 )
 
+# Changes the informer threads have read but the watcher has not taken yet, past which they
+# stop reading their streams: a burst waits in the apiserver (which ends a watch that falls
+# too far behind, and the informer lists again) instead of in this process's memory.
+WATCH_BUFFER = 4_096
 RECENT_READ_SECONDS = 2.0  # how long a get_scale read may stand in for set_scale's own read
 
 
@@ -285,8 +289,12 @@ class KubernetesClusterPort:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[ClusterChange] = asyncio.Queue()
         stop = threading.Event()
+        room = threading.Semaphore(WATCH_BUFFER)
 
         def emit(change: ClusterChange) -> None:
+            while not room.acquire(timeout=0.5):
+                if stop.is_set():
+                    return  # the watch has ended: nobody takes this change
             loop.call_soon_threadsafe(queue.put_nowait, change)
 
         self._watching = True
@@ -308,7 +316,9 @@ class KubernetesClusterPort:
             thread.start()
         try:
             while True:
-                yield await queue.get()
+                change = await queue.get()
+                room.release()
+                yield change
         finally:
             stop.set()
             for _, informer in informers:

@@ -56,6 +56,14 @@ from tideshift.services.watcher.snapshot import (
 
 # Snapshot writes after which an idle writer hands freed memory back to the OS (a burst).
 TRIM_AFTER_WRITES = 10_000
+# Keys waiting for their snapshot write past which the loop waits for the writer: a flood
+# of changes is slowed to what the bucket takes instead of held in memory (a 100 s flood of
+# distinct names held ~280 MB of pending events, and the allocators kept a third of it).
+MAX_PENDING_WRITES = 4_096
+# How long a deleted key's marker stays in the bucket: a plain KV delete leaves a marker per
+# name for ever, so pods that come and go would grow the snapshot's stream without bound.
+# A reader lists keys that hold a value, so an expired marker changes nothing it sees.
+DELETE_MARKER_TTL_SECONDS = 600
 
 log = logging.getLogger("tideshift.watcher")
 
@@ -118,16 +126,20 @@ class Watcher:
         bucket: str = SNAPSHOT_BUCKET,
         clock: Clock = WALL_CLOCK,
         kv_concurrency: int = 32,
+        max_pending_writes: int = MAX_PENDING_WRITES,
     ) -> None:
         self.port = port
         self.bus = bus
         self.bucket = bucket
         self.clock = clock
         self.kv_concurrency = kv_concurrency
+        self.max_pending_writes = max_pending_writes
         self.snapshot: TypedKV | None = None
+        self._expiring_deletes = True  # the bucket lets a delete marker expire (2.11+)
         self.published = 0
         self._pending: dict[str, ClusterEvent | None] = {}  # key -> latest value (None: delete)
         self._pending_ready = asyncio.Event()
+        self._taken = asyncio.Event()  # the writer took a batch: there is room again
         self._idle = asyncio.Event()
         self._idle.set()
         self._reported: dict[str, str] = {}  # workload -> the invalid-policy message last recorded
@@ -197,8 +209,14 @@ class Watcher:
             FAILURES.labels("deadletter").inc()
             log.warning("cannot dead-letter %s: %s", workload.ref, failure)
 
+    async def _room_for_a_write(self) -> None:
+        while len(self._pending) >= self.max_pending_writes:
+            self._taken.clear()
+            await self._taken.wait()
+
     async def handle(self, change: ClusterChange) -> None:
         """Publish one change and queue its snapshot update; never raises on bad input."""
+        await self._room_for_a_write()
         obj = change.obj
         if not self.order.admit(object_key(obj), change.type, obj.resource_version):
             STALE.labels(type(obj).__name__.lower()).inc()
@@ -233,7 +251,9 @@ class Watcher:
     async def _write_one(self, key: str, event: ClusterEvent | None) -> None:
         assert self.snapshot is not None
         try:
-            if event is None:
+            if event is None and self._expiring_deletes:
+                await self.snapshot.purge_expiring(key, ttl_seconds=DELETE_MARKER_TTL_SECONDS)
+            elif event is None:
                 await self.snapshot.delete(key)
             else:
                 await self.snapshot.put(key, event)
@@ -263,6 +283,7 @@ class Watcher:
         reference to the batch while it waits for the next (a flood's last batch of deleted
         names was kept until the next change, measured)."""
         self._pending = {}
+        self._taken.set()
         items = list(batch.items())
         batch.clear()
         for start in range(0, len(items), self.kv_concurrency):
@@ -328,6 +349,13 @@ class Watcher:
         Returns how many differences were found.
         """
         self.snapshot = await self.bus.kv(self.bucket)
+        self._expiring_deletes = await self.snapshot.expires_keys()
+        if not self._expiring_deletes:
+            log.warning(
+                "snapshot bucket %s does not let keys expire (created before nats-server "
+                "2.11?): each deleted object's marker stays; recreate the bucket to bound it",
+                self.bucket,
+            )
         nodes = await self.port.list_nodes()
         pods = await self.port.list_pods()
         workloads = await self.port.list_workloads()

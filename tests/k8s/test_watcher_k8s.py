@@ -31,6 +31,7 @@ from tests.k8s.cluster_objects import (
     wait_until,
 )
 from tideshift.events import NODE_CHANGED, POD_CHANGED, NodeChanged, PodChanged
+from tideshift.services.cluster import kubernetes
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.cluster.informer import RELISTS, WATCH_ERRORS, WatchTuning
 from tideshift.services.cluster.kubernetes import KubernetesClusterPort
@@ -463,5 +464,42 @@ async def test_a_late_add_older_than_the_deletion_does_not_bring_a_pod_back(
         changes = [e.data.change for e in events if e.data.name == "brief"]
         assert changes.count("deleted") == 1 and changes[-1] in {"added", "modified"}
         assert changes.index("deleted") < len(changes) - 1
+    finally:
+        await port.close()
+
+
+async def test_a_watcher_that_falls_behind_holds_back_the_informers_and_loses_nothing(
+    admin: KubeHttp,
+    k8s_namespace: str,
+    watcher_kubeconfig: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two changes may wait for the watcher; the informer thread waits for room past that.
+    monkeypatch.setattr(kubernetes, "WATCH_BUFFER", 2)
+    pods_path = f"/api/v1/namespaces/{k8s_namespace}/pods"
+    port = await asyncio.to_thread(watcher_port, watcher_kubeconfig, k8s_namespace)
+    names = [f"burst-{index}" for index in range(12)]
+    taken: list[tuple[str, str]] = []
+    go = asyncio.Event()
+
+    def added() -> list[str]:
+        return [name for change, name in taken if change == "added"]
+
+    async def slow_watcher() -> None:
+        async for change in port.watch():
+            if isinstance(change.obj, Pod):
+                taken.append((change.type, change.obj.name))
+            await go.wait()  # stalled until the burst is in the apiserver
+
+    try:
+        await port.list_nodes()
+        await port.list_pods()
+        async with running(slow_watcher()):
+            for name in names:
+                await asyncio.to_thread(create, admin, pods_path, bare_pod(name))
+            assert len(taken) <= 1  # the stalled watcher took one change, no more
+            go.set()
+            await eventually(lambda: len(added()) >= len(names), "the whole burst")
+        assert added() == names  # in order, each once (kwok's status updates come between)
     finally:
         await port.close()
