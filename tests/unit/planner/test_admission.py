@@ -1,5 +1,5 @@
 """Finite CPU jobs that have not started wait while admitting them would cost the jobs ahead
-(shortest-remaining-first, at their maxima) more throughput than they bring (issue 26: on
+(shortest-remaining-first, at their maxima) far more throughput than they bring (issue 26: on
 edl-training-only every job was admitted at once, its parameter servers took room the running
 jobs would have used, and all finished together, late)."""
 
@@ -50,33 +50,36 @@ def decide(newcomer: TrainingJob, maximum: int) -> dict[Target, tuple[int, str]]
     return {item.target: (item.desired, item.reason) for item in decision.targets}
 
 
-def test_a_newcomer_waits_when_it_costs_the_jobs_ahead_more_than_it_brings() -> None:
-    # 108 cores beside the bound parameter servers; A and B at 54 fill them. C's floor and
-    # parameter server (20 cores) would take 20 of B's trainers: 54**0.8 - 34**0.8 = 7.5 of
-    # throughput lost against 10**0.8 = 6.3 gained.
-    got = decide(job(C, 9e5, 54, 2.0), 54)
+def test_a_newcomer_waits_when_it_costs_the_jobs_ahead_far_more_than_it_brings() -> None:
+    # 108 cores beside the bound parameter servers; A and B at 100 would take 200. C's floor
+    # and parameter server (20 cores, 112 beyond the room) would take B to its floor and 22
+    # of A's trainers: (100**0.8 - 10**0.8) + (100**0.8 - 78**0.8) = 40.7 of throughput lost,
+    # 6.5x the 10**0.8 = 6.3 it brings (a newcomer waits beyond 5x).
+    got = decide(job(C, 9e5, 100, 2.0), 100)
     assert got[C][0] == 0
     assert got[C][1].startswith("queued: finite job")
-    assert "need 128 cpu" in got[C][1] and "of the 108 cpu" in got[C][1]
+    assert "need 220 cpu" in got[C][1] and "of the 108 cpu" in got[C][1]
     # The waiting job's parameter server holds no room: A and B get every core.
-    assert (got[A][0], got[B][0]) == (54, 54)
+    assert (got[A][0], got[B][0]) == (98, 10)
 
 
-def test_a_newcomer_is_admitted_when_it_brings_more_than_it_costs() -> None:
-    # At most 50 each, C needs 12 cores beyond the room: B loses 50**0.8 - 38**0.8 = 4.5.
-    got = decide(job(C, 9e5, 50, 2.0), 50)
+def test_a_newcomer_is_admitted_when_the_jobs_ahead_lose_little() -> None:
+    # At most 60 each, C needs 32 cores beyond the room: B loses 60**0.8 - 28**0.8 = 12.0,
+    # 1.9x what C brings.
+    got = decide(job(C, 9e5, 60, 2.0), 60)
     assert got[C][0] == 10
     # Its parameter server's room is reserved; B, the later of the two, gives way.
-    assert (got[A][0], got[B][0]) == (50, 108 - 10 - 50 - 10)
+    assert (got[A][0], got[B][0]) == (60, 108 - 10 - 60 - 10)
 
 
 def test_a_newcomer_shorter_than_the_running_jobs_is_admitted() -> None:
-    got = decide(job(C, 1e4, 54, 2.0), 54)
-    assert got[C][0] == 54
+    got = decide(job(C, 1e4, 100, 2.0), 100)
+    # First among the three: at its maximum beside A's and B's floors and its parameter server.
+    assert got[C][0] == 108 - 10 - 10 - 10
     assert "queued" not in got[C][1]
 
 
 def test_a_job_of_unknown_length_is_never_held_back() -> None:
-    got = decide(job(C, None, 54, 2.0), 54)
+    got = decide(job(C, None, 100, 2.0), 100)
     assert got[C][0] >= 10
     assert "queued" not in got[C][1]
