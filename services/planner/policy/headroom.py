@@ -265,6 +265,14 @@ def _next_error(index: np.ndarray, residuals: np.ndarray) -> float:
     return 2.0 * deviation * math.sqrt(1.0 / count + ahead**2 / scatter)
 
 
+def recent_rise(rises: Rises, *, now: float, lead_time_s: float) -> float:
+    """The largest rise measured from the last two lead times' observations (1 with none)."""
+    recent = itertools.takewhile(
+        lambda item: now - item[0] <= 2 * lead_time_s, reversed(rises.scores)
+    )
+    return max((score for start, score in recent if start <= now), default=1.0)
+
+
 def observe(
     workload: ServingWorkload,
     rises: Rises,

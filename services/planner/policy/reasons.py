@@ -50,7 +50,8 @@ def serving_basis(
 ) -> str:
     """How serving's count was reached; `rise` (the calibrated rise, the replicas it needs,
     the period of the recurring rise that set it or 0, else the quantile of rises that set
-    it) and `observed` only when they need more than the forecast."""
+    it or 0 for the rise just seen) and `observed` only when they need more than the
+    forecast."""
     basis = (
         f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
         f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
@@ -63,6 +64,8 @@ def serving_basis(
             f"a rise recurring every {period_s / 60:.0f} min is due"
             if period_s > 0
             else f"q{quantile:g} of recent rises"
+            if quantile > 0
+            else "the rise just seen, demand above what the forecast allowed"
         )
         basis += (
             f"; observed may rise x {ratio:.2f} within the {workload.lead_time_s:.0f} s "
