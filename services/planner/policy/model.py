@@ -275,6 +275,8 @@ class PlanState:
     serving_history: Mapping[Target, tuple[tuple[float, int], ...]] = field(default_factory=dict)
     serving_seen_since: Mapping[Target, float] = field(default_factory=dict)
     job_grew_at: Mapping[Target, float] = field(default_factory=dict)
+    # Per finite job held back by admission (policy/admission.py): since when it waits.
+    job_queued_since: Mapping[Target, float] = field(default_factory=dict)
     serving_misses: Mapping[Target, Miss] = field(default_factory=dict)
     # Per node name: the batch room batch trainers may grow into (growth hysteresis).
     batch_room: Mapping[str, SteadyRoom] = field(default_factory=dict)

@@ -171,13 +171,17 @@ def gang_excluded(job: TrainingJob, *, growth_frozen: bool) -> str:
     return reason + ("; inputs stale, not growing" if growth_frozen else "")
 
 
-def queued_behind_shorter(job: TrainingJob, need: FloatArray, room: FloatArray) -> str:
+def queued_behind_shorter(
+    job: TrainingJob, need: FloatArray, room: FloatArray, waited: float, aged_after: float
+) -> str:
     at_max = (job.remaining_work or 0.0) / max(job.max_trainers, 1) ** job.speedup_exponent
     return (
         f"queued: finite job (about {at_max:.0f} s at {job.max_trainers} trainers); the finite "
         f"jobs done sooner at their maxima, the started ones' floors and its own gang and "
         f"parameter servers need {need[0]:g} cpu, {need[1] / 2**30:g} GiB of the "
-        f"{room[0]:g} cpu, {room[1] / 2**30:g} GiB the CPU nodes leave: 0 trainers"
+        f"{room[0]:g} cpu, {room[1] / 2**30:g} GiB the CPU nodes leave: 0 trainers; waited "
+        f"{waited:.0f} s, starts at its floor in room no trainer holds after "
+        f"{aged_after * at_max:.0f} s"
     )
 
 

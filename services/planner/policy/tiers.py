@@ -200,8 +200,14 @@ class TierSolver:
         def soonest_done(i: int) -> tuple[bool, float, float, int]:
             # GPU jobs first, as they pack (`_shape_order`): a short CPU job first would
             # take the GPU nodes' cores and strand their GPUs.
+            # A job above its floor keeps its place unless another is sooner done by more
+            # than the restart a swap costs it: jobs parked at their floors progress while a
+            # grown one pauses to restart, and by remaining work alone they overtook it each
+            # plan (on edl-training-only trainers went 52 -> 36 -> 23 -> 60, churn +130).
             job = self.jobs[i].job
             time = (job.remaining_work or 0.0) / max(bounds[i][1], 1) ** job.speedup_exponent
+            if self.jobs[i].current > bounds[i][0]:
+                time -= job.restart_cost_s
             return (job.trainer_requests[2] <= 0, time, job.submitted_at, i)
 
         order = sorted(finite, key=soonest_done)

@@ -83,3 +83,76 @@ def test_a_job_of_unknown_length_is_never_held_back() -> None:
     got = decide(job(C, None, 100, 2.0), 100)
     assert got[C][0] >= 10
     assert "queued" not in got[C][1]
+
+
+# C at most 100 trainers with 9e5 left: 9e5 / 100 ** 0.8 = 22,607 s at its maximum; aged after
+# 0.9 x that = 20,346 s of waiting.
+AGED_WAIT = 20_400.0
+
+
+def decide_after(
+    waited: float, more: tuple[tuple[Target, str, int], ...] = ()
+) -> tuple[dict[Target, tuple[int, str]], PlanState]:
+    """As `decide` (C at most 100, costing A and B 6.5x what it brings), C queued `waited`
+    seconds ago; A and B with `more` trainers (job, node, count) beyond their 10."""
+    pods = started(A, "cpu-0") + started(B, "cpu-1") + [PodSpec(PSERVER, None, C, replica=False)]
+    for owner, node, count in more:
+        pods += [PodSpec(TRAINER, node, owner)] * count
+    trainers = tuple(10 + sum(n for o, _, n in more if o == owner) for owner in (A, B))
+    jobs = (job(A, 9e5, 100, 0.0), job(B, 9e5, 100, 1.0), job(C, 9e5, 100, 2.0))
+    inputs = PlanInputs(
+        cluster=ClusterView.build(NODES, pods),
+        serving=(),
+        jobs=jobs,
+        forecasts={},
+        current={A: trainers[0], B: trainers[1], C: 10},
+    )
+    now = 30_000.0
+    decision, state = plan(inputs, PlanState(job_queued_since={C: now - waited}), now)
+    return {item.target: (item.desired, item.reason) for item in decision.targets}, state
+
+
+def test_a_job_that_waited_long_starts_at_its_floor_in_room_no_trainer_holds() -> None:
+    got, state = decide_after(AGED_WAIT)
+    # 108 cores minus A's and B's 20 bound trainers leave 88 idle: C's floor and parameter
+    # server (20) fit, and it starts there though it still costs A and B 6.5x what it brings.
+    assert got[C][0] == 10
+    assert "queued" not in got[C][1]
+    assert C not in state.job_queued_since
+
+
+def test_a_job_not_yet_waited_long_enough_stays_queued_and_keeps_its_start() -> None:
+    got, state = decide_after(AGED_WAIT - 100.0)
+    assert got[C][0] == 0
+    assert (
+        "waited 20300 s, starts at its floor in room no trainer holds after 20346 s" in (got[C][1])
+    )
+    # Since when it waits is kept from plan to plan (not restarted).
+    assert state.job_queued_since[C] == 30_000.0 - (AGED_WAIT - 100.0)
+
+
+def test_an_aged_job_does_not_stop_running_trainers() -> None:
+    # A and B hold 54 + 50 trainers: 108 - 104 = 4 cores are idle, fewer than C's 20.
+    got, _ = decide_after(
+        AGED_WAIT, ((A, "cpu-0", 12), (A, "cpu-2", 32), (B, "cpu-1", 12), (B, "cpu-3", 28))
+    )
+    assert got[C][0] == 0
+    assert got[C][1].startswith("queued: finite job")
+    # With 20 idle (12 fewer of B's on cpu-3) its floor fits again.
+    got, _ = decide_after(
+        AGED_WAIT, ((A, "cpu-0", 12), (A, "cpu-2", 32), (B, "cpu-1", 12), (B, "cpu-3", 12))
+    )
+    assert got[C][0] == 10
+
+
+def test_a_first_queued_job_is_remembered_from_this_plan() -> None:
+    pods = started(A, "cpu-0") + started(B, "cpu-1") + [PodSpec(PSERVER, None, C, replica=False)]
+    inputs = PlanInputs(
+        cluster=ClusterView.build(NODES, pods),
+        serving=(),
+        jobs=(job(A, 9e5, 100, 0.0), job(B, 9e5, 100, 1.0), job(C, 9e5, 100, 2.0)),
+        forecasts={},
+        current={A: 10, B: 10, C: 10},
+    )
+    _, state = plan(inputs, PlanState(), 1000.0)
+    assert state.job_queued_since == {C: 1000.0}

@@ -5,6 +5,7 @@ ordering by age instead took long-running jobs' room)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tideshift.services.planner.policy import (
@@ -17,6 +18,7 @@ from tideshift.services.planner.policy import (
     TrainingJob,
     plan,
 )
+from tideshift.services.planner.policy.tiers import TierJob, TierSolver
 
 GIB = 2**30
 NODES = [NodeSpec(f"cpu-{i}", (16.0, 64 * GIB, 0.0)) for i in range(4)]  # 64 cores
@@ -132,3 +134,38 @@ def test_the_shortest_job_gets_what_packs_per_node_not_what_the_aggregate_allows
     decision, _ = plan(inputs, PlanState(), 1000.0)
     assert decision.desired() == {A: 3, B: 2}
     assert decision.infeasible == ()
+
+
+def grown_and_parked(sooner_s: float) -> dict[str, int]:
+    """The tier's split of 64 free cores between A, grown to 20 trainers, and B, parked at its
+    floor of 4 and `sooner_s` sooner done at 40 trainers than A (neither keeps a trainer
+    where it is: the order alone decides)."""
+    at_40 = 40**0.8
+    request = np.array([1.0, 2 * GIB, 0.0])
+    items = [
+        TierJob(job(A, at_40 * 200.0, submitted_at=0.0), 20, request, 0, 1 / 64),
+        TierJob(job(B, at_40 * (200.0 - sooner_s), submitted_at=1.0), 4, request, 0, 1 / 64),
+    ]
+    allocatable = np.array([node.allocatable for node in NODES])
+    none = np.zeros(0, dtype=np.int64)
+    solver = TierSolver(
+        items,
+        allocatable.copy(),
+        allocatable=allocatable,
+        entry_job=none,
+        entry_node=none,
+        entry_kept=none,
+    )
+    counts = solver.fill([0, 1], [0, 0], [(4, 40), (4, 40)])
+    return {"a": counts[0], "b": counts[1]}
+
+
+def test_a_grown_job_keeps_its_place_against_one_sooner_done_by_less_than_a_restart() -> None:
+    # B progressed while A paused to restart: 25 s sooner is less than the 30 s restart
+    # (`DEFAULT_RESTART_COST_S`) a swap costs A, so A keeps its place (by remaining work alone
+    # the order flipped plan after plan).
+    assert grown_and_parked(25.0) == {"a": 40, "b": 24}
+
+
+def test_a_job_sooner_done_by_more_than_a_restart_goes_first() -> None:
+    assert grown_and_parked(35.0) == {"a": 24, "b": 40}
