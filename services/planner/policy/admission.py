@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,29 +48,44 @@ _LOSS_PER_GAIN = 5.0
 AGED_AFTER = 0.9
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    queued: tuple[TargetDecision, ...]  # the waiting jobs' decisions: 0 trainers, why
+    since: dict[Target, float]  # since when each waits (carried in the plan's state)
+    aged: dict[Target, float]  # jobs let in by their wait alone: how long they waited
+
+    def note(self, decisions: Sequence[TargetDecision]) -> tuple[TargetDecision, ...]:
+        """`decisions` with the reason of each job let in by its wait saying so."""
+        return tuple(
+            replace(item, reason=item.reason + reasons.started_after_wait(self.aged[item.target]))
+            if item.target in self.aged
+            else item
+            for item in decisions
+        )
+
+
 def queue_finite_jobs(
     inputs: PlanInputs,
     usage: FloatArray,
     entries: ClusterEntries,
     queued_since: Mapping[Target, float],
     now: float,
-) -> tuple[PlanInputs, ClusterEntries, tuple[TargetDecision, ...], dict[Target, float]]:
-    """`inputs` and `entries` without the finite jobs that wait, their decisions (0 trainers,
-    why), and since when each waits (`queued_since`: the last plan's, carried in the plan's
-    state). `usage`: per node, the requests of every pod the plan does not scale and of
-    serving as planned. Out of the inputs, a waiting job's parameter servers hold no room
-    (`reserve_pending_companions`)."""
-    waiting = hold_back(inputs, usage, entries, queued_since, now)
+) -> tuple[PlanInputs, ClusterEntries, Admission]:
+    """`inputs` and `entries` without the finite jobs that wait, and what admission decided
+    (`queued_since`: the last plan's `Admission.since`). `usage`: per node, the requests of
+    every pod the plan does not scale and of serving as planned. Out of the inputs, a waiting
+    job's parameter servers hold no room (`reserve_pending_companions`)."""
+    waiting, aged = hold_back(inputs, usage, entries, queued_since, now)
     since = {target: queued_since.get(target, now) for target in waiting}
     if not waiting:
-        return inputs, entries, (), since
+        return inputs, entries, Admission((), since, aged)
     decisions = tuple(
         TargetDecision(job.target, "training", inputs.current.get(job.target, 0), 0, why)
         for job in inputs.jobs
         if (why := waiting.get(job.target)) is not None
     )
     kept = replace(inputs, jobs=tuple(job for job in inputs.jobs if job.target not in waiting))
-    return kept, cluster_entries(kept), decisions, since
+    return kept, cluster_entries(kept), Admission(decisions, since, aged)
 
 
 def hold_back(
@@ -79,8 +94,9 @@ def hold_back(
     entries: ClusterEntries,
     queued_since: Mapping[Target, float],
     now: float,
-) -> dict[Target, str]:
-    """The finite CPU jobs that wait, with why (`queue_finite_jobs`)."""
+) -> tuple[dict[Target, str], dict[Target, float]]:
+    """The finite CPU jobs that wait, with why, and those let in by their wait alone, with how
+    long they waited (`queue_finite_jobs`)."""
     jobs = inputs.jobs
     finite = [
         k
@@ -89,7 +105,7 @@ def hold_back(
     ]
     cpu_nodes = inputs.cluster.allocatable[:, 2] <= 0
     if not finite or not cpu_nodes.any():
-        return {}
+        return {}, {}
     started, pending = _started_and_pending(inputs)
     room = _cpu_room(inputs, usage, entries, cpu_nodes)
     idle = room - _finite_held(inputs, entries, cpu_nodes)  # what no trainer holds
@@ -98,6 +114,7 @@ def hold_back(
     # Started jobs cannot be queued again: those after a job keep at least their floors.
     behind = sum((_use(jobs[k], jobs[k].floor) for k in finite if started[k]), np.zeros(3))
     waiting: dict[Target, str] = {}
+    aged_in: dict[Target, float] = {}
     for k in sorted(finite, key=lambda k: _soonest_done(jobs[k])):
         job = jobs[k]
         if started[k]:
@@ -111,16 +128,19 @@ def hold_back(
             waited = now - queued_since.get(job.target, now)
             aged = waited >= AGED_AFTER * _time_at_max(job)
             fits_idle = bool(np.all(np.where(asked, floor - idle, 0.0) <= _SLACK))
-            if not (aged and fits_idle) and _loss_to_cover(ahead, over) > _LOSS_PER_GAIN * gain:
+            costly = _loss_to_cover(ahead, over) > _LOSS_PER_GAIN * gain
+            if costly and not (aged and fits_idle):
                 waiting[job.target] = reasons.queued_behind_shorter(
                     job, need, room, waited, AGED_AFTER
                 )
                 continue
+            if costly:
+                aged_in[job.target] = waited
             idle -= floor
             used += pending[k]
         ahead.append(job)
         used += _use(job, job.max_trainers)
-    return waiting
+    return waiting, aged_in
 
 
 def _cpu_room(

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tideshift.services.planner.policy import reasons
-from tideshift.services.planner.policy.admission import queue_finite_jobs
+from tideshift.services.planner.policy.admission import Admission, queue_finite_jobs
 from tideshift.services.planner.policy.batch import (
     BatchPlan,
     batch_room,
@@ -67,7 +67,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
     #      Room serving releases waits one plan while batch trainers may stand on it.
     if batch_inputs.jobs:
         usage = hold_released_room(inputs, entries, usage)
-    inputs, entries, queued, queued_since, free = _admit(inputs, usage, entries, state, now)
+    inputs, entries, adm, free = _admit(inputs, usage, entries, state, now)
     grew_at = {target: t for target, t in state.job_grew_at.items() if target in managed}
     training = _plan_training(inputs, entries, free, grew_at, serving, now=now)
 
@@ -90,7 +90,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         )
 
     decision = Decision(
-        (*serving.decisions, *training.decisions, *queued, *batch.decisions),
+        (*serving.decisions, *adm.note(training.decisions), *adm.queued, *batch.decisions),
         (*serving_infeasible, *training.infeasible, *batch.infeasible),
         tuple(fallbacks),
         np.asarray(inputs.cluster.allocatable - training.free),
@@ -101,22 +101,22 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         serving_misses={k: v for k, v in serving.misses.items() if k in managed},
         job_grew_at=batch.grew_at,
         batch_room=batch.steady,
-        job_queued_since=queued_since,
+        job_queued_since=adm.since,
     )
     return decision, new_state
 
 
 def _admit(
     inputs: PlanInputs, usage: FloatArray, entries: ClusterEntries, state: PlanState, now: float
-) -> tuple[PlanInputs, ClusterEntries, tuple[TargetDecision, ...], dict[Target, float], FloatArray]:
-    """The inputs without the finite jobs that wait (policy/admission.py), their decisions,
-    since when each waits, and the room the others plan in (the parameter servers still
-    waiting for a node reserved)."""
-    inputs, entries, queued, since = queue_finite_jobs(
+) -> tuple[PlanInputs, ClusterEntries, Admission, FloatArray]:
+    """The inputs without the finite jobs that wait (policy/admission.py), what admission
+    decided, and the room the others plan in (the parameter servers still waiting for a node
+    reserved)."""
+    inputs, entries, admission = queue_finite_jobs(
         inputs, usage, entries, state.job_queued_since, now
     )
     free = reserve_pending_companions(inputs, entries, inputs.cluster.allocatable - usage)
-    return inputs, entries, queued, since, free
+    return inputs, entries, admission, free
 
 
 def _growth_frozen(inputs: PlanInputs, serving: ServingPlan) -> bool:

@@ -185,6 +185,10 @@ def queued_behind_shorter(
     )
 
 
+def started_after_wait(waited: float) -> str:
+    return f"; let in at its floor, in room no trainer holds, after waiting {waited:.0f} s"
+
+
 def forced_off(count: int, fair_share: int) -> str:
     return (
         f"{count} trainer(s) must leave nodes that serving or a higher tier needs; "

@@ -68,6 +68,7 @@ def test_a_newcomer_is_admitted_when_the_jobs_ahead_lose_little() -> None:
     # 1.9x what C brings.
     got = decide(job(C, 9e5, 60, 2.0), 60)
     assert got[C][0] == 10
+    assert "let in" not in got[C][1]  # admitted on its cost, not on its wait
     # Its parameter server's room is reserved; B, the later of the two, gives way.
     assert (got[A][0], got[B][0]) == (60, 108 - 10 - 60 - 10)
 
@@ -118,6 +119,9 @@ def test_a_job_that_waited_long_starts_at_its_floor_in_room_no_trainer_holds() -
     # server (20) fit, and it starts there though it still costs A and B 6.5x what it brings.
     assert got[C][0] == 10
     assert "queued" not in got[C][1]
+    assert got[C][1].endswith(
+        "let in at its floor, in room no trainer holds, after waiting 20400 s"
+    )
     assert C not in state.job_queued_since
 
 
