@@ -19,6 +19,7 @@ from tideshift.services.planner.policy.batch import (
     serving_staying,
     split_batch,
 )
+from tideshift.services.planner.policy.gpu_loan import lend_gpu_room
 from tideshift.services.planner.policy.lifetime import expected_reclaim
 from tideshift.services.planner.policy.model import (
     Decision,
@@ -53,7 +54,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
 
     # 1. Serving: replicas from the forecast, scale-down only through the stabilisation
     #    window; then placed per node (free room first, then room trainers give back).
-    serving = size_serving(inputs, state, now, entries.row_totals)
+    sized, serving = _size_serving(inputs, state, now, entries)
     fallbacks += serving.fallbacks
     usage, serving_infeasible = place_serving(inputs, entries, serving.desired)
 
@@ -69,7 +70,7 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         usage = hold_released_room(inputs, entries, usage)
     inputs, entries, adm, free = _admit(inputs, usage, entries, state, now)
     grew_at = {target: t for target, t in state.job_grew_at.items() if target in managed}
-    training = _plan_training(inputs, entries, free, grew_at, serving, now=now)
+    training = _plan_training(inputs, entries, free, grew_at, sized, now=now)
 
     # 5. Batch jobs on what serving reserves but does not use (and what no request took):
     #    planned after serving, so serving never waits for them, and shrunk first when
@@ -104,6 +105,16 @@ def plan(inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, Pl
         job_queued_since=adm.since,
     )
     return decision, new_state
+
+
+def _size_serving(
+    inputs: PlanInputs, state: PlanState, now: float, entries: ClusterEntries
+) -> tuple[ServingPlan, ServingPlan]:
+    """Serving as sized, and as placed: the GPU replicas above what demand and the forecast
+    need lent to finite GPU jobs short of GPUs (policy/gpu_loan.py). Training prices the room
+    serving may reclaim on the first: room lent to GPU jobs is not taken from the others."""
+    sized = size_serving(inputs, state, now, entries.row_totals)
+    return sized, lend_gpu_room(inputs, sized, now)
 
 
 def _admit(
