@@ -12,6 +12,10 @@ Rules, in order:
    memory 1, GPU 3; a resource the node does not have does not count), so pods pile onto
    nodes that are already busy and whole nodes stay free for large trainers;
 4. ties go to the lower row (the caller's node order).
+
+Scale-downs mirror rule 2: a target's pods without GPUs leave GPU nodes first, then the pods
+whose node stays emptiest once they are gone (`removal_key`), so CPU trainers do not sit on
+the cores a GPU gang is waiting for while CPU nodes keep room.
 """
 
 from __future__ import annotations
@@ -121,6 +125,17 @@ def compact_down(
     return stays
 
 
+def removal_key(rest: FloatArray, allocatable: FloatArray, request: FloatArray) -> FloatArray:
+    """Per node, the order in which a shrinking target leaves it (lower leaves first): the
+    node's fullness once the target's pods are gone (`rest`), less 2 where pods of `request`
+    (one row per node, or one for all) ask for no GPU and the node has GPUs: the mirror of
+    `placement_key`'s rule 2, so GPUs are not stranded behind CPU pods that stay."""
+    key = fullness(rest, allocatable)
+    without_gpu = np.broadcast_to(request, rest.shape)[:, 2] <= 0
+    result: FloatArray = key - 2.0 * (without_gpu & (allocatable[:, 2] > 0))
+    return result
+
+
 def entry_rest(
     used: FloatArray,
     allocatable: FloatArray,
@@ -128,9 +143,10 @@ def entry_rest(
     counts: IntArray,
     requests: FloatArray,
 ) -> FloatArray:
-    """`compact_down`'s node_rest: how full each entry's node stays without the entry's pods
-    (`used`: requests per node now; `requests[e]`: one pod of entry e)."""
+    """`compact_down`'s node_rest: each entry's `removal_key`, how full its node stays
+    without the entry's pods (`used`: requests per node now; `requests[e]`: one pod of entry
+    e), GPU nodes first for pods without GPUs."""
     if nodes.size == 0:
         return np.zeros(0)
     rest = np.maximum(used[nodes] - counts[:, None] * requests, 0.0)
-    return fullness(rest, allocatable[nodes])
+    return removal_key(rest, allocatable[nodes], requests)

@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from tideshift.services.cluster.placement import best_node, fullness
+from tideshift.services.cluster.placement import best_node, removal_key
 from tideshift.services.cluster.port import (
     ClusterChange,
     Node,
@@ -281,10 +281,11 @@ class SimCluster:
             per_node: dict[str | None, int] = {}
             for pod in workers:
                 per_node[pod.node] = per_node.get(pod.node, 0) + 1
-            rest = self._rest_fullness(workload, per_node)
+            rest = self._removal_keys(workload, per_node)
 
             def deletion_rank(pod: SimPod) -> tuple[int, int, float, int, int]:
-                # the executor's pod-deletion-cost order: pods whose node then stays emptiest
+                # the executor's pod-deletion-cost order: pods without GPUs off GPU nodes, then
+                # pods whose node then stays emptiest
                 return (
                     0 if pod.node is None else 1,
                     0 if not pod.ready else 1,
@@ -296,10 +297,10 @@ class SimCluster:
             for pod in sorted(workers, key=deletion_rank)[:-missing]:
                 self._delete_pod(pod, evicted=False)
 
-    def _rest_fullness(
+    def _removal_keys(
         self, workload: SimWorkload, per_node: dict[str | None, int]
     ) -> dict[str | None, float]:
-        """How full each node holding the workload's pods stays once they are gone."""
+        """`placement.removal_key` of each node holding the workload's pods."""
         names = [name for name in per_node if name is not None]
         if not names:
             return {}
@@ -308,7 +309,7 @@ class SimCluster:
         used = allocatable - np.array([self._nodes[name].free for name in names])
         counts = np.array([per_node[name] for name in names], dtype=np.float64)
         rest = np.maximum(used - counts[:, None] * request, 0.0)
-        return dict(zip(names, fullness(rest, allocatable).tolist(), strict=True))
+        return dict(zip(names, removal_key(rest, allocatable, request).tolist(), strict=True))
 
     # ---- scheduling ------------------------------------------------------------------------
 

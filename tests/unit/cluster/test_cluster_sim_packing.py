@@ -1,5 +1,6 @@
 """The simulated scheduler packs as `cluster.placement` says: CPU-only pods keep off GPU nodes
-while CPU nodes have room, and pods pile onto the busiest node that fits."""
+while CPU nodes have room, pods pile onto the busiest node that fits, and a scale-down takes
+CPU-only pods off GPU nodes first."""
 
 from __future__ import annotations
 
@@ -45,3 +46,32 @@ def test_pods_pile_onto_the_busiest_node_leaving_others_whole() -> None:
     cluster.step(0.0)
     placed = nodes_of(cluster)
     assert sorted(placed.count(name) for name in ("a", "b", "c")) == [0, 2, 4]
+
+
+def test_scale_down_takes_cpu_pods_off_gpu_nodes_first() -> None:
+    """A GPU trainer keeps the GPU node busier than the CPU node would stay, so by fullness
+    alone the CPU node's pods would go; the CPU-only pods leave the GPU node first instead."""
+    cluster = SimCluster(
+        [Node("gpu", Resources(8.0, 32 * GIB, 4)), Node("cpu", Resources(4.0, 16 * GIB))]
+    )
+    trainer = WorkloadRef("ml", "Deployment", "gpu-trainer")
+    cluster.add_workload(
+        SimWorkload(
+            ref=trainer,
+            kind="Deployment",
+            role="training",
+            pod_requests=Resources(4.0, 8 * GIB, 1),
+            replicas=1,
+            priority=0,
+            startup_delay_s=1.0,
+            max_replicas=4,
+        )
+    )
+    cluster.add_workload(web(6))
+    cluster.step(0.0)
+    web_nodes = sorted(pod.node or "" for pod in cluster.pods() if pod.owner == WEB)
+    assert web_nodes == ["cpu"] * 4 + ["gpu"] * 2
+    cluster.scale(WEB, 4)
+    cluster.step(1.0)
+    web_nodes = sorted(pod.node or "" for pod in cluster.pods() if pod.owner == WEB)
+    assert web_nodes == ["cpu"] * 4

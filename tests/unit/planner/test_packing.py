@@ -91,6 +91,34 @@ def test_compact_down_frees_whole_nodes_from_a_spread_deployment() -> None:
     assert sorted(stays.tolist()) == [0, 0, 2, 2]
 
 
+def test_cpu_pods_leave_gpu_nodes_before_cpu_nodes() -> None:
+    """A CPU job with 3 trainers on a GPU node that stays full and 1 on a CPU node that would
+    empty shrinks off the GPU node first: its GPUs, not an emptier CPU node, are what a GPU
+    gang waits for."""
+    allocatable = np.array([GPU_NODE, CPU_NODE])
+    request = np.array([2.0, 4 * GIB, 0.0])
+    counts = np.array([3, 1])
+    used = counts[:, None] * request
+    used[0] += [2.0, 4 * GIB, 0.0]  # another pod keeps the GPU node busier
+    rest = entry_rest(used, allocatable, np.arange(2), counts, np.tile(request, (2, 1)))
+    assert rest[0] < rest[1]
+    stays = compact_down(counts, np.zeros(2, dtype=np.int64), 1, np.array([1]), rests(*rest))
+    assert stays.tolist() == [0, 1]
+
+
+def test_gpu_pods_leave_the_emptiest_gpu_node() -> None:
+    """The GPU-node preference is for pods without GPUs only: GPU trainers leave by fullness."""
+    allocatable = np.array([GPU_NODE, GPU_NODE])
+    request = np.array([1.0, GIB, 1.0])
+    counts = np.array([1, 3])
+    used = counts[:, None] * request
+    rest = entry_rest(used, allocatable, np.arange(2), counts, np.tile(request, (2, 1)))
+    assert rest.tolist() == [0.0, 0.0]
+    used[1] += [2.0, 4 * GIB, 1.0]  # node 1 stays busier
+    rest = entry_rest(used, allocatable, np.arange(2), counts, np.tile(request, (2, 1)))
+    assert rest[0] < rest[1]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     data=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6), st.floats(0, 1)), max_size=30),
