@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Self
 from tideshift.services.common.bus import provision as provisioning
 from tideshift.services.common.bus.permissions import ROLES, authorization
 from tideshift.services.common.lifetime import die_with_parent
-from tideshift.services.common.ports import free_port, port_in_use
+from tideshift.services.common.ports import free_ports, port_in_use
 
 
 class NatsServerError(RuntimeError):
@@ -131,15 +131,20 @@ class EmbeddedNats(_StartedAndStopped):
     def start(self, *, timeout: float = 20.0) -> EmbeddedNats:
         if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_ca and not self.tls):
             raise NatsServerError("TLS needs a certificate and its key (and a CA only with both)")
-        for name in ("port", "mqtt_port", "monitor_port"):
+        names = ("port", "mqtt_port", "monitor_port")
+        for name in names:
             requested = getattr(self, name)
             if requested and port_in_use(requested, self.host):
                 raise NatsServerError(
                     f"port {requested} ({name.replace('_', ' ')}) on {self.host} is already in "
                     "use; choose another or stop the process holding it"
                 )
-            if not requested:
-                setattr(self, name, free_port(self.host))
+        taken = {getattr(self, name) for name in names}
+        # one draw for all: three separate draws once gave the client and MQTT the same port
+        spare = iter(port for port in free_ports(len(names) * 2, self.host) if port not in taken)
+        for name in names:
+            if not getattr(self, name):
+                setattr(self, name, next(spare))
         if self.store_dir is None:
             self._tempdir = tempfile.TemporaryDirectory(prefix="tideshift-nats-")
             self.store_dir = Path(self._tempdir.name)
@@ -303,7 +308,7 @@ class NatsCluster(_StartedAndStopped):
         return ",".join(server.url for server in self.servers)
 
     def start(self, *, timeout: float = 30.0) -> NatsCluster:
-        route_ports = [free_port() for _ in range(self.size)]
+        route_ports = free_ports(self.size)
         name = f"tideshift-{secrets.token_hex(4)}"
         try:
             for port in route_ports:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tideshift.services.common.lifetime import die_with_parent
+from tideshift.services.common.ports import free_ports
 from tideshift.services.devcluster.crds import install_crds
 from tideshift.services.devcluster.credentials import write_pki
 from tideshift.services.devcluster.kwok_stages import write_kwok_config
@@ -38,7 +39,6 @@ from tideshift.services.devcluster.nodes import (
 from tideshift.services.devcluster.processes import (
     STATE_FILE,
     ProcessRecord,
-    free_ports,
     log_tail,
     terminate_processes,
     wait_for,
