@@ -103,9 +103,10 @@ lint: $(STAMP) $(LINT_ROOT)/tideshift
 	$(BIN)/python .ci/check_sizes.py
 
 # Lint and tests both run, so one report shows every failure; either failing fails the target.
-# OpenBLAS single-threaded: a fork (a test starting a server with a preexec_fn) shuts its
-# thread pool down under a predictor fit running in another thread, which then spins for ever
-# waiting on the workers (seen: Tidal.fit in exec_blas, pytest hung at exit).
+# OpenBLAS single-threaded, as `tideshift` itself runs it (services/cli.py): a fork (a test
+# starting a server with a preexec_fn) shuts its thread pool down under a predictor fit in
+# another thread, which then spins for ever in exec_blas (seen: pytest hung at exit in a
+# Tidal fit; OpenBLAS #5520, numpy #30092).
 test: $(STAMP) system-deps k8s-binaries image
 	@status=0; \
 	$(MAKE) --no-print-directory lint || status=1; \

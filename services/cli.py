@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -112,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tideshift {importlib.metadata.version('tideshift')}")
         return 0
     name, rest = args[0], args[1:]
+    # Before numpy loads OpenBLAS: its worker threads are shut down by a fork in another
+    # thread (a service starting nats-server or a trainer) and a fit mid-call then waits for
+    # them for ever (OpenBLAS #5520, numpy #30092). Fits already run in threads of their own.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if name not in SUBCOMMANDS:
         print(f"tideshift: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
