@@ -145,7 +145,7 @@ def entry_rest(
 ) -> FloatArray:
     """`compact_down`'s node_rest: each entry's `removal_key`, how full its node stays
     without the entry's pods (`used`: requests per node now; `requests[e]`: one pod of entry
-    e), GPU nodes first for pods without GPUs."""
+    e, or one row for every entry), GPU nodes first for pods without GPUs."""
     if nodes.size == 0:
         return np.zeros(0)
     rest = np.maximum(used[nodes] - counts[:, None] * requests, 0.0)

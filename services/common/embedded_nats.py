@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Self
 from tideshift.services.common.bus import provision as provisioning
 from tideshift.services.common.bus.permissions import ROLES, authorization
 from tideshift.services.common.lifetime import die_with_parent
-from tideshift.services.common.ports import free_ports, port_in_use
+from tideshift.services.common.ports import fill_free_ports, free_ports, port_in_use
 
 
 class NatsServerError(RuntimeError):
@@ -139,12 +139,10 @@ class EmbeddedNats(_StartedAndStopped):
                     f"port {requested} ({name.replace('_', ' ')}) on {self.host} is already in "
                     "use; choose another or stop the process holding it"
                 )
-        taken = {getattr(self, name) for name in names}
         # one draw for all: three separate draws once gave the client and MQTT the same port
-        spare = iter(port for port in free_ports(len(names) * 2, self.host) if port not in taken)
-        for name in names:
-            if not getattr(self, name):
-                setattr(self, name, next(spare))
+        ports = fill_free_ports([getattr(self, name) for name in names], self.host)
+        for name, port in zip(names, ports, strict=True):
+            setattr(self, name, port)
         if self.store_dir is None:
             self._tempdir = tempfile.TemporaryDirectory(prefix="tideshift-nats-")
             self.store_dir = Path(self._tempdir.name)

@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from tideshift.services.cluster.placement import best_node, removal_key
+from tideshift.services.cluster.placement import best_node, entry_rest
 from tideshift.services.cluster.port import (
     ClusterChange,
     Node,
@@ -307,9 +307,9 @@ class SimCluster:
         request = np.array(as_list(workload.pod_requests))
         allocatable = np.array([as_list(self._nodes[name].node.allocatable) for name in names])
         used = allocatable - np.array([self._nodes[name].free for name in names])
-        counts = np.array([per_node[name] for name in names], dtype=np.float64)
-        rest = np.maximum(used - counts[:, None] * request, 0.0)
-        return dict(zip(names, removal_key(rest, allocatable, request).tolist(), strict=True))
+        counts = np.array([per_node[name] for name in names], dtype=np.int64)
+        keys = entry_rest(used, allocatable, np.arange(len(names)), counts, request)
+        return dict(zip(names, keys.tolist(), strict=True))
 
     # ---- scheduling ------------------------------------------------------------------------
 

@@ -4,24 +4,30 @@ CPU-only pods off GPU nodes first."""
 
 from __future__ import annotations
 
-from tideshift.services.cluster.port import Node, Resources, WorkloadRef
+from tideshift.services.cluster.port import Node, Resources, Role, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimWorkload
 
 GIB = 2**30
 WEB = WorkloadRef("prod", "Deployment", "web")
 
 
-def web(replicas: int) -> SimWorkload:
+def deployment(
+    ref: WorkloadRef, role: Role, requests: Resources, replicas: int, priority: int
+) -> SimWorkload:
     return SimWorkload(
-        ref=WEB,
+        ref=ref,
         kind="Deployment",
-        role="serving",
-        pod_requests=Resources(1.0, GIB),
+        role=role,
+        pod_requests=requests,
         replicas=replicas,
-        priority=100,
+        priority=priority,
         startup_delay_s=1.0,
         max_replicas=100,
     )
+
+
+def web(replicas: int) -> SimWorkload:
+    return deployment(WEB, "serving", Resources(1.0, GIB), replicas, priority=100)
 
 
 def nodes_of(cluster: SimCluster) -> list[str]:
@@ -55,18 +61,7 @@ def test_scale_down_takes_cpu_pods_off_gpu_nodes_first() -> None:
         [Node("gpu", Resources(8.0, 32 * GIB, 4)), Node("cpu", Resources(4.0, 16 * GIB))]
     )
     trainer = WorkloadRef("ml", "Deployment", "gpu-trainer")
-    cluster.add_workload(
-        SimWorkload(
-            ref=trainer,
-            kind="Deployment",
-            role="training",
-            pod_requests=Resources(4.0, 8 * GIB, 1),
-            replicas=1,
-            priority=0,
-            startup_delay_s=1.0,
-            max_replicas=4,
-        )
-    )
+    cluster.add_workload(deployment(trainer, "training", Resources(4.0, 8 * GIB, 1), 1, priority=0))
     cluster.add_workload(web(6))
     cluster.step(0.0)
     web_nodes = sorted(pod.node or "" for pod in cluster.pods() if pod.owner == WEB)
