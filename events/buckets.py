@@ -21,7 +21,7 @@ TRAINER_JOBS_BUCKET = "tideshift_trainer_jobs"
 # One expiring key per live trainer of a job.
 TRAINER_MEMBERS_BUCKET = "tideshift_trainer_members"
 # One key per live predictor replica, renewed with a per-key TTL: the workloads are shared
-# among the keys present (`services/predictor/shards.py`).
+# among the keys present (`services/predictor/core/shards.py`).
 PREDICTOR_MEMBERS_BUCKET = "tideshift_predictor_members"
 # Serving's rise history, one key per workload the planner sizes (`planner/rise_store.py`):
 # a restarted planner starts from what it had learned; keys expire after the rise window.

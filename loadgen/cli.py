@@ -18,6 +18,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tideshift.loadgen.core.profiles import (
+    DiurnalProfile,
+    RateProfile,
+    Surge,
+    TraceProfile,
+    amplitude_for_peak,
+)
 from tideshift.loadgen.driver import (
     DriverConfig,
     LoadStats,
@@ -25,13 +32,6 @@ from tideshift.loadgen.driver import (
     check_target,
     drive,
     in_cluster_names,
-)
-from tideshift.loadgen.profiles import (
-    DiurnalProfile,
-    RateProfile,
-    Surge,
-    TraceProfile,
-    amplitude_for_peak,
 )
 from tideshift.loadgen.traces import TraceError, read_trace
 

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from tideshift.loadgen.profiles import RateProfile
+from tideshift.loadgen.core.profiles import RateProfile
 
 # When the rate is zero, look again this often (profile time moves on meanwhile).
 IDLE_POLL_S = 0.05

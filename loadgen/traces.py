@@ -1,6 +1,6 @@
 """The one reader of request-count traces (CSV `timestamp_s,requests`).
 
-Used by trace replay (`tideshift.loadgen.profiles.TraceProfile`), the simulator's scenarios and the
+Used by trace replay (`loadgen.core.profiles.TraceProfile`), the simulator's scenarios and the
 forecast backtest. Every row is validated against the format in `../shared/traces/README.md`
 (a header, non-negative counts, a regular grid with no missing rows); an error names the
 file, the line and what was expected, because a trace is outside input people edit by hand.

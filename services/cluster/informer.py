@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter
 
 from tideshift.services.cluster.adapters.http import JsonObject, KubeHttp, status_of
-from tideshift.services.cluster.conversions import (
+from tideshift.services.cluster.core.conversions import (
     Obj,
     controller_reference,
     diff,

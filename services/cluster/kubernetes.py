@@ -39,7 +39,7 @@ from tideshift.services.cluster.adapters.events import EventType, EventWriter
 from tideshift.services.cluster.adapters.http import KubeHttp, status_of
 from tideshift.services.cluster.adapters.packing import KubernetesPackingWriter
 from tideshift.services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
-from tideshift.services.cluster.conversions import (
+from tideshift.services.cluster.core.conversions import (
     WORKLOAD_SELECTOR,
     Obj,
     node_from_object,

@@ -20,7 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tideshift.loadgen.profiles import DiurnalProfile, RateProfile, TraceProfile, amplitude_for_peak
+from tideshift.loadgen.core.profiles import (
+    DiurnalProfile,
+    RateProfile,
+    TraceProfile,
+    amplitude_for_peak,
+)
 from tideshift.loadgen.traces import TraceError, read_trace
 from tideshift.services.common.embedded_nats import NatsServerError
 from tideshift.services.common.ports import port_in_use

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tideshift.services.cluster.placement import FloatArray
+from tideshift.services.cluster.core.placement import FloatArray
 from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster
 

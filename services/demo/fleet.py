@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from tideshift.services.trainer.model import DatasetSpec, dataset_uris
+from tideshift.services.trainer.core.model import DatasetSpec, dataset_uris
 
 log = logging.getLogger("tideshift.demo.fleet")
 # One batch per shard: a pull and a push per task, light beside the control loops.

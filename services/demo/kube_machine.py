@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tideshift.loadgen.profiles import RateProfile
+from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.demo.errors import DemoError
 from tideshift.services.demo.kube_objects import APP
 

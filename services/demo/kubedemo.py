@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.loadgen.driver import DriverConfig, LoadStats, drive
-from tideshift.loadgen.profiles import RateProfile
 from tideshift.services.cluster.port import ClusterPort
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port

@@ -17,10 +17,10 @@ from tideshift.services.cluster.port import Resources
 from tideshift.services.cluster.sim import SimCluster
 from tideshift.services.demo.figures import ClusterFigures, SimFigures
 from tideshift.services.demo.world import GIB, WorldShape
-from tideshift.services.planner.policy import stranded_capacity
-from tideshift.services.simulator.accounting import Accountant, Sample
+from tideshift.services.planner.core import stranded_capacity
+from tideshift.services.simulator.core.accounting import Accountant, Sample
+from tideshift.services.simulator.core.training import JobProgress
 from tideshift.services.simulator.lending import resource_array
-from tideshift.services.simulator.training import JobProgress
 
 
 @dataclass

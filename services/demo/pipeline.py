@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tideshift.events import EXECUTOR_RECORDS_BUCKET, WorkloadRef
-from tideshift.loadgen.profiles import RateProfile
+from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.cluster.port import ClusterPort
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.runtime import ServiceContext

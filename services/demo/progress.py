@@ -18,14 +18,14 @@ from typing import Any
 
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.clock import WALL_CLOCK, wait_for_event
-from tideshift.services.trainer.jobs import read_layout, read_spec
-from tideshift.services.trainer.model import (
+from tideshift.services.trainer.core.model import (
     DatasetSpec,
     ShardData,
     generate_holdout,
     log_loss,
     parse_uri,
 )
+from tideshift.services.trainer.jobs import read_layout, read_spec
 from tideshift.services.trainer.pserver_client import PServerClient
 
 log = logging.getLogger("tideshift.demo.progress")

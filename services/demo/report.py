@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tideshift.services.demo.meter import Meter
-from tideshift.services.simulator.accounting import NIGHT_HOURS
+from tideshift.services.simulator.core.accounting import NIGHT_HOURS
 
 DAY_HOURS = (10.0, 18.0)  # with the most
 

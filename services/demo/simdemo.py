@@ -21,7 +21,7 @@ from typing import Any
 
 from tideshift.events.client import EventClient
 from tideshift.events.subjects import ROOT
-from tideshift.loadgen.profiles import RateProfile
+from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.cluster.sim import SimCluster, SimClusterPort
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats

@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tideshift.services.cluster.overcommit import OvercommitConfig
+from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimWorkload
+from tideshift.services.simulator.core.training import WorkModel
 from tideshift.services.simulator.lending import LendingCluster
-from tideshift.services.simulator.training import WorkModel
 
 GIB = float(2**30)
 SERVING_KIND = "Deployment"

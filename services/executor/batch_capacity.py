@@ -22,7 +22,7 @@ from prometheus_client import Counter, Gauge
 from requests.exceptions import RequestException
 from urllib3 import Retry
 
-from tideshift.services.cluster.overcommit import (
+from tideshift.services.cluster.core.overcommit import (
     BATCH_CPU,
     BATCH_MEMORY,
     OvercommitConfig,

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tideshift.services.cluster.placement import compact_down, entry_rest
+from tideshift.services.cluster.core.placement import compact_down, entry_rest
 from tideshift.services.cluster.port import ClusterError, Node, Pod, WorkloadRef
 
 log = logging.getLogger("tideshift.executor")

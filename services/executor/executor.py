@@ -28,7 +28,7 @@ from tideshift.events import ScaleCommand, ScaleResult, encode_token
 from tideshift.services.cluster.port import ScaleState, UnsupportedTarget, WorkloadRef
 from tideshift.services.common.bus import KVConflict, TypedKV
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
-from tideshift.services.executor.decision import (
+from tideshift.services.executor.core.decision import (
     Admission,
     AppliedRecord,
     Decision,

@@ -38,10 +38,10 @@ from tideshift.events import (
     encode_token,
 )
 from tideshift.services.cluster.connect import open_kubernetes
-from tideshift.services.cluster.kinds import ALIASES, normalise_kind
+from tideshift.services.cluster.core.kinds import ALIASES, normalise_kind
 from tideshift.services.cluster.port import ClusterError, UnsupportedTarget
 from tideshift.services.common.bus import Bus, provision
-from tideshift.services.executor.decision import Admission
+from tideshift.services.executor.core.decision import Admission
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"

@@ -29,7 +29,7 @@ from tideshift.events import (
     WorkloadRef,
 )
 from tideshift.services.cluster.connect import open_kubernetes
-from tideshift.services.cluster.overcommit import OvercommitConfig
+from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import ClusterError
 from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery, follow
 from tideshift.services.common.bus.streams import HISTORY_STREAM, StreamSpec
@@ -47,7 +47,7 @@ from tideshift.services.executor.compaction import (
     DeletionCostWriter,
     mark_scale_down_victims,
 )
-from tideshift.services.executor.decision import Admission
+from tideshift.services.executor.core.decision import Admission
 from tideshift.services.executor.executor import (
     FAILED_REASON,
     EventRecorder,

@@ -37,7 +37,7 @@ from tideshift.events import (
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.bus.streams import HISTORY_STREAM, read_kept
 from tideshift.services.executor.scale_cli import nats_arguments, parse_duration, parse_target
-from tideshift.services.insight import history, picture
+from tideshift.services.insight.core import history, picture
 
 # With --at, the history is read from this long before the instant asked about.
 AT_LOOKBACK = timedelta(hours=6)

@@ -16,8 +16,8 @@ from collections.abc import Hashable, Mapping, Sequence
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.targets import TargetBook
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.targets import TargetBook
 
 log = logging.getLogger("tideshift.planner")
 

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 from tideshift.events import PlanDecided
 from tideshift.events.models import TargetDecision as EventTargetDecision
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.targets import Held
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.targets import Held
 
 KEY_LIMIT = 256  # ScaleCommand.idempotency_key's max_length
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import Counter
 
 from tideshift.events.training import JobProgress
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.policy.remaining import History, Report, observe, remaining_work
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.remaining import History, Report, observe, remaining_work
 
 log = logging.getLogger("tideshift.planner")
 

@@ -11,7 +11,7 @@ The loop:
 * Targets: those in its settings plus the workloads the watcher announces (labelled
   `tideshift.io/role`, `WorkloadChanged`); settings win on conflict. Workloads annotated
   `tideshift.io/paused` and targets an operator pinned (KV bucket `tideshift_pins`, written by
-  `tideshift scale --for`) are left alone and reported in the plan (`services/planner/targets.py`).
+  `tideshift scale --for`) are left alone and reported in the plan (`planner/core/targets.py`).
 * Publishes a `ScaleCommand` only where the desired count differs from what the target is
   known to want (its last command or executor result, else its live pods), each with the
   policy's reason, plus one `PlanDecided` per plan.
@@ -66,14 +66,14 @@ from tideshift.services.common.bus import Bus, TypedKV, follow
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import parse_settings
+from tideshift.services.planner import core as pol
 from tideshift.services.planner import metrics, snapshot
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.baselines import POLICIES, Policy, make_policy
-from tideshift.services.planner.isolation import Quarantine
+from tideshift.services.planner.core.baselines import POLICIES, Policy, make_policy
+from tideshift.services.planner.core.isolation import Quarantine
+from tideshift.services.planner.core.state import PlannerState, PlanTrigger
 from tideshift.services.planner.outputs import idempotency_key, plan_decided, skipped_held
 from tideshift.services.planner.rise_store import RiseStore
 from tideshift.services.planner.settings import PlannerSettings
-from tideshift.services.planner.state import PlannerState, PlanTrigger
 
 log = logging.getLogger("tideshift.planner")
 T = TypeVar("T", bound=EventData)

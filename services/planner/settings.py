@@ -11,15 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tideshift.events import PINS_BUCKET, RISE_HISTORY_BUCKET, SNAPSHOT_BUCKET
 from tideshift.events.models import MAX_RESTART_COST_S
-from tideshift.services.cluster.overcommit import OvercommitConfig
+from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.common.settings import ServiceSettings
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.baselines import POLICIES
-from tideshift.services.planner.policy.model import (
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.baselines import POLICIES
+from tideshift.services.planner.core.model import (
     DEFAULT_RESTART_COST_S,
     DEFAULT_SPEEDUP_EXPONENT,
 )
-from tideshift.services.planner.state import DEFAULT_COMPANION_MARKERS, StateConfig
+from tideshift.services.planner.core.state import DEFAULT_COMPANION_MARKERS, StateConfig
 
 _POLICY_FIELDS = {spec.name: spec for spec in fields(pol.PolicyConfig)}
 # PolicyConfig's nested config, exposed flat as `overcommit_margin` (OvercommitConfig's field).

@@ -16,8 +16,8 @@ from tideshift.events import NodeChanged, PodChanged, WorkloadChanged
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.clock import Clock, wait_for_event
 from tideshift.services.common.memory import compact_tables, release_freed_memory
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.state import PlannerState
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.state import PlannerState
 
 log = logging.getLogger("tideshift.planner")
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from tideshift.loadgen import families
+from tideshift.loadgen.core import families
 from tideshift.loadgen.traces import TraceError
-from tideshift.services.predictor.evaluation import (
+from tideshift.services.predictor.core.evaluation import (
     BacktestPlan,
     Score,
     Trace,
@@ -22,8 +22,8 @@ from tideshift.services.predictor.evaluation import (
     plan_backtest,
     run_backtest,
 )
-from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS, build_model
-from tideshift.services.predictor.models.portfolio import Portfolio
+from tideshift.services.predictor.core.models import DEFAULT_MODEL, MODELS, build_model
+from tideshift.services.predictor.core.models.portfolio import Portfolio
 
 EXIT_USAGE = 2
 # A generated family stays in memory: at most ten years, at most five million points.

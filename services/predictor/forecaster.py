@@ -18,8 +18,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from tideshift.events.models import DemandObserved, ForecastIssued, ForecastPoint, WorkloadRef
 from tideshift.services.common.clock import Clock
-from tideshift.services.predictor.forecasting import WorkloadModel
-from tideshift.services.predictor.models import Forecast
+from tideshift.services.predictor.core.forecasting import WorkloadModel
+from tideshift.services.predictor.core.models import Forecast
 from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
 from tideshift.services.predictor.sources import MetricSource, MetricSourceError, Samples
 

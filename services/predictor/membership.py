@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.bus.kv import TypedKV
 from tideshift.services.common.clock import wait_for_event
+from tideshift.services.predictor.core.shards import Member, Shard
 from tideshift.services.predictor.settings import PredictorSettings
-from tideshift.services.predictor.shards import Member, Shard
 
 log = logging.getLogger("tideshift.predictor")
 

@@ -68,7 +68,7 @@ REFUSED = Counter(
 
 def build_source(settings: PredictorSettings) -> MetricSource:
     if settings.metric_source == "sim":
-        from tideshift.loadgen.profiles import DiurnalProfile
+        from tideshift.loadgen.core.profiles import DiurnalProfile
 
         profile = DiurnalProfile(peak_rps=settings.sim_peak_rps, trough_rps=settings.sim_trough_rps)
         return SimMetricSource(profile.rate)

@@ -10,14 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from tideshift.events import PREDICTOR_MEMBERS_BUCKET, SNAPSHOT_BUCKET
 from tideshift.services.common.settings import ServiceSettings
-from tideshift.services.predictor.forecasting import (
+from tideshift.services.predictor.core.forecasting import (
     REFIT_S,
     STALE_AFTER_S,
     STALE_WIDENING,
     STALE_WIDENING_PER_HOUR,
     Cadence,
 )
-from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS
+from tideshift.services.predictor.core.models import DEFAULT_MODEL, MODELS
 
 DEFAULT_QUERY = 'sum(rate(http_requests_total{app="$name"}[1m]))'
 

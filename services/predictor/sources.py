@@ -20,8 +20,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests import RequestException
 from urllib3.util.retry import Retry
 
-from tideshift.services.predictor.forecasting import grid
-from tideshift.services.predictor.models.base import FloatArray
+from tideshift.services.predictor.core.forecasting import grid
+from tideshift.services.predictor.core.models.base import FloatArray
 
 # Prometheus refuses range queries of more than 11,000 points per series.
 MAX_POINTS_PER_QUERY = 10_000

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tideshift.services.cluster.port import WorkloadRef
-from tideshift.services.planner.policy import TargetDecision
+from tideshift.services.planner.core import TargetDecision
 
 CAUSES = ("jobs", "serving", "rebalancing")
 

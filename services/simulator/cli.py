@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tideshift.loadgen.profiles import RateProfile
-from tideshift.services.planner.baselines import POLICIES
+from tideshift.loadgen.core.profiles import RateProfile
+from tideshift.services.planner.core.baselines import POLICIES
 from tideshift.services.simulator.report import format_table, plot, plot_jct
 from tideshift.services.simulator.run import PolicyResult, run_policy
 from tideshift.services.simulator.scenario import (

@@ -10,10 +10,10 @@ from typing import Protocol
 
 import numpy as np
 
-from tideshift.loadgen.profiles import RateProfile
-from tideshift.services.planner import policy as pol
-from tideshift.services.predictor.forecasting import REFIT_S, Cadence, WorkloadModel, grid
-from tideshift.services.predictor.models import DEFAULT_MODEL, Forecast
+from tideshift.loadgen.core.profiles import RateProfile
+from tideshift.services.planner import core as pol
+from tideshift.services.predictor.core.forecasting import REFIT_S, Cadence, WorkloadModel, grid
+from tideshift.services.predictor.core.models import DEFAULT_MODEL, Forecast
 from tideshift.services.simulator.scenario import Scenario
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from tideshift.services.cluster.overcommit import OvercommitConfig, lendable, reclaimable
-from tideshift.services.cluster.placement import FloatArray
+from tideshift.services.cluster.core.overcommit import OvercommitConfig, lendable, reclaimable
+from tideshift.services.cluster.core.placement import FloatArray
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimWorkload
 from tideshift.services.cluster.sim.objects import SimNode, SimPod

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from tideshift.services.simulator import measures as msr
 from tideshift.services.simulator.churn_causes import CAUSES
+from tideshift.services.simulator.core import measures as msr
 from tideshift.services.simulator.run import PolicyResult
 from tideshift.services.simulator.scenario import Scenario
 

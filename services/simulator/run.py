@@ -40,15 +40,16 @@ from typing import Any
 
 import numpy as np
 
-from tideshift.loadgen.profiles import RateProfile
-from tideshift.services.cluster.overcommit import OvercommitConfig
+from tideshift.loadgen.core.profiles import RateProfile
+from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import WorkloadRef
 from tideshift.services.cluster.sim import SimWorkload
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.baselines import Policy, make_policy
-from tideshift.services.simulator import measures as msr
-from tideshift.services.simulator.accounting import Accountant, Sample, trainer_churn
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.baselines import Policy, make_policy
 from tideshift.services.simulator.churn_causes import ChurnCauses
+from tideshift.services.simulator.core import measures as msr
+from tideshift.services.simulator.core.accounting import Accountant, Sample, trainer_churn
+from tideshift.services.simulator.core.training import JobProgress, WorkModel
 from tideshift.services.simulator.forecasters import make_forecaster
 from tideshift.services.simulator.lending import LendingCluster, serving_busy
 from tideshift.services.simulator.scenario import JobGroup, Scenario
@@ -62,7 +63,6 @@ from tideshift.services.simulator.scenario_world import (
     serving_workload,
     stranded,
 )
-from tideshift.services.simulator.training import JobProgress, WorkModel
 from tideshift.services.simulator.warm_start import warm_state
 
 

@@ -30,7 +30,7 @@ serving:
       start_s: 518400          # offset into the trace (trace seconds)
       time_scale: 1            # trace seconds per simulated second
       amplitude: 0.5           # multiplies the rate
-    # or a synthetic family member (loadgen/families.py), history before t = 0 included:
+    # or a synthetic family member (loadgen/core/families.py), history before t = 0 included:
     # traffic: {kind: family, family: flash_crowds, seed: 3, interval_s: 60, amplitude: 1}
 training:
   restart_cost_s: 10           # a job makes no progress this long after its trainer set changes
@@ -69,15 +69,15 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tideshift.loadgen import families
-from tideshift.loadgen.profiles import (
+from tideshift.loadgen.core import families
+from tideshift.loadgen.core.profiles import (
     ConstantProfile,
     DiurnalProfile,
     PointsProfile,
     TraceProfile,
 )
 from tideshift.loadgen.traces import TraceError, read_trace
-from tideshift.services.planner.policy import DEFAULT_SERVING_QUANTILE
+from tideshift.services.planner.core import DEFAULT_SERVING_QUANTILE
 
 GIB = 2**30
 TRACE_DIR_ENV = "TIDESHIFT_TRACE_DIR"
@@ -219,7 +219,7 @@ class TraceTraffic(_Model):
 
 
 class FamilyTraffic(_Model):
-    """A synthetic member of a traffic family (`tideshift.loadgen.families`), generated
+    """A synthetic member of a traffic family (`tideshift.loadgen.core.families`), generated
     from its seed: the history before t = 0 and the run itself come from the same series."""
 
     kind: Literal["family"]

@@ -12,11 +12,11 @@ import numpy as np
 
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.inputs import node_spec, plan_inputs, pod_spec
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.inputs import node_spec, plan_inputs, pod_spec
+from tideshift.services.simulator.core.training import JobProgress
 from tideshift.services.simulator.forecasters import SimForecaster
 from tideshift.services.simulator.scenario import GIB, JobGroup, Scenario, ServingSpec
-from tideshift.services.simulator.training import JobProgress
 
 
 def scenario_nodes(scenario: Scenario) -> list[Node]:

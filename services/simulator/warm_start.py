@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tideshift.loadgen.profiles import RateProfile
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.policy import warm
-from tideshift.services.planner.policy.model import Rises
+from tideshift.loadgen.core.profiles import RateProfile
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core import warm
+from tideshift.services.planner.core.model import Rises
 from tideshift.services.simulator.scenario import Scenario
 
 

@@ -48,12 +48,10 @@ from tideshift.services.trainer.busport import (
     member_prefix,
     queued_tasks,
 )
-from tideshift.services.trainer.dataset import resolve_shards
-from tideshift.services.trainer.jobs import poll_until, read_generation, read_spec
-from tideshift.services.trainer.jobspec import JobSpec, PersistedCoordinator
-from tideshift.services.trainer.layout import DEFAULT_MAX_PIECE_BYTES
-from tideshift.services.trainer.optim import OptimizerSpec
-from tideshift.services.trainer.protocol import (
+from tideshift.services.trainer.core.jobspec import JobSpec, PersistedCoordinator
+from tideshift.services.trainer.core.layout import DEFAULT_MAX_PIECE_BYTES
+from tideshift.services.trainer.core.optim import OptimizerSpec
+from tideshift.services.trainer.core.protocol import (
     CoordinatorState,
     Decision,
     Observation,
@@ -62,6 +60,8 @@ from tideshift.services.trainer.protocol import (
     resume_coordinator,
     step,
 )
+from tideshift.services.trainer.dataset import resolve_shards
+from tideshift.services.trainer.jobs import poll_until, read_generation, read_spec
 from tideshift.services.trainer.pserver_client import PServerStatus, StatusClient
 
 log = logging.getLogger("tideshift.coordinator")

@@ -11,7 +11,7 @@ import glob
 import json
 from pathlib import Path
 
-from tideshift.services.trainer.jobspec import MAX_SHARDS
+from tideshift.services.trainer.core.jobspec import MAX_SHARDS
 
 _GLOB_CHARS = set("*?[")
 

@@ -39,16 +39,10 @@ from tideshift.services.trainer.busport import (
     pserver_subject,
     store_object,
 )
-from tideshift.services.trainer.checkpoint import encode_checkpoint
-from tideshift.services.trainer.jobs import (
-    poll_until,
-    read_generation,
-    wait_for_layout,
-    wait_for_spec,
-)
-from tideshift.services.trainer.jobspec import JobSpec, PServerProgress
-from tideshift.services.trainer.messages import pack_pieces, unpack_pieces, unpack_push_part
-from tideshift.services.trainer.pserver_state import (
+from tideshift.services.trainer.core.checkpoint import encode_checkpoint
+from tideshift.services.trainer.core.jobspec import JobSpec, PServerProgress
+from tideshift.services.trainer.core.messages import pack_pieces, unpack_pieces, unpack_push_part
+from tideshift.services.trainer.core.pserver_state import (
     MAX_OPEN_EPOCHS,
     GradientPush,
     PieceUpdate,
@@ -56,8 +50,14 @@ from tideshift.services.trainer.pserver_state import (
     PushOutcome,
     PushResult,
 )
+from tideshift.services.trainer.core.wire import WireError, header_int, header_str, pack, unpack
+from tideshift.services.trainer.jobs import (
+    poll_until,
+    read_generation,
+    wait_for_layout,
+    wait_for_spec,
+)
 from tideshift.services.trainer.pserver_store import checkpoint_name, forget, restore
-from tideshift.services.trainer.wire import WireError, header_int, header_str, pack, unpack
 
 log = logging.getLogger("tideshift.pserver")
 

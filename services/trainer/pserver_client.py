@@ -19,16 +19,16 @@ import numpy.typing as npt
 
 from tideshift.services.common.bus import Bus, RequestFailed
 from tideshift.services.trainer.busport import PServerOp, pserver_subject
-from tideshift.services.trainer.jobspec import JobSpec
-from tideshift.services.trainer.layout import Layout, Piece, rows_of
-from tideshift.services.trainer.messages import (
+from tideshift.services.trainer.core.jobspec import JobSpec
+from tideshift.services.trainer.core.layout import Layout, Piece, rows_of
+from tideshift.services.trainer.core.messages import (
     pack_pieces,
     pack_push_part,
     split_updates,
     unpack_pieces,
 )
-from tideshift.services.trainer.pserver_state import MAX_OPEN_EPOCHS, PieceUpdate
-from tideshift.services.trainer.wire import WireError, header_int, pack, unpack
+from tideshift.services.trainer.core.pserver_state import MAX_OPEN_EPOCHS, PieceUpdate
+from tideshift.services.trainer.core.wire import WireError, header_int, pack, unpack
 
 Array = npt.NDArray[Any]
 PARTS_IN_FLIGHT = 8  # concurrent parts of one push to one pserver

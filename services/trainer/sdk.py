@@ -76,14 +76,20 @@ from tideshift.services.trainer.busport import (
     member_key,
     task_durable,
 )
-from tideshift.services.trainer.jobs import read_layout_generation, wait_for_spec_saying_so
-from tideshift.services.trainer.jobspec import (
+from tideshift.services.trainer.core.jobspec import (
     JobSpec,
     MemberBeat,
     PersistedCoordinator,
     StoredLayout,
 )
-from tideshift.services.trainer.layout import Layout, NamedArrays, check_job_state, describe, plan
+from tideshift.services.trainer.core.layout import (
+    Layout,
+    NamedArrays,
+    check_job_state,
+    describe,
+    plan,
+)
+from tideshift.services.trainer.jobs import read_layout_generation, wait_for_spec_saying_so
 from tideshift.services.trainer.pserver_client import PServerClient
 from tideshift.services.trainer.task import BATCHES, Task
 

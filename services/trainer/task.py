@@ -18,8 +18,8 @@ from tideshift.events import ShardTask
 from tideshift.events.tokens import encode_token
 from tideshift.services.common.bus import Delivery
 from tideshift.services.common.clock import WALL_CLOCK
+from tideshift.services.trainer.core.pserver_state import MAX_OPEN_EPOCHS
 from tideshift.services.trainer.pserver_client import Gradient, PushReply
-from tideshift.services.trainer.pserver_state import MAX_OPEN_EPOCHS
 
 if TYPE_CHECKING:
     from tideshift.services.trainer.sdk import ElasticJob

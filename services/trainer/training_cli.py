@@ -30,8 +30,8 @@ from tideshift.services.trainer.busport import (
     job_key,
     member_prefix,
 )
+from tideshift.services.trainer.core.jobspec import JobSpec, PersistedCoordinator
 from tideshift.services.trainer.jobs import read_layout, read_spec
-from tideshift.services.trainer.jobspec import JobSpec, PersistedCoordinator
 from tideshift.services.trainer.pserver_client import PServerClient, StatusClient
 from tideshift.services.trainer.pserver_store import forget
 

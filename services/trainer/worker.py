@@ -18,14 +18,14 @@ from pydantic import Field
 
 from tideshift.services.common.runtime import configure_logging
 from tideshift.services.common.settings import ServiceSettings, parse_settings
-from tideshift.services.trainer.health import TrainerHealth
-from tideshift.services.trainer.model import (
+from tideshift.services.trainer.core.model import (
     ShardData,
     gradients,
     initial_state,
     parse_uri,
     read_uri,
 )
+from tideshift.services.trainer.health import TrainerHealth
 from tideshift.services.trainer.sdk import ElasticJob
 
 log = logging.getLogger("tideshift.trainer")

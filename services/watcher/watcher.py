@@ -41,8 +41,8 @@ from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.common.bus.client import DEAD_LETTER_REASON_BYTES, one_line
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
 from tideshift.services.common.memory import compact_tables, compacted, release_freed_memory
-from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
-from tideshift.services.watcher.snapshot import (
+from tideshift.services.watcher.core.annotations import InvalidPolicy, workload_event
+from tideshift.services.watcher.core.snapshot import (
     VersionOrder,
     node_event,
     node_key,

@@ -26,13 +26,13 @@ from pydantic import ValidationError
 from tideshift.events import WorkloadChanged, WorkloadRef
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.port import Node
-from tideshift.services.planner.baselines import POLICIES
-from tideshift.services.predictor.evaluation import parse_duration
+from tideshift.services.planner.core.baselines import POLICIES
+from tideshift.services.predictor.core.evaluation import parse_duration
 from tideshift.services.predictor.settings import DEFAULT_QUERY
 from tideshift.services.simulator.report import format_table, plot
 from tideshift.services.simulator.run import PolicyResult, run_policy
 from tideshift.services.simulator.scenario import Scenario, ScenarioError
-from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
+from tideshift.services.watcher.core.annotations import InvalidPolicy, workload_event
 from tideshift.services.whatif.export import (
     ExportError,
     History,

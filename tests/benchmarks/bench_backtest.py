@@ -15,8 +15,13 @@ import time
 from pathlib import Path
 
 from tideshift.services.predictor.backtest import format_table
-from tideshift.services.predictor.evaluation import Score, parse_trace, plan_backtest, run_backtest
-from tideshift.services.predictor.models import DEFAULT_MODEL, build_model, model_names
+from tideshift.services.predictor.core.evaluation import (
+    Score,
+    parse_trace,
+    plan_backtest,
+    run_backtest,
+)
+from tideshift.services.predictor.core.models import DEFAULT_MODEL, build_model, model_names
 
 TRACES = ("nasa_http_jul95_1min.csv", "wikipedia_pagecounts_1h.csv")
 HORIZONS_S = (900.0, 3600.0)

@@ -3,7 +3,7 @@ core keeps fresh at a 1-minute cadence.
 
 Run: .venv/bin/python tests/benchmarks/bench_forecast_cost.py [--models a,b] [--workloads N]
 
-Each workload is a different synthetic family member (loadgen/families.py) on a 1-minute
+Each workload is a different synthetic family member (loadgen/core/families.py) on a 1-minute
 grid with 14 days of history. Per model it measures, in CPU seconds of this process:
 the first fit, one refit, and one minute of steady work (update with the new sample, then a
 30-step forecast), averaged over a simulated hour. Workloads per core at a 1-minute cadence =
@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from tideshift.loadgen import families
-from tideshift.services.predictor.models import DEFAULT_MODEL, build_model
+from tideshift.loadgen.core import families
+from tideshift.services.predictor.core.models import DEFAULT_MODEL, build_model
 
 HISTORY_DAYS = 14
 STEADY_MINUTES = 60

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tideshift.loadgen import families
-from tideshift.services.predictor.evaluation import Trace, parse_trace
-from tideshift.services.predictor.models import DEFAULT_MODEL, build_model
-from tideshift.services.predictor.models.portfolio import PortfolioConfig
+from tideshift.loadgen.core import families
+from tideshift.services.predictor.core.evaluation import Trace, parse_trace
+from tideshift.services.predictor.core.models import DEFAULT_MODEL, build_model
+from tideshift.services.predictor.core.models.portfolio import PortfolioConfig
 
 DEFAULT_TRACES_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces"
 TRACES = ("nasa_http_jul95_1min.csv", "wikipedia_pagecounts_1h.csv")

@@ -41,7 +41,7 @@ from tideshift.services.common.bus.streams import HISTORY_STREAM, read_kept
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.executor.service import ExecutorSettings
 from tideshift.services.insight import cli
-from tideshift.services.watcher.snapshot import node_key, pod_key, workload_key
+from tideshift.services.watcher.core.snapshot import node_key, pod_key, workload_key
 
 REASON = "forecast q0.95 peak 240.0 req/s over the next 90 s / 10 req/s per replica = 24"
 PARTS = Headroom(forecast=240.0, rise=200.0, rise_ratio=1.25, observed=160.0, panic_hold=False)

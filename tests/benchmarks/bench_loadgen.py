@@ -20,8 +20,8 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tideshift.loadgen.core.profiles import ConstantProfile, DiurnalProfile, RateProfile  # noqa: E402
 from tideshift.loadgen.driver import DriverConfig, LoadStats, drive  # noqa: E402
-from tideshift.loadgen.profiles import ConstantProfile, DiurnalProfile, RateProfile  # noqa: E402
 from tideshift.loadgen.sample_app import SampleAppConfig, start_sample_app  # noqa: E402
 
 

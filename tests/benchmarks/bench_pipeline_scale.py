@@ -3,7 +3,7 @@
 Runs a real nats-server (the venv's), the real planner process (`tideshift run planner`) and
 an event generator process that runs the watcher's own `Watcher` class (publishing and the
 KV snapshot) over a synthetic cluster: Kubernetes-shaped objects (as the apiserver lists
-them) converted by the watcher's real conversions (`services/cluster/conversions.py`, the
+them) converted by the watcher's real conversions (`services/cluster/core/conversions.py`, the
 Deployment adapter, the annotation policy), so the events cannot drift from the watcher's.
 Only the `ClusterReader` port is synthetic: the local control plane cannot hold 150,000 pods.
 
@@ -63,7 +63,7 @@ from tideshift.events import (  # noqa: E402
     WorkloadRef,
 )
 from tideshift.services.cluster.adapters.targets import default_adapters  # noqa: E402
-from tideshift.services.cluster.conversions import (  # noqa: E402
+from tideshift.services.cluster.core.conversions import (  # noqa: E402
     node_from_object,
     pod_from_object,
     workload_from_object,

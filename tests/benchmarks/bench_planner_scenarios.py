@@ -35,11 +35,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
-from tideshift.loadgen.profiles import RateProfile
-from tideshift.services.planner.baselines import POLICIES, TideshiftPolicy
-from tideshift.services.planner.policy import Decision, PlanInputs, PlanState
-from tideshift.services.simulator import measures as msr
+from tideshift.loadgen.core.profiles import RateProfile
+from tideshift.services.planner.core import Decision, PlanInputs, PlanState
+from tideshift.services.planner.core.baselines import POLICIES, TideshiftPolicy
 from tideshift.services.simulator.cli import load_profiles
+from tideshift.services.simulator.core import measures as msr
 from tideshift.services.simulator.report import format_table, plot, plot_jct, save_figure
 from tideshift.services.simulator.run import PolicyResult, run_policy
 from tideshift.services.simulator.scenario import Scenario, load_scenario

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     Forecast,
     NodeSpec,

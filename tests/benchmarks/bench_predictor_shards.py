@@ -43,7 +43,7 @@ from pathlib import Path
 from tideshift.events import FORECAST, Resources, ServingPolicy, WorkloadChanged, WorkloadRef
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.predictor.shards import owner
+from tideshift.services.predictor.core.shards import owner
 
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
 STEP_S = 2.0

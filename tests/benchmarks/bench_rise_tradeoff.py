@@ -22,8 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tideshift.services.planner.baselines import POLICIES, TideshiftPolicy
-from tideshift.services.planner.policy import Decision, PlanInputs, PlanState
+from tideshift.services.planner.core import Decision, PlanInputs, PlanState
+from tideshift.services.planner.core.baselines import POLICIES, TideshiftPolicy
 from tideshift.services.simulator.cli import load_profiles
 from tideshift.services.simulator.report import save_figure
 from tideshift.services.simulator.run import run_policy

@@ -5,7 +5,7 @@ replicas and target utilisation, so a reader sees which part is policy and which
 settings.
 
 Replica-hours, per workload, split as `tideshift simulate` splits a plan's replicas
-(`forecast`, `rise`, `observed`, `held`: see services/simulator/measures.py), beside what exact
+(`forecast`, `rise`, `observed`, `held`: see services/simulator/core/measures.py), beside what exact
 demand needs: `exact` whole replicas at the target utilisation, and `floor` what
 `min_replicas` adds to them. `held` is what the plan kept above its three parts: the floor,
 the stabilisation window, the panic window and the release horizon's median.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tideshift.loadgen.profiles import RateProfile
+from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.simulator.cli import load_profiles
 from tideshift.services.simulator.run import run_policy
 from tideshift.services.simulator.scenario import Scenario, ServingSpec, load_scenario

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_planner_speed import build_inputs
 
-from tideshift.services.planner.policy import PlanInputs, PlanState, plan
+from tideshift.services.planner.core import PlanInputs, PlanState, plan
 
 ROUNDS = 30
 

@@ -69,7 +69,7 @@ from tests.k8s.cluster_objects import create, statefulset  # noqa: E402
 from tideshift import events  # noqa: E402
 from tideshift.services.cluster.adapters.http import KubeHttp  # noqa: E402
 from tideshift.services.cluster.adapters.targets import default_adapters  # noqa: E402
-from tideshift.services.cluster.conversions import (  # noqa: E402
+from tideshift.services.cluster.core.conversions import (  # noqa: E402
     node_from_object,
     pod_from_object,
     workload_from_object,
@@ -82,7 +82,7 @@ from tideshift.services.devcluster.cluster import ClusterOptions, LocalCluster  
 from tideshift.services.devcluster.nodes import default_nodes  # noqa: E402
 from tideshift.services.devcluster.versions import default_bin_dir, stale_binaries  # noqa: E402
 from tideshift.services.trainer.busport import MEMBER_TTL_SECONDS, member_key  # noqa: E402
-from tideshift.services.trainer.jobspec import MemberBeat  # noqa: E402
+from tideshift.services.trainer.core.jobspec import MemberBeat  # noqa: E402
 from tideshift.services.watcher.watcher import Watcher  # noqa: E402
 
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")

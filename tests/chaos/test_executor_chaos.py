@@ -36,7 +36,7 @@ from tideshift.events import EXECUTOR_RECORDS_BUCKET
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.executor.decision import AppliedRecord
+from tideshift.services.executor.core.decision import AppliedRecord
 from tideshift.services.executor.executor import record_key
 
 pytestmark = pytest.mark.slow

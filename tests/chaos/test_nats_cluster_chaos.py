@@ -54,7 +54,7 @@ from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, TRAINING_TASK_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats, NatsCluster
 from tideshift.services.common.ports import free_port
-from tideshift.services.trainer.model import dataset_uris
+from tideshift.services.trainer.core.model import dataset_uris
 
 pytestmark = pytest.mark.slow
 

@@ -39,7 +39,7 @@ from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.bus import SCALE_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port
-from tideshift.services.trainer.model import DatasetSpec, dataset_uris
+from tideshift.services.trainer.core.model import DatasetSpec, dataset_uris
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "trainer"))
 

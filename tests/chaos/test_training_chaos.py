@@ -39,9 +39,9 @@ from tests.chaos.report import ChaosReport
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.trainer.busport import pserver_subject
-from tideshift.services.trainer.layout import describe, plan
-from tideshift.services.trainer.messages import pack_push_part
-from tideshift.services.trainer.model import (
+from tideshift.services.trainer.core.layout import describe, plan
+from tideshift.services.trainer.core.messages import pack_push_part
+from tideshift.services.trainer.core.model import (
     HOLDOUT,
     DatasetSpec,
     ModelSpec,
@@ -52,14 +52,14 @@ from tideshift.services.trainer.model import (
     read_uri,
     shard_uri,
 )
-from tideshift.services.trainer.optim import OptimizerSpec
-from tideshift.services.trainer.pserver_client import PServerClient, piece_updates
-from tideshift.services.trainer.pserver_state import (
+from tideshift.services.trainer.core.optim import OptimizerSpec
+from tideshift.services.trainer.core.pserver_state import (
     GradientPush,
     Ledger,
     PServerState,
 )
-from tideshift.services.trainer.wire import unpack
+from tideshift.services.trainer.core.wire import unpack
+from tideshift.services.trainer.pserver_client import PServerClient, piece_updates
 
 pytest.importorskip("paddle")
 sys.path.insert(0, str(REPO / "examples" / "training" / "paddle_ctr"))

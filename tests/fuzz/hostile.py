@@ -27,7 +27,7 @@ from tideshift.events.codec import DEFAULT_MAX_BYTES, EventRejected, decode
 from tideshift.events.subjects import BoundSubject
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.ports import free_port
-from tideshift.services.trainer.wire import pack
+from tideshift.services.trainer.core.wire import pack
 
 CORPUS = Path(__file__).parent / "corpus"
 T = TypeVar("T", bound=events.EventData)

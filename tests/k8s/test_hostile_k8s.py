@@ -53,7 +53,7 @@ from tideshift.events import (
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.watcher.snapshot import pod_key
+from tideshift.services.watcher.core.snapshot import pod_key
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 

@@ -20,8 +20,8 @@ from tests.fixtures.k8s import K8sCluster
 from tests.k8s.cluster_objects import collection, create, wait_until
 from tideshift.events import WorkloadRef
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
+from tideshift.services.cluster.core.overcommit import BATCH_CPU, BATCH_MEMORY, OvercommitConfig
 from tideshift.services.cluster.kubernetes import KubernetesClusterPort
-from tideshift.services.cluster.overcommit import BATCH_CPU, BATCH_MEMORY, OvercommitConfig
 from tideshift.services.devcluster.nodes import NodeSpec
 from tideshift.services.devcluster.scheduler_profile import PACKING_SCHEDULER
 from tideshift.services.executor.batch_capacity import BatchAdvertiser

@@ -38,7 +38,7 @@ from tideshift.services.cluster.kubernetes import KubernetesClusterPort
 from tideshift.services.cluster.port import ClusterChange, Pod
 from tideshift.services.common.bus import Bus
 from tideshift.services.devcluster.nodes import NodeSpec
-from tideshift.services.watcher.snapshot import node_key, pod_key
+from tideshift.services.watcher.core.snapshot import node_key, pod_key
 from tideshift.services.watcher.watcher import STALE, Watcher
 
 pytestmark = pytest.mark.k8s

@@ -30,8 +30,8 @@ SETTINGS_CLASSES = {
 }
 # Settings validated in code against a registry: the schema lists the registry's names.
 REGISTRY_ENUMS = {
-    ("planner", "policy"): "tideshift.services.planner.baselines:POLICIES",
-    ("predictor", "model"): "tideshift.services.predictor.models:MODELS",
+    ("planner", "policy"): "tideshift.services.planner.core.baselines:POLICIES",
+    ("predictor", "model"): "tideshift.services.predictor.core.models:MODELS",
 }
 # Settings the chart sets itself: NATS from the Secret (its replicas from nats.replicas or
 # nats.bundled.replicas), the pod name, the probe port.

@@ -17,7 +17,7 @@ import logging
 import numpy as np
 import paddle
 
-from tideshift.services.trainer.model import ShardData, parse_uri, read_uri
+from tideshift.services.trainer.core.model import ShardData, parse_uri, read_uri
 from tideshift.services.trainer.paddle_adapter import PaddleModel
 from tideshift.services.trainer.sdk import ElasticJob
 

@@ -20,7 +20,7 @@ from typing import Literal
 from kubernetes.client.exceptions import ApiException
 
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, JsonObject, KubeHttp, status_of
-from tideshift.services.cluster.kinds import API_VERSION
+from tideshift.services.cluster.core.kinds import API_VERSION
 from tideshift.services.cluster.port import Workload, WorkloadRef
 
 MESSAGE_LIMIT = 1024

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, JsonObject, KubeHttp
-from tideshift.services.cluster.kinds import PYTORCH_JOB, VOLCANO_JOB
+from tideshift.services.cluster.core.kinds import PYTORCH_JOB, VOLCANO_JOB
 from tideshift.services.cluster.port import ROLE_LABEL, ScaleState, UnsupportedTarget, WorkloadRef
 
 log = logging.getLogger("tideshift.cluster.adapters")

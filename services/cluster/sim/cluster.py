@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from tideshift.services.cluster.placement import best_node, entry_rest
+from tideshift.services.cluster.core.placement import best_node, entry_rest
 from tideshift.services.cluster.port import (
     ClusterChange,
     Node,

@@ -30,7 +30,7 @@ from tideshift.services.common.bus import Bus
 from tideshift.services.executor.executor import Executor, RecordStore
 from tideshift.services.executor.scale_cli import scale
 from tideshift.services.executor.service import consume
-from tideshift.services.watcher.snapshot import pod_key
+from tideshift.services.watcher.core.snapshot import pod_key
 from tideshift.services.watcher.watcher import Watcher
 
 WAIT = 20.0

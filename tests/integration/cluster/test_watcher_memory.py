@@ -13,7 +13,7 @@ from tests.integration.cluster.test_watcher_workloads import WorkloadPort
 from tideshift.events import PodChanged
 from tideshift.services.cluster.port import ClusterChange, Pod, Resources
 from tideshift.services.common.bus import Bus
-from tideshift.services.watcher.snapshot import pod_key
+from tideshift.services.watcher.core.snapshot import pod_key
 from tideshift.services.watcher.watcher import (
     DELETE_MARKER_TTL_SECONDS,
     ClusterEvent,

@@ -17,7 +17,7 @@ from tests.integration.cluster.test_watcher_executor_bus import eventually
 from tideshift.events import DEAD_LETTER, WORKLOAD_CHANGED, WorkloadChanged, WorkloadRef
 from tideshift.services.cluster.port import ClusterChange, Node, Pod, Resources, Workload
 from tideshift.services.common.bus import Bus
-from tideshift.services.watcher.snapshot import workload_key
+from tideshift.services.watcher.core.snapshot import workload_key
 from tideshift.services.watcher.watcher import INVALID_POLICY_REASON, Watcher
 
 

@@ -49,7 +49,7 @@ from tideshift.services.executor.executor import Executor, RecordStore
 from tideshift.services.executor.service import ExecutorSettings, consume
 from tideshift.services.insight import cli
 from tideshift.services.insight.cli import LeaseValue
-from tideshift.services.watcher.snapshot import node_key, pod_key, workload_key
+from tideshift.services.watcher.core.snapshot import node_key, pod_key, workload_key
 
 WAIT = 20.0
 REASON = "forecast q0.95 peak 48.0 req/s over the next 90 s / 10 req/s per replica = 5"

@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tideshift.loadgen.core.profiles import ConstantProfile, DiurnalProfile
 from tideshift.loadgen.driver import DriverConfig, drive
-from tideshift.loadgen.profiles import ConstantProfile, DiurnalProfile
 from tideshift.loadgen.sample_app import SampleAppConfig, start_sample_app
 
 

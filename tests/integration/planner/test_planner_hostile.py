@@ -39,7 +39,7 @@ from tideshift.services.common.bus import Bus
 from tideshift.services.executor.scale_cli import pin
 from tideshift.services.planner import outputs, service
 from tideshift.services.planner.settings import ServingTarget
-from tideshift.services.watcher.snapshot import workload_key
+from tideshift.services.watcher.core.snapshot import workload_key
 
 GIB = 2**30
 

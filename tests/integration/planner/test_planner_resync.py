@@ -34,7 +34,7 @@ from tideshift.services.common.bus import Bus
 from tideshift.services.planner import service
 from tideshift.services.planner.service import Planner
 from tideshift.services.planner.settings import PlannerSettings
-from tideshift.services.watcher.snapshot import pod_key, workload_key
+from tideshift.services.watcher.core.snapshot import pod_key, workload_key
 
 __all__ = ["collectors"]  # the fixture, shared with the planner's service tests
 

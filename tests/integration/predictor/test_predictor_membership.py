@@ -15,6 +15,7 @@ from tideshift.events import Resources, ServingPolicy, WorkloadChanged, Workload
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.clock import WallClock
 from tideshift.services.common.runtime import ServiceContext
+from tideshift.services.predictor.core.shards import owner
 from tideshift.services.predictor.membership import (
     Membership,
     MembershipUnsupported,
@@ -23,7 +24,6 @@ from tideshift.services.predictor.membership import (
 )
 from tideshift.services.predictor.service import KNOWN_PER_FORECAST, Fleet, build_source
 from tideshift.services.predictor.settings import PredictorSettings
-from tideshift.services.predictor.shards import owner
 
 WORKLOADS = [f"Deployment.apps/shop/web-{i}" for i in range(40)]
 POLL_S = 0.05

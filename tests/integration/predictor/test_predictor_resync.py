@@ -13,7 +13,7 @@ from tideshift.services.common.bus import Bus
 from tideshift.services.common.runtime import ServiceContext
 from tideshift.services.predictor.service import Fleet, WallClock, build_source
 from tideshift.services.predictor.settings import PredictorSettings
-from tideshift.services.watcher.snapshot import workload_key
+from tideshift.services.watcher.core.snapshot import workload_key
 
 
 async def test_a_resync_heals_lost_additions_and_deletions(bus: Bus, unique: str) -> None:

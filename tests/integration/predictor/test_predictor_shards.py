@@ -28,7 +28,7 @@ from tests.k8s.cluster_objects import end_processes
 from tideshift.events import FORECAST, Resources, ServingPolicy, WorkloadChanged, WorkloadRef
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.predictor.shards import owner
+from tideshift.services.predictor.core.shards import owner
 
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
 WORKLOADS = 30

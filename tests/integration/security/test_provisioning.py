@@ -46,7 +46,7 @@ from tideshift.services.common.bus.streams import (
 )
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port
-from tideshift.services.planner.policy import PolicyConfig
+from tideshift.services.planner.core import PolicyConfig
 from tideshift.services.trainer.busport import MEMBER_TTL_SECONDS
 
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")

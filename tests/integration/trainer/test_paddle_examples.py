@@ -14,7 +14,7 @@ from trainer_harness import REPO, JobHarness, client_of
 
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.trainer.model import (
+from tideshift.services.trainer.core.model import (
     HOLDOUT,
     DatasetSpec,
     ModelSpec,

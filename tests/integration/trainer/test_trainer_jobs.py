@@ -29,7 +29,7 @@ from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.trainer.busport import pserver_subject
-from tideshift.services.trainer.model import (
+from tideshift.services.trainer.core.model import (
     DatasetSpec,
     dataset_uris,
     generate_holdout,
@@ -37,8 +37,8 @@ from tideshift.services.trainer.model import (
     log_loss,
     train_serially,
 )
+from tideshift.services.trainer.core.wire import pack, unpack
 from tideshift.services.trainer.pserver_client import PServerClient
-from tideshift.services.trainer.wire import pack, unpack
 
 pytestmark = pytest.mark.timeout(420)
 LEARNING_RATE = 0.3

@@ -15,7 +15,7 @@ import pytest
 from trainer_harness import JobHarness, training
 
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.trainer.layout import LayoutError
+from tideshift.services.trainer.core.layout import LayoutError
 from tideshift.services.trainer.sdk import ElasticJob
 
 pytestmark = pytest.mark.timeout(300)

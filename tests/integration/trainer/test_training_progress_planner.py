@@ -19,7 +19,7 @@ from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.planner.service import Planner
 from tideshift.services.planner.settings import PlannerSettings, TrainingTarget
-from tideshift.services.trainer.model import DatasetSpec, dataset_uris
+from tideshift.services.trainer.core.model import DatasetSpec, dataset_uris
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tideshift.services.common.bus import Bus, RequestFailed
+from tideshift.services.trainer.core.jobspec import JobSpec
 from tideshift.services.trainer.jobs import read_layout, read_spec
-from tideshift.services.trainer.jobspec import JobSpec
 from tideshift.services.trainer.pserver_client import PServerClient
 
 REPO = Path(__file__).resolve().parents[3]

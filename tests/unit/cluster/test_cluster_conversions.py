@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from tideshift.services.cluster.conversions import parse_quantity, resources_of, same_content
+from tideshift.services.cluster.core.conversions import parse_quantity, resources_of, same_content
 from tideshift.services.cluster.port import Node, Resources
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from tideshift.services.cluster.conversions import node_from_object
+from tideshift.services.cluster.core.conversions import node_from_object
 from tideshift.services.cluster.informer import Informer, WatchTuning
 from tideshift.services.cluster.port import ClusterChange, Node
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tideshift.services.cluster.overcommit import (
+from tideshift.services.cluster.core.overcommit import (
     OvercommitConfig,
     idle_reservation,
     lendable,

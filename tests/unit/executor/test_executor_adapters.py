@@ -15,7 +15,7 @@ from tideshift.services.cluster.adapters.targets import (
     annotation_bounds,
     default_adapters,
 )
-from tideshift.services.cluster.kinds import (
+from tideshift.services.cluster.core.kinds import (
     API_VERSION,
     VOLCANO_JOB,
     normalise_kind,

@@ -12,7 +12,7 @@ import pytest
 from tideshift.events import ScaleCommand
 from tideshift.services.cluster.port import ScaleState, WorkloadRef
 from tideshift.services.common.settings import parse_settings
-from tideshift.services.executor.decision import MAX_SKEW, Admission, AppliedRecord
+from tideshift.services.executor.core.decision import MAX_SKEW, Admission, AppliedRecord
 from tideshift.services.executor.executor import Executor
 from tideshift.services.executor.service import ExecutorSettings
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tideshift.services.cluster.port import ScaleState, WorkloadRef
-from tideshift.services.executor.decision import (
+from tideshift.services.executor.core.decision import (
     MAX_SKEW,
     AppliedRecord,
     clamp_issued_at,

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from tideshift.services.cluster.overcommit import BATCH_CPU, BATCH_MEMORY, OvercommitConfig
+from tideshift.services.cluster.core.overcommit import BATCH_CPU, BATCH_MEMORY, OvercommitConfig
 from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
 from tideshift.services.executor.batch_capacity import (

@@ -24,7 +24,8 @@ from tideshift.events import (
 )
 from tideshift.events.codec import decode, encode
 from tideshift.events.models import Headroom
-from tideshift.services.insight import cli, history, picture
+from tideshift.services.insight import cli
+from tideshift.services.insight.core import history, picture
 
 T0 = datetime(2026, 11, 25, 10, 0, tzinfo=UTC)
 WEB = WorkloadRef("shop", "Deployment", "web")

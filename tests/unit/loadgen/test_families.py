@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tideshift.loadgen import families
+from tideshift.loadgen.core import families
 from tideshift.services.predictor import backtest
 from tideshift.services.simulator.scenario import ScenarioError, parse_scenario
 

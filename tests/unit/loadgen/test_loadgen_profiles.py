@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.loadgen.profiles import (
+from tideshift.loadgen.core.profiles import (
     ConstantProfile,
     DiurnalProfile,
     PointsProfile,

@@ -54,7 +54,7 @@ def test_the_wheel_installs_exactly_one_top_level_package(tmp_path: Path) -> Non
     }
     assert top_level == {"tideshift"}
     assert "tideshift/events/models.py" in names
-    assert "tideshift/services/planner/policy/plan.py" in names
+    assert "tideshift/services/planner/core/plan.py" in names
     assert "tideshift/loadgen/scenarios/day-night-nasa.yaml" in names
     assert not any(name.startswith("tideshift/__init__") for name in names), (
         "tideshift is a namespace"

@@ -5,7 +5,7 @@ jobs would have used, and all finished together, late)."""
 
 from __future__ import annotations
 
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     NodeSpec,
     PlanInputs,

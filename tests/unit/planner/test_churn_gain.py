@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     NodeSpec,
     PlanInputs,
@@ -19,8 +19,8 @@ from tideshift.services.planner.policy import (
     TrainingJob,
     plan,
 )
-from tideshift.services.planner.policy.churn import change_gain, defer_small_growth
-from tideshift.services.planner.policy.tiers import TierJob
+from tideshift.services.planner.core.churn import change_gain, defer_small_growth
+from tideshift.services.planner.core.tiers import TierJob
 
 GIB = 2**30
 OLD = Target("ml", "PyTorchJob", "old")

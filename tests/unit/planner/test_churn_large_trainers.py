@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tideshift.services.planner.policy import PolicyConfig, Target, TrainingJob
-from tideshift.services.planner.policy.churn import defer_small_growth
-from tideshift.services.planner.policy.tiers import TierJob
+from tideshift.services.planner.core import PolicyConfig, Target, TrainingJob
+from tideshift.services.planner.core.churn import defer_small_growth
+from tideshift.services.planner.core.tiers import TierJob
 
 GIB = 2**30
 

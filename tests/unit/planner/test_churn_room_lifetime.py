@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     NodeSpec,
     PlanInputs,
@@ -20,10 +20,10 @@ from tideshift.services.planner.policy import (
     TrainingJob,
     plan,
 )
-from tideshift.services.planner.policy.churn import defer_small_growth
-from tideshift.services.planner.policy.lifetime import Reclaim, expected_reclaim, growth_gain
-from tideshift.services.planner.policy.model import Forecast, ServingWorkload
-from tideshift.services.planner.policy.tiers import TierJob
+from tideshift.services.planner.core.churn import defer_small_growth
+from tideshift.services.planner.core.lifetime import Reclaim, expected_reclaim, growth_gain
+from tideshift.services.planner.core.model import Forecast, ServingWorkload
+from tideshift.services.planner.core.tiers import TierJob
 
 GIB = 2**30
 WEB = Target("apps", "Deployment", "web")

@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from tideshift.events import NodeChanged, PodChanged, Resources
+from tideshift.services.planner.core.state import PlannerState
 from tideshift.services.planner.settings import PlannerSettings
-from tideshift.services.planner.state import PlannerState
 
 NOW = 1_800_000_000.0
 

@@ -5,7 +5,7 @@ a GPU job was short of GPUs)."""
 
 from __future__ import annotations
 
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     NodeSpec,
     PlanInputs,

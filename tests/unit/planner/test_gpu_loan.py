@@ -4,21 +4,21 @@ short of GPUs, no lower than what the forecast's median needs before they are do
 
 from __future__ import annotations
 
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     NodeSpec,
     PlanInputs,
     Target,
     TrainingJob,
 )
-from tideshift.services.planner.policy.gpu_loan import gpu_jobs_short, lend, lend_gpu_room
-from tideshift.services.planner.policy.model import (
+from tideshift.services.planner.core.gpu_loan import gpu_jobs_short, lend, lend_gpu_room
+from tideshift.services.planner.core.model import (
     Forecast,
     HeadroomParts,
     ServingWorkload,
     TargetDecision,
 )
-from tideshift.services.planner.policy.serving import ServingPlan
+from tideshift.services.planner.core.serving import ServingPlan
 
 GIB = 2**30
 NOW = 10_000.0

@@ -14,9 +14,9 @@ from tideshift.events import (
     Resources,
     WorkloadRef,
 )
-from tideshift.services.planner.baselines import make_policy
+from tideshift.services.planner.core.baselines import make_policy
+from tideshift.services.planner.core.state import PlannerState
 from tideshift.services.planner.settings import PlannerSettings, ServingTarget
-from tideshift.services.planner.state import PlannerState
 
 NOW = 1_800_000_000.0
 WEB = WorkloadRef(kind="Deployment", namespace="shop", name="web")

@@ -10,14 +10,14 @@ import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tideshift.services.cluster.placement import (
+from tideshift.services.cluster.core.placement import (
     best_node,
     compact_down,
     entry_rest,
     fullness,
     placement_order,
 )
-from tideshift.services.planner.policy import pack_sparse, stranded_capacity
+from tideshift.services.planner.core import pack_sparse, stranded_capacity
 
 GIB = 2.0**30
 CPU_NODE = [8.0, 32 * GIB, 0.0]

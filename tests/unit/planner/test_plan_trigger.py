@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.services.planner.state import PlanTrigger
+from tideshift.services.planner.core.state import PlanTrigger
 
 NOW = 1000.0
 

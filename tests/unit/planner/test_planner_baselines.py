@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.services.planner.baselines import (
-    POLICIES,
-    EdlPolicy,
-    HpaPolicy,
-    StaticPolicy,
-    make_policy,
-)
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     NodeSpec,
     PlanInputs,
@@ -19,6 +12,13 @@ from tideshift.services.planner.policy import (
     ServingWorkload,
     Target,
     TrainingJob,
+)
+from tideshift.services.planner.core.baselines import (
+    POLICIES,
+    EdlPolicy,
+    HpaPolicy,
+    StaticPolicy,
+    make_policy,
 )
 
 GIB = 2**30

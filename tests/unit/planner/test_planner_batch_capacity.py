@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from tideshift.services.cluster.overcommit import OvercommitConfig
-from tideshift.services.planner.policy import (
+from tideshift.services.cluster.core.overcommit import OvercommitConfig
+from tideshift.services.planner.core import (
     ClusterView,
     Forecast,
     NodeSpec,
@@ -22,8 +22,8 @@ from tideshift.services.planner.policy import (
     TrainingJob,
     plan,
 )
-from tideshift.services.planner.policy.batch import serving_staying
-from tideshift.services.planner.policy.packing import cluster_entries
+from tideshift.services.planner.core.batch import serving_staying
+from tideshift.services.planner.core.packing import cluster_entries
 
 GIB = 2**30
 WEB = Target("prod", "Deployment", "web")

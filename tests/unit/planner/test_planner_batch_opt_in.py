@@ -19,10 +19,10 @@ from tideshift.events import (
     WorkloadRef,
 )
 from tideshift.services.cluster import port
-from tideshift.services.planner.baselines import make_policy
+from tideshift.services.planner.core.baselines import make_policy
+from tideshift.services.planner.core.state import PlannerState
 from tideshift.services.planner.settings import PlannerSettings, ServingTarget, TrainingTarget
-from tideshift.services.planner.state import PlannerState
-from tideshift.services.watcher.annotations import workload_event
+from tideshift.services.watcher.core.annotations import workload_event
 
 GIB = 2**30
 NOW = 1_800_000_000.0

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from tideshift.events import NodeChanged, Resources
 from tideshift.services.common.clock import wait_for_event
 from tideshift.services.demo.clock import SimClock
+from tideshift.services.planner.core.state import PlannerState
 from tideshift.services.planner.service import Planner
 from tideshift.services.planner.settings import PlannerSettings
-from tideshift.services.planner.state import PlannerState
 
 START = datetime(2026, 1, 5, tzinfo=UTC).timestamp()
 FAST = 20_000.0  # simulated seconds per wall second

@@ -17,15 +17,15 @@ from tideshift.events import (
     WorkloadRef,
 )
 from tideshift.events.models import ServingPolicy
-from tideshift.services.planner.baselines import make_policy
-from tideshift.services.planner.settings import PlannerSettings
-from tideshift.services.planner.state import (
+from tideshift.services.planner.core.baselines import make_policy
+from tideshift.services.planner.core.state import (
     DELETED_NODES_LIMIT,
     DELETED_PODS_LIMIT,
     FUTURE_SKEW_S,
     UNTRACKED_LIMIT,
     PlannerState,
 )
+from tideshift.services.planner.settings import PlannerSettings
 
 NOW = 1_800_000_000.0
 WEB = WorkloadRef(kind="Deployment", namespace="shop", name="web")

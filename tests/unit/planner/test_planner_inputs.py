@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tideshift.services.planner.inputs import ClusterTable
-from tideshift.services.planner.policy import ClusterView, NodeSpec, PodSpec, Target
+from tideshift.services.planner.core import ClusterView, NodeSpec, PodSpec, Target
+from tideshift.services.planner.core.inputs import ClusterTable
 
 
 def test_incremental_table_matches_a_full_rebuild() -> None:

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 
 from tideshift import events
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.baselines import make_policy
-from tideshift.services.planner.inputs import ClusterTable, plan_inputs
-from tideshift.services.planner.isolation import Quarantine
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.baselines import make_policy
+from tideshift.services.planner.core.inputs import ClusterTable, plan_inputs
+from tideshift.services.planner.core.isolation import Quarantine
 from tideshift.services.planner.outputs import KEY_LIMIT, idempotency_key
 
 NOW = 1_000_000.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from tideshift.services.planner import metrics
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     Decision,
     Forecast,

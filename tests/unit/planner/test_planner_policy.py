@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     Forecast,
     NodeSpec,

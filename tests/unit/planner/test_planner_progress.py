@@ -9,8 +9,8 @@ import pytest
 
 from tests.unit.planner.progress_support import ignored
 from tests.unit.planner.progress_support import progress_report as progress
+from tideshift.services.planner.core.state import PlannerState
 from tideshift.services.planner.settings import PlannerSettings, TrainingTarget
-from tideshift.services.planner.state import PlannerState
 
 NOW = 1_800_000_000.0
 

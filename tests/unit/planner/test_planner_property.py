@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     Forecast,
     NodeSpec,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tideshift.services.planner import policy as pol
+from tideshift.services.planner import core as pol
 from tideshift.services.planner.service import main
 from tideshift.services.planner.settings import PlannerSettings
 

@@ -1,4 +1,4 @@
-"""The planner's event folding (services/planner/state.py): newer observations win, jobs'
+"""The planner's event folding (services/planner/core/state.py): newer observations win, jobs'
 helpers are not trainers, executor results set what a target wants, and each event says
 whether it calls for a plan now. Time is an argument: no clock."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from tideshift.events import NodeChanged, PodChanged, Resources, ScaleResult, WorkloadRef
+from tideshift.services.planner.core.state import PlannerState
 from tideshift.services.planner.settings import PlannerSettings, TrainingTarget
-from tideshift.services.planner.state import PlannerState
 
 NOW = 1_800_000_000.0
 JOB = WorkloadRef(kind="PyTorchJob", namespace="ml", name="train")

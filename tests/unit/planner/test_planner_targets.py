@@ -12,8 +12,8 @@ from tideshift.events import (
     WorkloadChanged,
     WorkloadRef,
 )
-from tideshift.services.planner.policy import ServingWorkload
-from tideshift.services.planner.targets import TargetBook
+from tideshift.services.planner.core import ServingWorkload
+from tideshift.services.planner.core.targets import TargetBook
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
 WEB = WorkloadRef("shop", "Deployment.apps", "web")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from tideshift.services.planner.policy import (
+from tideshift.services.planner.core import (
     ClusterView,
     Forecast,
     NodeSpec,

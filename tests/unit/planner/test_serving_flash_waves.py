@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.policy.headroom import recent_rise
-from tideshift.services.planner.policy.model import Miss, Rises
-from tideshift.services.planner.policy.serving import plan_serving
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.headroom import recent_rise
+from tideshift.services.planner.core.model import Miss, Rises
+from tideshift.services.planner.core.serving import plan_serving
 
 SHOP = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "shop"),

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from tideshift.events.models import Headroom
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.policy.model import Miss, Rises
-from tideshift.services.planner.policy.reasons import PANIC
-from tideshift.services.planner.policy.serving import plan_serving, track_miss
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core.model import Miss, Rises
+from tideshift.services.planner.core.reasons import PANIC
+from tideshift.services.planner.core.serving import plan_serving, track_miss
 
 WEB = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "web"),

@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.policy import warm
-from tideshift.services.planner.policy.headroom import recurrence
-from tideshift.services.planner.policy.model import Miss, Rises
-from tideshift.services.planner.policy.serving import plan_serving
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core import warm
+from tideshift.services.planner.core.headroom import recurrence
+from tideshift.services.planner.core.model import Miss, Rises
+from tideshift.services.planner.core.serving import plan_serving
 
 WEB = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "web"),

@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from tideshift.events import Resources, ServingPolicy, WorkloadChanged, WorkloadRef
+from tideshift.services.planner.core.state import PlannerState
 from tideshift.services.planner.settings import PlannerSettings, ServingTarget
-from tideshift.services.planner.state import PlannerState
 
 NOW = 1_800_000_000.0
 WEB = WorkloadRef("shop", "Deployment", "web")

@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from tideshift.services.planner import policy as pol
-from tideshift.services.planner.policy import headroom, warm
-from tideshift.services.planner.policy.headroom import ONSET_MIN_RATIO, observe
-from tideshift.services.planner.policy.model import Rises
+from tideshift.services.planner import core as pol
+from tideshift.services.planner.core import headroom, warm
+from tideshift.services.planner.core.headroom import ONSET_MIN_RATIO, observe
+from tideshift.services.planner.core.model import Rises
 
 
 def reference_observe(

@@ -11,12 +11,12 @@ import pytest
 from pydantic import ValidationError
 
 from tideshift.events import Resources, TrainingPolicy, WorkloadChanged, WorkloadRef
-from tideshift.services.planner.policy.model import (
+from tideshift.services.planner.core.model import (
     DEFAULT_RESTART_COST_S,
     DEFAULT_SPEEDUP_EXPONENT,
 )
+from tideshift.services.planner.core.targets import TargetBook
 from tideshift.services.planner.settings import TrainingTarget
-from tideshift.services.planner.targets import TargetBook
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
 CTR = WorkloadRef("ml", "PyTorchJob.kubeflow.org", "ctr")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tideshift.services.predictor.forecasting import (
+from tideshift.services.predictor.core.forecasting import (
     MAX_STALE_WIDENING,
     Cadence,
     WorkloadModel,
@@ -14,7 +14,7 @@ from tideshift.services.predictor.forecasting import (
     published,
     widening,
 )
-from tideshift.services.predictor.models.base import make_forecast
+from tideshift.services.predictor.core.models.base import make_forecast
 
 CADENCE = Cadence(step_s=60.0, horizon_s=300.0, history_s=3600.0, refit_s=600.0)
 

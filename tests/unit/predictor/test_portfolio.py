@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tideshift.loadgen import families
+from tideshift.loadgen.core import families
 from tideshift.services.predictor import backtest
-from tideshift.services.predictor.evaluation import Trace, plan_backtest, run_backtest
-from tideshift.services.predictor.models import build_model
-from tideshift.services.predictor.models.portfolio import Portfolio
+from tideshift.services.predictor.core.evaluation import Trace, plan_backtest, run_backtest
+from tideshift.services.predictor.core.models import build_model
+from tideshift.services.predictor.core.models.portfolio import Portfolio
 
 DAY = 86400.0
 # Cheap members keep these tests fast; the mechanism does not depend on which members.

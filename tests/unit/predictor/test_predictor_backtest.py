@@ -11,14 +11,14 @@ import pytest
 from tests.fixtures.requirements import shared_trace
 from tideshift.loadgen.traces import TraceError
 from tideshift.services.predictor.backtest import main
-from tideshift.services.predictor.evaluation import (
+from tideshift.services.predictor.core.evaluation import (
     parse_duration,
     parse_trace,
     plan_backtest,
     run_backtest,
     score,
 )
-from tideshift.services.predictor.models import DEFAULT_MODEL, build_model
+from tideshift.services.predictor.core.models import DEFAULT_MODEL, build_model
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,19 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tideshift.services.predictor.models import DEFAULT_MODEL, MODELS, QUANTILE_LEVELS, build_model
-from tideshift.services.predictor.models.base import (
+from tideshift.services.predictor.core.models import (
+    DEFAULT_MODEL,
+    MODELS,
+    QUANTILE_LEVELS,
+    build_model,
+)
+from tideshift.services.predictor.core.models.base import (
     autocorrelation,
     detect_periods,
     dominant_fft_periods,
     regularize,
 )
-from tideshift.services.predictor.models.tidal import Tidal
+from tideshift.services.predictor.core.models.tidal import Tidal
 
 STEP_S = 300.0  # 5-minute grid: 288 steps a day
 DAY = 288

@@ -1,11 +1,11 @@
-"""Rendezvous ownership and a replica's authority over its share (services/predictor/shards.py),
+"""Rendezvous ownership and a replica's authority over its share (predictor/core/shards.py),
 with time stepped explicitly."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from tideshift.services.predictor.shards import Member, Shard, owner
+from tideshift.services.predictor.core.shards import Member, Shard, owner
 
 WORKLOADS = [f"shop/Deployment/web-{i}" for i in range(3000)]
 TTL, REFRESH = 15.0, 5.0

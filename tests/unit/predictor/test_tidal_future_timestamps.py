@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from tideshift.services.predictor.models.tidal import Tidal, TidalConfig
+from tideshift.services.predictor.core.models.tidal import Tidal, TidalConfig
 
 
 def _fitted() -> tuple[Tidal, np.ndarray]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tideshift.loadgen.profiles import RateProfile
+from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.simulator.run import run_policy
 from tideshift.services.simulator.scenario import ScenarioError, parse_scenario
 

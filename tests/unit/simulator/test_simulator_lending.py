@@ -3,7 +3,7 @@ reservation, make way first when serving's usage rises, and come back when it fa
 
 from __future__ import annotations
 
-from tideshift.services.cluster.overcommit import OvercommitConfig
+from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimWorkload
 from tideshift.services.demo.meter import Meter

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tideshift.services.planner.policy.model import HeadroomParts, Target, TargetDecision
+from tideshift.services.planner.core.model import HeadroomParts, Target, TargetDecision
 from tideshift.services.simulator import cli as simulate
-from tideshift.services.simulator import measures as msr
+from tideshift.services.simulator.core import measures as msr
 from tideshift.services.simulator.report import plot_jct
 from tideshift.services.simulator.run import run_policy
 from tideshift.services.simulator.scenario import parse_scenario

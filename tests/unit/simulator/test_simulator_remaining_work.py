@@ -3,9 +3,9 @@ estimates from the job's progress), so Tideshift runs the job closest to done la
 
 from __future__ import annotations
 
+from tideshift.services.simulator.core.training import JobProgress, WorkModel
 from tideshift.services.simulator.run import run_policy
 from tideshift.services.simulator.scenario import parse_scenario
-from tideshift.services.simulator.training import JobProgress, WorkModel
 
 SCENARIO = """
 name: two-finite-jobs

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.services.simulator.training import JobProgress, WorkModel
+from tideshift.services.simulator.core.training import JobProgress, WorkModel
 
 MODEL = WorkModel(speedup_exponent=0.5, restart_cost_s=10.0)
 

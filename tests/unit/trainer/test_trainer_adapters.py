@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tideshift.services.trainer.layout import check_state, describe, plan
+from tideshift.services.trainer.core.layout import check_state, describe, plan
 from tideshift.services.trainer.pserver_client import piece_updates
 
 

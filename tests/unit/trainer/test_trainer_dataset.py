@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tideshift.services.trainer import coordinator, pserver, worker
+from tideshift.services.trainer.core.jobspec import JobSpec
 from tideshift.services.trainer.dataset import resolve_shards
-from tideshift.services.trainer.jobspec import JobSpec
 
 
 def test_a_directory_a_glob_a_uri_and_a_list_name_shards_in_order(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tideshift.services.trainer.model import (
+from tideshift.services.trainer.core.model import (
     HOLDOUT,
     DatasetSpec,
     InvalidShard,

@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tideshift.services.trainer.checkpoint import decode_checkpoint, encode_checkpoint
-from tideshift.services.trainer.layout import describe, plan
-from tideshift.services.trainer.optim import OptimizerSpec
-from tideshift.services.trainer.protocol import (
+from tideshift.services.trainer.core.checkpoint import decode_checkpoint, encode_checkpoint
+from tideshift.services.trainer.core.layout import describe, plan
+from tideshift.services.trainer.core.optim import OptimizerSpec
+from tideshift.services.trainer.core.protocol import (
     CoordinatorState,
     Observation,
     TaskSpec,
@@ -21,14 +21,14 @@ from tideshift.services.trainer.protocol import (
     resume_coordinator,
     step,
 )
-from tideshift.services.trainer.pserver_state import (
+from tideshift.services.trainer.core.pserver_state import (
     GradientPush,
     Ledger,
     PieceUpdate,
     PServerState,
     PushOutcome,
 )
-from tideshift.services.trainer.wire import WireError, pack, unpack
+from tideshift.services.trainer.core.wire import WireError, pack, unpack
 
 
 def keys(epoch: int, shards: range | list[int]) -> frozenset[tuple[int, int]]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tideshift.services.trainer.layout import LayoutError, check_state, describe, plan
-from tideshift.services.trainer.optim import OptimizerSpec, apply_dense, apply_rows, new_slots
-from tideshift.services.trainer.pserver_state import (
+from tideshift.services.trainer.core.layout import LayoutError, check_state, describe, plan
+from tideshift.services.trainer.core.optim import OptimizerSpec, apply_dense, apply_rows, new_slots
+from tideshift.services.trainer.core.pserver_state import (
     MAX_OPEN_EPOCHS,
     GradientPush,
     Ledger,
@@ -147,7 +147,11 @@ def test_a_push_applies_to_every_piece_or_to_none() -> None:
 
 
 def test_a_push_is_cut_into_parts_of_whole_piece_updates_that_decode_back() -> None:
-    from tideshift.services.trainer.messages import pack_push_part, split_updates, unpack_push_part
+    from tideshift.services.trainer.core.messages import (
+        pack_push_part,
+        split_updates,
+        unpack_push_part,
+    )
 
     updates = [PieceUpdate(i, dense=np.full((256,), float(i), dtype=np.float32)) for i in range(5)]
     parts = split_updates(updates, max_bytes=2048)  # two 1 KiB updates per part

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.services.watcher.snapshot import VersionOrder, older, version_number
+from tideshift.services.watcher.core.snapshot import VersionOrder, older, version_number
 
 
 def test_versions_are_numbers_or_unordered() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tideshift.services.cluster.conversions import (
+from tideshift.services.cluster.core.conversions import (
     diff,
     direct_owner,
     node_from_object,
@@ -19,7 +19,7 @@ from tideshift.services.cluster.conversions import (
 )
 from tideshift.services.cluster.informer import Informer, WatchTuning
 from tideshift.services.cluster.port import Node, Pod, Resources, WorkloadRef
-from tideshift.services.watcher.snapshot import node_key, pod_event, pod_key, same_state
+from tideshift.services.watcher.core.snapshot import node_key, pod_event, pod_key, same_state
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -10,7 +10,7 @@ import pytest
 
 from tideshift.events import WorkloadRef
 from tideshift.services.cluster.port import Resources, Workload
-from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
+from tideshift.services.watcher.core.annotations import InvalidPolicy, workload_event
 
 AT = datetime(2026, 3, 1, tzinfo=UTC)
 

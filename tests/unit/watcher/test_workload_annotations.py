@@ -9,9 +9,9 @@ import pytest
 
 from tideshift.events import WorkloadRef
 from tideshift.services.cluster.adapters.targets import VolcanoJobAdapter
-from tideshift.services.cluster.conversions import workload_from_object
+from tideshift.services.cluster.core.conversions import workload_from_object
 from tideshift.services.cluster.port import Resources, Role, Workload
-from tideshift.services.watcher.annotations import InvalidPolicy, workload_event
+from tideshift.services.watcher.core.annotations import InvalidPolicy, workload_event
 
 AT = datetime(2026, 3, 1, tzinfo=UTC)
 
