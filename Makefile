@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # finder: they see `tideshift` through this tree of symlinks to events/, services/, loadgen/.
 LINT_ROOT := $(VENV)/lint-root
 
-.PHONY: demo test lint install system-deps k8s-binaries image image-deps image-base
+.PHONY: demo test test-fast docs lint install system-deps k8s-binaries image image-deps image-base
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -97,6 +97,9 @@ lint: $(STAMP) $(LINT_ROOT)/tideshift
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	PYTHONPATH=$(LINT_ROOT) $(BIN)/lint-imports
+	@# the documentation site: a dead link, a missing page or a stale reference page fails
+	$(BIN)/python docs/gen_reference.py --check
+	$(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 
 # Lint and tests both run, so one report shows every failure; either failing fails the target.
 # OpenBLAS single-threaded, as `tideshift` itself runs it (services/cli.py): a fork (a test
@@ -108,6 +111,15 @@ test: $(STAMP) system-deps k8s-binaries image
 	$(MAKE) --no-print-directory lint || status=1; \
 	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -ra --ignore=tests/benchmarks || status=1; \
 	exit $$status
+
+# Unit tests and the services on the in-memory bus with a test clock: minutes, no servers.
+test-fast: $(STAMP)
+	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -q -m "not k8s and not prometheus and not slow" tests/unit
+
+# The documentation site, regenerated reference pages included, served at localhost:8000.
+docs: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
+	$(BIN)/mkdocs serve
 
 demo: $(STAMP)
 	$(BIN)/tideshift demo --out demo-out
