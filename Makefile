@@ -29,9 +29,11 @@ system-deps:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
-# Go-built Kubernetes control plane (etcd, apiserver, controller-manager, scheduler, kwok, helm).
+# Go-built Kubernetes control plane (etcd, apiserver, controller-manager, scheduler, kwok, helm),
+# then the engines users run beside Tideshift (Kueue, the training operator, KubeRay).
 k8s-binaries:
 	bash tests/cluster/build.sh
+	bash tests/cluster/build_engines.sh
 
 # The services image, built with podman (which builds the Dockerfile itself) where there is no
 # Docker: `make image`. With Docker: `docker build -t tideshift:dev .`, and for the predictor
