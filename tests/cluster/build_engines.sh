@@ -1,3 +1,196 @@
 #!/usr/bin/env bash
-# Builds the job controllers and queueing engines users run beside Tideshift (filled in by issue 38).
+# Builds the engines users run beside Tideshift, for the local control plane
+# (`tideshift dev cluster up` and the k8s test tier): Kueue's manager, the Kubeflow training
+# operator and the KubeRay operator, from Go modules like tests/cluster/build.sh builds the
+# Kubernetes binaries, and copies each one's CRDs and webhook manifests out of its module.
+# Volcano is not served by the module proxy here, so it keeps its structural CRD.
+#
+#   bash tests/cluster/build_engines.sh            # build what is missing, print where it went
+#   bash tests/cluster/build_engines.sh --print-dir
+#
+# Output: ~/.cache/tideshift/engines/{bin,manifests} (override with TIDESHIFT_ENGINES_DIR).
+# A rerun is a no-op when every binary and manifest set carries a stamp for its pinned version.
+# Each binary is linked under a temporary name and renamed into place, then stamped; manifests
+# are copied into a temporary directory and renamed into place, so an interrupted run leaves
+# nothing half-written.
 set -euo pipefail
+
+# Pins. services/devcluster/engines.py repeats them (a test keeps them equal). Each go directive
+# is satisfied by the local Go (GOTOOLCHAIN=local): kueue v0.17.0 says go 1.25.0, the training
+# operator v1.8.1 go 1.22, KubeRay's ray-operator v1.5.0 go 1.24.0.
+KUEUE_VERSION="v0.17.0"
+TRAINING_OPERATOR_VERSION="v1.8.1"
+KUBERAY_VERSION="v1.5.0"
+# Bump when the way a binary or a manifest set is produced changes, so stamped ones get redone.
+RECIPE=1
+
+CACHE_ROOT="${TIDESHIFT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tideshift}"
+ENGINES_DIR="${TIDESHIFT_ENGINES_DIR:-$CACHE_ROOT/engines}"
+BIN_DIR="$ENGINES_DIR/bin"
+MANIFEST_DIR="$ENGINES_DIR/manifests"
+
+if [[ "${1:-}" == "--print-dir" ]]; then
+  echo "$ENGINES_DIR"
+  exit 0
+elif [[ $# -gt 0 ]]; then
+  echo "usage: bash tests/cluster/build_engines.sh [--print-dir]" >&2
+  exit 2
+fi
+
+STARTED=$SECONDS
+log() { printf '[build_engines.sh %4ds] %s\n' "$((SECONDS - STARTED))" "$*"; }
+
+# engine name -> binary name, Go module, package to build, version
+ENGINES=(kueue training-operator kuberay)
+declare -A BINARY=([kueue]=kueue [training-operator]=training-operator [kuberay]=kuberay-operator)
+declare -A MODULE=(
+  [kueue]=sigs.k8s.io/kueue
+  [training-operator]=github.com/kubeflow/training-operator
+  [kuberay]=github.com/ray-project/kuberay/ray-operator
+)
+declare -A PACKAGE=(
+  [kueue]=sigs.k8s.io/kueue/cmd/kueue
+  [training-operator]=github.com/kubeflow/training-operator/cmd/training-operator.v1
+  [kuberay]=github.com/ray-project/kuberay/ray-operator
+)
+declare -A VERSION=(
+  [kueue]="$KUEUE_VERSION"
+  [training-operator]="$TRAINING_OPERATOR_VERSION"
+  [kuberay]="$KUBERAY_VERSION"
+)
+# A flag each binary's --help must list: proof that the right program was built.
+declare -A HELP_FLAG=([kueue]=-config [training-operator]=-enable-scheme [kuberay]=-metrics-addr)
+
+stamp_of() { # name version
+  echo "$1 $2 recipe=$RECIPE"
+}
+binary_current() { # engine
+  local binary="${BINARY[$1]}"
+  [[ -x "$BIN_DIR/$binary" && -f "$BIN_DIR/.stamps/$binary" ]] &&
+    [[ "$(cat "$BIN_DIR/.stamps/$binary")" == "$(stamp_of "$binary" "${VERSION[$1]}")" ]]
+}
+manifests_current() { # engine
+  [[ -d "$MANIFEST_DIR/$1" && -f "$MANIFEST_DIR/.stamps/$1" ]] &&
+    [[ "$(cat "$MANIFEST_DIR/.stamps/$1")" == "$(stamp_of "$1" "${VERSION[$1]}")" ]]
+}
+
+missing=()
+for engine in "${ENGINES[@]}"; do
+  if ! binary_current "$engine" || ! manifests_current "$engine"; then
+    missing+=("$engine")
+  fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "engines (kueue $KUEUE_VERSION, training-operator $TRAINING_OPERATOR_VERSION," \
+    "kuberay $KUBERAY_VERSION) are up to date in $ENGINES_DIR"
+  exit 0
+fi
+
+command -v go >/dev/null || {
+  echo "build_engines.sh: 'go' is not on PATH (Go >= 1.25 is needed)" >&2
+  exit 1
+}
+
+export GOMODCACHE="$CACHE_ROOT/go/mod"
+export GOCACHE="$CACHE_ROOT/go/build"
+export GOTOOLCHAIN=local
+export GOFLAGS="-mod=mod -modcacherw -buildvcs=false"
+export CGO_ENABLED=0
+WORK_DIR="$CACHE_ROOT/go/work/engines"
+mkdir -p "$GOMODCACHE" "$GOCACHE" "$WORK_DIR" "$BIN_DIR/.stamps" "$MANIFEST_DIR/.stamps"
+
+# Its own lock: build.sh may run at the same time (Go's caches are safe to share).
+exec 9>"$CACHE_ROOT/go/engines.lock"
+if command -v flock >/dev/null && ! flock -n 9; then
+  log "another build_engines.sh holds $CACHE_ROOT/go/engines.lock; waiting for it"
+  flock 9
+fi
+
+# Holding the lock, any leftover partial dir is from an interrupted run.
+rm -rf "$ENGINES_DIR"/.partial.*
+STAGE_DIR="$(mktemp -d "$ENGINES_DIR/.partial.XXXXXX")"
+trap 'rm -rf "$STAGE_DIR"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+log "Go: $(go version); caches under $CACHE_ROOT/go"
+log "to build: ${missing[*]} (a cold build takes 10-30 min on 2 cores)"
+
+module_dir() { # module version -> the unpacked module source in GOMODCACHE
+  local dir
+  dir="$(cd "$WORK_DIR" && go mod download -json "$1@$2" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  [[ -d "$dir" ]] || {
+    echo "build_engines.sh: could not download $1@$2 from the module proxy" >&2
+    exit 1
+  }
+  echo "$dir"
+}
+
+copy_manifests() { # engine source-dir target-dir
+  local engine="$1" src="$2" out="$3"
+  mkdir -p "$out/crds" "$out/webhooks"
+  case "$engine" in
+    kueue)
+      cp "$src"/config/components/crd/bases/*.yaml "$out/crds/"
+      cp "$src/config/components/webhook/manifests.yaml" "$out/webhooks/manifests.yaml"
+      ;;
+    training-operator)
+      cp "$src"/manifests/base/crds/kubeflow.org_*.yaml "$out/crds/"
+      cp "$src/manifests/base/webhook/manifests.yaml" "$out/webhooks/manifests.yaml"
+      ;;
+    kuberay)
+      # KubeRay's webhooks are optional (ENABLE_WEBHOOKS=true); copied for reference.
+      cp "$src"/config/crd/bases/*.yaml "$out/crds/"
+      cp "$src/config/webhook/manifests.yaml" "$out/webhooks/manifests.yaml"
+      ;;
+  esac
+  local count
+  count=$(find "$out/crds" -name '*.yaml' | wc -l)
+  [[ "$count" -gt 0 ]] || {
+    echo "build_engines.sh: no CRDs found for $engine in $src" >&2
+    exit 1
+  }
+  echo "$engine ${VERSION[$engine]} from ${MODULE[$engine]}" >"$out/SOURCE"
+}
+
+for engine in "${missing[@]}"; do
+  version="${VERSION[$engine]}"
+  binary="${BINARY[$engine]}"
+  if ! manifests_current "$engine"; then
+    src="$(module_dir "${MODULE[$engine]}" "$version")"
+    rm -rf "$STAGE_DIR/manifests-$engine"
+    copy_manifests "$engine" "$src" "$STAGE_DIR/manifests-$engine"
+    rm -rf "$MANIFEST_DIR/$engine.old"
+    [[ -d "$MANIFEST_DIR/$engine" ]] && mv "$MANIFEST_DIR/$engine" "$MANIFEST_DIR/$engine.old"
+    mv "$STAGE_DIR/manifests-$engine" "$MANIFEST_DIR/$engine"
+    rm -rf "$MANIFEST_DIR/$engine.old"
+    stamp_of "$engine" "$version" >"$MANIFEST_DIR/.stamps/$engine.tmp"
+    mv -f "$MANIFEST_DIR/.stamps/$engine.tmp" "$MANIFEST_DIR/.stamps/$engine"
+    log "copied $engine $version CRDs and webhook manifests to $MANIFEST_DIR/$engine"
+  fi
+  if ! binary_current "$engine"; then
+    log "building $binary $version (${PACKAGE[$engine]})"
+    mkdir -p "$STAGE_DIR/gobin-$engine"
+    GOBIN="$STAGE_DIR/gobin-$engine" go install -trimpath -ldflags "-s -w" "${PACKAGE[$engine]}@$version"
+    built="$(find "$STAGE_DIR/gobin-$engine" -maxdepth 1 -type f -perm -u+x | head -n 1)"
+    [[ -n "$built" ]] || {
+      echo "build_engines.sh: go install ${PACKAGE[$engine]}@$version produced no binary" >&2
+      exit 1
+    }
+    help="$("$built" --help 2>&1 || true)"
+    [[ "$help" == *"${HELP_FLAG[$engine]}"* ]] || {
+      echo "build_engines.sh: $built --help does not list ${HELP_FLAG[$engine]}:" >&2
+      echo "$help" | head -n 20 >&2
+      exit 1
+    }
+    mv -f "$built" "$BIN_DIR/$binary"
+    stamp_of "$binary" "$version" >"$BIN_DIR/.stamps/$binary.tmp"
+    mv -f "$BIN_DIR/.stamps/$binary.tmp" "$BIN_DIR/.stamps/$binary"
+    log "installed $binary $version"
+  fi
+done
+
+log "done: engines in $ENGINES_DIR"
+times >"$STAGE_DIR/cpu-times"
+log "CPU time of the Go toolchain (user system): $(tail -n 1 "$STAGE_DIR/cpu-times")"
