@@ -19,7 +19,12 @@ from prometheus_client import Counter
 
 from tideshift.events.training import JobProgress
 from tideshift.services.planner import core as pol
-from tideshift.services.planner.core.remaining import History, Report, observe, remaining_work
+from tideshift.services.planner.core.training.remaining import (
+    History,
+    Report,
+    observe,
+    remaining_work,
+)
 
 log = logging.getLogger("tideshift.planner")
 

@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from tideshift.events import WorkloadRef, encode_token
 from tideshift.services.common.bus import Bus, TypedKV
 from tideshift.services.planner import core as pol
-from tideshift.services.planner.core import warm
 from tideshift.services.planner.core.model import Rises
+from tideshift.services.planner.core.serving import warm
 from tideshift.services.planner.settings import PlannerSettings
 
 log = logging.getLogger("tideshift.planner.rises")

@@ -10,8 +10,8 @@ from typing import Any
 
 from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.planner import core as pol
-from tideshift.services.planner.core import warm
 from tideshift.services.planner.core.model import Rises
+from tideshift.services.planner.core.serving import warm
 from tideshift.services.simulator.scenario import Scenario
 
 

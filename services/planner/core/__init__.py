@@ -1,18 +1,25 @@
 """Tideshift's capacity policy: serving first from the forecast, the rest to elastic training.
 
-Pure decision modules, one per decision (no I/O, no clock; must not import asyncio, NATS,
-Kubernetes, the bus or the simulated cluster):
+Pure decision modules, grouped by the decision they make (no I/O, no clock; must not import
+asyncio, NATS, Kubernetes, the bus or the simulated cluster). `plan(inputs, state, now)` in
+`plan.py` composes them, top to bottom:
 
-* `model`: targets, the columnar cluster view, workloads, forecasts, inputs, state, decision;
-* `serving`: serving sizing from the forecast and its placement;
-* `packing`: per-node packing as the scheduler packs, scale-down victims that free whole
-  nodes, stranded capacity, and the cluster's pods as per-node entries;
-* `tiers`: tier solving, weighted dominant-resource fairness and gangs;
-* `churn`: how far rebalancing goes, limits on voluntary removals and small growth;
-* `training`: one tier's trainers kept, solved, limited and decided;
-* `batch`: jobs that opted into batch capacity, planned on what serving does not use;
-* `reasons`: the words of each decision;
-* `plan`: `plan(inputs, state, now)`, the outline of docs/DESIGN.md's "The planner's model".
+* `serving/`: serving replicas from the forecast and the priced headroom, the safety net,
+  scale-down, placement per node; the rises and onsets headroom is priced on, kept across
+  restarts (`serving.warm`);
+* `training/`: per priority tier, fair shares, gangs, shortest-remaining-first, the churn
+  limits and whether growth pays its restarts; how long serving's free room lasts; which
+  finite jobs wait; a job's remaining work from its progress;
+* `lending/`: GPU serving replicas nothing needs lent to finite GPU jobs, and batch jobs on
+  serving's idle reservation;
+* shared by all three: `model` (the vocabulary: targets, the columnar cluster view,
+  workloads, forecasts, inputs, state, decision), `packing` (per-node packing as the
+  scheduler packs, the cluster's pods as per-node entries) and `peaks` (reading a forecast).
+
+Beside the policy, for the planner's shell: `state` (what the planner knows from its events),
+`inputs` (cluster state to `PlanInputs`), `targets`, `isolation` (targets left out of a plan)
+and `baselines` (the other policies `simulate` compares). The import rules between these are
+import-linter contracts in pyproject.toml.
 
 Inputs come in columnar form (`ClusterView`, numpy arrays) so a plan over 5,000 nodes and
 150,000 pods stays well under 100 ms; `ClusterView.build` makes one from plain records.
@@ -50,8 +57,8 @@ from tideshift.services.planner.core.packing import (
     slots_per_node,
     stranded_capacity,
 )
+from tideshift.services.planner.core.peaks import forecast_peak
 from tideshift.services.planner.core.plan import plan
-from tideshift.services.planner.core.serving import forecast_peak
 
 __all__ = [
     "DEFAULT_SERVING_QUANTILE",

@@ -17,13 +17,19 @@ from tideshift.services.planner.core.model import (
     Target,
 )
 
+# Slack when room is compared with requests (a millionth of a core, a byte, a GPU): looser than
+# `EPS` (services/core/constants.py) on purpose. Room is a difference of sums over many pods,
+# and a pod that fits must not be refused for their rounding; every packing and admission rule
+# of the planner compares room with this one slack.
+ROOM_SLACK = 1e-6
+
 
 def slots_per_node(free: FloatArray, request: FloatArray) -> IntArray:
     """How many pods of `request` fit on each node's free resources."""
     positive = request > 0
     if not positive.any():
         return np.full(free.shape[0], 1 << 30, dtype=np.int64)
-    ratios = np.floor((free[:, positive] + 1e-6) / request[positive])
+    ratios = np.floor((free[:, positive] + ROOM_SLACK) / request[positive])
     slots: IntArray = np.maximum(ratios.min(axis=1), 0).astype(np.int64)
     return slots
 

@@ -22,8 +22,8 @@ from tideshift.events import (
 )
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.inputs import ClusterTable, plan_inputs
-from tideshift.services.planner.core.remaining import DEFAULT_WINDOW_S
 from tideshift.services.planner.core.targets import TargetBook, Targets
+from tideshift.services.planner.core.training.remaining import DEFAULT_WINDOW_S
 from tideshift.services.planner.progress import ProgressBook
 
 # Pods of a training job whose name contains one of these are its fixed helpers (parameter

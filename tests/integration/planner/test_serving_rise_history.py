@@ -14,8 +14,8 @@ from tests.integration.planner.test_planner_service import eventually, running, 
 from tideshift.events import WorkloadRef
 from tideshift.services.common.bus import Bus
 from tideshift.services.planner import core as pol
-from tideshift.services.planner.core import warm
 from tideshift.services.planner.core.model import Miss, Rises
+from tideshift.services.planner.core.serving import warm
 from tideshift.services.planner.rise_store import (
     SAVE_EVERY_S,
     RiseHistory,

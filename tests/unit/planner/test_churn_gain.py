@@ -19,8 +19,8 @@ from tideshift.services.planner.core import (
     TrainingJob,
     plan,
 )
-from tideshift.services.planner.core.churn import change_gain, defer_small_growth
-from tideshift.services.planner.core.tiers import TierJob
+from tideshift.services.planner.core.training.shares import TierJob
+from tideshift.services.planner.core.training.tier import change_gain, defer_small_growth
 
 GIB = 2**30
 OLD = Target("ml", "PyTorchJob", "old")

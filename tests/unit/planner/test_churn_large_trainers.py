@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from tideshift.services.planner.core import PolicyConfig, Target, TrainingJob
-from tideshift.services.planner.core.churn import defer_small_growth
-from tideshift.services.planner.core.tiers import TierJob
+from tideshift.services.planner.core.training.shares import TierJob
+from tideshift.services.planner.core.training.tier import defer_small_growth
 
 GIB = 2**30
 

@@ -20,10 +20,10 @@ from tideshift.services.planner.core import (
     TrainingJob,
     plan,
 )
-from tideshift.services.planner.core.churn import defer_small_growth
-from tideshift.services.planner.core.lifetime import Reclaim, expected_reclaim, growth_gain
 from tideshift.services.planner.core.model import Forecast, ServingWorkload
-from tideshift.services.planner.core.tiers import TierJob
+from tideshift.services.planner.core.training.lifetime import Reclaim, expected_reclaim, growth_gain
+from tideshift.services.planner.core.training.shares import TierJob
+from tideshift.services.planner.core.training.tier import defer_small_growth
 
 GIB = 2**30
 WEB = Target("apps", "Deployment", "web")

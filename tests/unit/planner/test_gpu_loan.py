@@ -11,7 +11,7 @@ from tideshift.services.planner.core import (
     Target,
     TrainingJob,
 )
-from tideshift.services.planner.core.gpu_loan import gpu_jobs_short, lend, lend_gpu_room
+from tideshift.services.planner.core.lending.gpu_loan import gpu_jobs_short, lend, lend_gpu_room
 from tideshift.services.planner.core.model import (
     Forecast,
     HeadroomParts,

@@ -22,7 +22,7 @@ from tideshift.services.planner.core import (
     TrainingJob,
     plan,
 )
-from tideshift.services.planner.core.batch import serving_staying
+from tideshift.services.planner.core.lending.batch import serving_staying
 from tideshift.services.planner.core.packing import cluster_entries
 
 GIB = 2**30

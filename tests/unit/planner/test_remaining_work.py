@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.services.planner.core.remaining import (
+from tideshift.services.planner.core.training.remaining import (
     MAX_REPORTS,
     History,
     Report,

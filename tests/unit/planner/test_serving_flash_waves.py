@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 from tideshift.services.planner import core as pol
-from tideshift.services.planner.core.headroom import recent_rise
 from tideshift.services.planner.core.model import Miss, Rises
 from tideshift.services.planner.core.serving import plan_serving
+from tideshift.services.planner.core.serving.headroom import recent_rise
 
 SHOP = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "shop"),

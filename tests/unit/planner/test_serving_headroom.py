@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.services.planner.core.headroom import (
+from tideshift.services.planner.core.model import PolicyConfig, Rises, ServingWorkload, Target
+from tideshift.services.planner.core.serving.headroom import (
     observe_rise,
     priced_rise,
     recurrence,
     rise_quantile,
 )
-from tideshift.services.planner.core.model import PolicyConfig, Rises, ServingWorkload, Target
 
 
 def feed(points: list[tuple[float, float | None]], *, window_s: float = 3600.0) -> Rises:

@@ -9,8 +9,7 @@ import pytest
 from tideshift.events.models import Headroom
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.model import Miss, Rises
-from tideshift.services.planner.core.reasons import PANIC
-from tideshift.services.planner.core.serving import plan_serving, track_miss
+from tideshift.services.planner.core.serving import PANIC, plan_serving, track_miss
 
 WEB = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "web"),

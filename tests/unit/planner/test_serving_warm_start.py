@@ -9,10 +9,9 @@ import math
 import pytest
 
 from tideshift.services.planner import core as pol
-from tideshift.services.planner.core import warm
-from tideshift.services.planner.core.headroom import recurrence
 from tideshift.services.planner.core.model import Miss, Rises
-from tideshift.services.planner.core.serving import plan_serving
+from tideshift.services.planner.core.serving import plan_serving, warm
+from tideshift.services.planner.core.serving.headroom import recurrence
 
 WEB = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "web"),

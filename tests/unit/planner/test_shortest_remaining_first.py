@@ -18,7 +18,7 @@ from tideshift.services.planner.core import (
     TrainingJob,
     plan,
 )
-from tideshift.services.planner.core.tiers import TierJob, TierSolver
+from tideshift.services.planner.core.training.shares import TierJob, TierSolver
 
 GIB = 2**30
 NODES = [NodeSpec(f"cpu-{i}", (16.0, 64 * GIB, 0.0)) for i in range(4)]  # 64 cores

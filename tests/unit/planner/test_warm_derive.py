@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tideshift.services.planner import core as pol
-from tideshift.services.planner.core import headroom, warm
-from tideshift.services.planner.core.headroom import ONSET_MIN_RATIO, observe
 from tideshift.services.planner.core.model import Rises
+from tideshift.services.planner.core.serving import headroom, warm
+from tideshift.services.planner.core.serving.headroom import ONSET_MIN_RATIO, observe
 
 
 def reference_observe(

@@ -15,17 +15,22 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tideshift.services.cluster.core.overcommit import lendable
-from tideshift.services.planner.core import reasons
 from tideshift.services.planner.core.model import (
     FloatArray,
     Infeasible,
     PlanInputs,
+    PlanState,
     SteadyRoom,
     Target,
     TargetDecision,
 )
-from tideshift.services.planner.core.packing import ClusterEntries, cluster_entries, node_sums
-from tideshift.services.planner.core.serving import forecast_peak
+from tideshift.services.planner.core.packing import (
+    ROOM_SLACK,
+    ClusterEntries,
+    cluster_entries,
+    node_sums,
+)
+from tideshift.services.planner.core.peaks import forecast_peak
 from tideshift.services.planner.core.training import Trainers, plan_tier, tier_priorities
 
 
@@ -43,6 +48,43 @@ def split_batch(inputs: PlanInputs) -> tuple[PlanInputs, PlanInputs]:
     on_requests = tuple(job for job in inputs.jobs if not job.batch)
     on_batch = tuple(job for job in inputs.jobs if job.batch)
     return replace(inputs, jobs=on_requests), replace(inputs, serving=(), jobs=on_batch)
+
+
+def plan_on_batch_room(
+    inputs: PlanInputs,
+    batch_inputs: PlanInputs,
+    entries: ClusterEntries,
+    state: PlanState,
+    serving_desired: Sequence[int],
+    *,
+    requested: FloatArray,
+    serving_requested: FloatArray,
+    grew_at: dict[Target, float],
+    growth_frozen: bool,
+    now: float,
+) -> BatchPlan:
+    """The batch jobs on serving's idle reservation now and, for growth, as long ahead as
+    growth waits for it (the forecast's)."""
+    busy_ahead = serving_busy(
+        inputs, serving_desired, now, beyond_s=inputs.config.batch_grow_after_s
+    )
+    busy_now = serving_busy(inputs, serving_desired, now, ahead=False)
+    staying = serving_staying(inputs, entries, serving_desired)
+    room_now, room_ahead = (
+        batch_room(
+            inputs, requested, serving_requested=serving_requested, staying=staying, busy=busy
+        )
+        for busy in (busy_now, busy_ahead)
+    )
+    return plan_batch(
+        batch_inputs,
+        room_now,
+        room_ahead=room_ahead,
+        steady=state.batch_room,
+        grew_at=grew_at,
+        growth_frozen=growth_frozen,
+        now=now,
+    )
 
 
 def serving_busy(
@@ -190,7 +232,7 @@ def plan_batch(
     trainers = Trainers.of(inputs, entries)
     granted, watch = steady_room(inputs, np.minimum(room_ahead, room), steady, now)
     bound = node_sums(trainers.node, trainers.count, trainers.requests[trainers.job], room.shape[0])
-    holds = np.all(bound <= room + 1e-6, axis=1)
+    holds = np.all(bound <= room + ROOM_SLACK, axis=1)
     # Each node offers its trainers what they hold plus the steady room beyond. Once some
     # node's room shrank below its trainers, those leave and none start elsewhere this plan:
     # the executor removes trainers by count where room is shortest, so a move would leave
@@ -205,10 +247,18 @@ def plan_batch(
             inputs, trainers, tier, free, grew_at=grown, growth_frozen=growth_frozen, now=now
         )
         decisions += [
-            replace(item, reason=reasons.on_batch(item.reason, room)) for item in outcome.decisions
+            replace(item, reason=_on_batch(item.reason, room)) for item in outcome.decisions
         ]
         infeasible += [
-            replace(item, reason=reasons.on_batch(item.reason, room)) for item in outcome.infeasible
+            replace(item, reason=_on_batch(item.reason, room)) for item in outcome.infeasible
         ]
         free, grown = outcome.free, outcome.grew_at
     return BatchPlan(tuple(decisions), tuple(infeasible), grown, watch)
+
+
+def _on_batch(reason: str, room: FloatArray) -> str:
+    cpu = float(room[:, 0].sum()) if room.size else 0.0
+    return (
+        f"batch capacity ({cpu:.3g} cpu serving reserves but does not use; "
+        f"shrunk first when its usage rises): {reason}"
+    )

@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from tideshift.services.core.constants import EPS
 from tideshift.services.planner.core.model import (
     Forecast,
     HeadroomParts,
@@ -27,7 +28,8 @@ from tideshift.services.planner.core.model import (
     Target,
     TrainingJob,
 )
-from tideshift.services.planner.core.serving import ServingPlan, forecast_peak
+from tideshift.services.planner.core.peaks import forecast_peak
+from tideshift.services.planner.core.serving import ServingPlan
 
 # Whether the replicas lent are needed before the job is done is a bet on the next hours
 # (two restarts if lost), made on the forecast's median as serving's own release is.
@@ -104,13 +106,13 @@ def lend(
     if workload.replica_requests[2] <= 0 or short <= 0 or forecast is None or parts is None:
         return none
     per = workload.capacity_rps
-    observed_need = math.ceil(parts.observed / per - 1e-9)
-    forecast_need = math.ceil(parts.forecast / per - 1e-9)
+    observed_need = math.ceil(parts.observed / per - EPS)
+    forecast_need = math.ceil(parts.forecast / per - EPS)
     end = now + until_s + workload.lead_time_s + workload.margin_s
     peak = forecast_peak(forecast, now, end, AHEAD_QUANTILE)
     if peak is None:
         return none
-    ahead = math.ceil(peak / per - 1e-9)
+    ahead = math.ceil(peak / per - EPS)
     keep = min(
         max(observed_need, forecast_need, ahead, workload.min_replicas), workload.max_replicas
     )

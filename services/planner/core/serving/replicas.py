@@ -1,10 +1,12 @@
-"""Serving sizing: replicas from the forecast's peak over the look-ahead window, scaled down
-only to the stabilisation window's highest recommendation; then where the replicas go (free
-room first, then room trainers must give back). Pure; no I/O, no clock."""
+"""Serving's replicas, read top to bottom: each workload sized from the forecast's peak over
+the look-ahead window and its priced headroom (serving/headroom.py), the safety net (observed
+demand above what the forecast allowed sizes serving for it at once and opens a panic window
+that holds scale-down), scale-down only to what the release horizon's median needs or the
+stabilisation window's highest recommendation; then where the replicas go (free room first,
+then room trainers must give back), and the words of each decision. Pure; no I/O, no clock."""
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -12,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tideshift.services.cluster.core.placement import compact_down, entry_rest
-from tideshift.services.planner.core import headroom, reasons
+from tideshift.services.core.constants import EPS
 from tideshift.services.planner.core.model import (
     BoolArray,
     FloatArray,
@@ -34,27 +36,8 @@ from tideshift.services.planner.core.packing import (
     node_sums,
     pack_sparse,
 )
-
-
-def forecast_peak(forecast: Forecast, start: float, end: float, quantile: float) -> float | None:
-    """Highest value of the closest quantile >= `quantile` over [start, end].
-
-    None when the forecast has no point in force during the window (it ends before `start`,
-    or starts after `end`).
-    """
-    available = sorted(forecast.quantiles)
-    if not available or not forecast.times:
-        return None
-    chosen = next((q for q in available if q >= quantile - 1e-12), available[-1])
-    values = forecast.quantiles[chosen]
-    times = forecast.times
-    step = times[1] - times[0] if len(times) > 1 else 0.0
-    if times[0] > end or times[-1] + step < start:
-        return None
-    # The point in force at `start` is the last one at or before it.
-    first = max(bisect.bisect_right(times, start) - 1, 0)
-    last = bisect.bisect_right(times, end)
-    return float(max(values[first:last]))
+from tideshift.services.planner.core.peaks import forecast_peak
+from tideshift.services.planner.core.serving import headroom
 
 
 def track_miss(
@@ -69,7 +52,7 @@ def track_miss(
     starts a panic window.
 
     No memory of the miss outlives the window (a faded miss ratio held a spike's height for
-    hours); the priced rise (policy/headroom.py) keeps what the workload's rises call for."""
+    hours); the priced rise (serving/headroom.py) keeps what the workload's rises call for."""
     panic_until = -math.inf if miss is None else miss.panic_until
     previous = None if miss is None else miss.observed
     # A q0.95 forecast is exceeded 5 % of the time by design: only a miss beyond the
@@ -134,7 +117,7 @@ def plan_serving(
 
     The safety net: a forecast can be wrong and serving must not pay for it. Observed demand
     above what the forecast allowed for now sizes serving for that demand at once and holds
-    scale-down through the panic window. The headroom is priced (policy/headroom.py): what
+    scale-down through the panic window. The headroom is priced (serving/headroom.py): what
     demand may reach a lead time on at a quantile of its own recent rises (`rise_quantile`
     at least), or of the large rises recurring on a schedule when one is due.
     """
@@ -148,15 +131,15 @@ def plan_serving(
     observed_need = _replicas_for(observed, workload) if observed is not None else 0
     if peaks is None:
         held = min(max(current, observed_need, workload.min_replicas), workload.max_replicas)
-        why = reasons.no_usable_forecast(has_forecast=forecast is not None)
-        fallback = reasons.held_fallback(workload.target, why)
-        return ServingSize(held, reasons.holding(held, why), history, new_miss, fallback)
+        why = _no_usable_forecast(has_forecast=forecast is not None)
+        fallback = _held_fallback(workload.target, why)
+        return ServingSize(held, _holding(held, why), history, new_miss, fallback)
     parts = _parts(workload, peaks, new_miss, observed, now, config=config)
     recommendation = recommend(workload, parts, observed_need)
     cutoff = now - workload.stabilization_s
     new_history = (*(item for item in history if item[0] > cutoff), (now, recommendation.replicas))
     if recommendation.replicas >= current:
-        reason = reasons.scale_up(recommendation.basis, up=recommendation.replicas > current)
+        reason = _scale_up(recommendation.basis, up=recommendation.replicas > current)
         return ServingSize(recommendation.replicas, reason, new_history, new_miss, None, parts)
     held_why = _scale_down_hold(
         workload, new_miss, seen_since=seen_since, now=now, stale=cluster_stale
@@ -227,7 +210,7 @@ def forecast_peaks(
 
 
 def _replicas_for(rps: float, workload: ServingWorkload) -> int:
-    return math.ceil(rps / workload.capacity_rps - 1e-9)
+    return math.ceil(rps / workload.capacity_rps - EPS)
 
 
 def recommend(
@@ -239,7 +222,7 @@ def recommend(
     rise_need = _replicas_for(parts.rise, workload)
     need = max(forecast_need, rise_need, observed_need)
     replicas = min(max(need, workload.min_replicas), workload.max_replicas)
-    basis = reasons.serving_basis(
+    basis = _serving_basis(
         workload,
         peak=parts.forecast,
         forecast_need=forecast_need,
@@ -271,11 +254,11 @@ def _scale_down(
     stabilized = max(value for _, value in history)
     if kept > stabilized:
         if kept >= current:
-            return current, reasons.release_held(basis, kept, config)
-        return kept, reasons.release_to_forecast(basis, config)
+            return current, _release_held(basis, kept, config)
+        return kept, _release_to_forecast(basis, config)
     if stabilized < current:
-        return stabilized, reasons.down_to_stabilized(basis, workload)
-    return current, reasons.held_by_stabilization(basis)
+        return stabilized, _down_to_stabilized(basis, workload)
+    return current, _held_by_stabilization(basis)
 
 
 def _scale_down_hold(
@@ -288,11 +271,11 @@ def _scale_down_hold(
 ) -> str | None:
     """Why serving may not scale down now, or None."""
     if stale:
-        return reasons.STALE_NO_SCALE_DOWN
+        return STALE_NO_SCALE_DOWN
     if now - seen_since < workload.stabilization_s:
-        return reasons.not_observed_long_enough(workload)
+        return _not_observed_long_enough(workload)
     if now < miss.panic_until:
-        return reasons.PANIC_WINDOW
+        return PANIC_WINDOW
     return None
 
 
@@ -426,7 +409,105 @@ def _place_additions(
             if rest <= 0:
                 break
         if rest > 0:
-            infeasible.append(
-                Infeasible(workload.target, reasons.replicas_unplaced(rest, additions[row]))
-            )
+            infeasible.append(Infeasible(workload.target, _replicas_unplaced(rest, additions[row])))
     return tuple(infeasible)
+
+
+# ---- the words of serving's decisions -----------------------------------------------------
+
+# Leads every reason in which the safety net (observed demand, the priced rise or the panic
+# window), not the bare forecast, set serving's count.
+PANIC = "panic (safety net):"
+STALE_NO_SCALE_DOWN = "cluster view stale: not scaling down"
+PANIC_WINDOW = f"{PANIC} demand ran above the forecast: no scale-down in the panic window"
+
+
+def _no_usable_forecast(*, has_forecast: bool) -> str:
+    return "forecast stale or not covering the window" if has_forecast else "no forecast"
+
+
+def _holding(held: int, why: str) -> str:
+    return f"holding {held}: {why}"
+
+
+def _held_fallback(target: Target, why: str) -> str:
+    """The safe-mode announcement of a serving workload held for want of a forecast."""
+    return f"{target}: {why}; holding"
+
+
+def _serving_basis(
+    workload: ServingWorkload,
+    *,
+    peak: float,
+    forecast_need: int,
+    rise: tuple[float, int, float, float] | None,
+    observed: float | None,
+    observed_need: int,
+    clamped: bool,
+    safety_net: bool,
+) -> str:
+    """How serving's count was reached; `rise` (the calibrated rise, the replicas it needs,
+    the period of the recurring rise that set it or 0, else the quantile of rises that set
+    it or 0 for the rise just seen) and `observed` only when they need more than the
+    forecast."""
+    basis = (
+        f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
+        f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
+        f"per replica"
+    )
+    basis += f" = {forecast_need}"
+    if rise is not None:
+        ratio, need, period_s, quantile = rise
+        source = (
+            f"a rise recurring every {period_s / 60:.0f} min is due"
+            if period_s > 0
+            else f"q{quantile:g} of recent rises"
+            if quantile > 0
+            else "the rise just seen, demand above what the forecast allowed"
+        )
+        basis += (
+            f"; observed may rise x {ratio:.2f} within the {workload.lead_time_s:.0f} s "
+            f"lead time ({source}), needs {need}"
+        )
+    if observed is not None:
+        basis += f"; observed {observed:.1f} req/s needs {observed_need}"
+    if clamped:
+        basis += f", clamped to [{workload.min_replicas}, {workload.max_replicas}]"
+    return f"{PANIC} {basis}" if safety_net else basis
+
+
+def _scale_up(basis: str, *, up: bool) -> str:
+    return f"{basis}; scale up now" if up else basis
+
+
+def _not_observed_long_enough(workload: ServingWorkload) -> str:
+    return f"no scale-down until {workload.stabilization_s:.0f} s observed"
+
+
+def _release_held(basis: str, kept: int, config: PolicyConfig) -> str:
+    return (
+        f"{basis}; scale-down held: the forecast's median needs {kept} within "
+        f"{config.release_horizon_s:.0f} s"
+    )
+
+
+def _release_to_forecast(basis: str, config: PolicyConfig) -> str:
+    return (
+        f"{basis}; scale down to what the forecast's median needs within "
+        f"{config.release_horizon_s:.0f} s"
+    )
+
+
+def _down_to_stabilized(basis: str, workload: ServingWorkload) -> str:
+    return (
+        f"{basis}; scale down to the highest recommendation of the last "
+        f"{workload.stabilization_s:.0f} s"
+    )
+
+
+def _held_by_stabilization(basis: str) -> str:
+    return f"{basis}; scale-down held by the stabilisation window"
+
+
+def _replicas_unplaced(rest: int, additions: int) -> str:
+    return f"{rest} of {additions} new replicas fit on no node even with all training removed"

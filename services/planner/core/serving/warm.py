@@ -1,5 +1,5 @@
 """What serving's headroom learned, kept across a restart: a workload's rises within one lead
-time and its onsets (policy/headroom.py), as a bounded value a planner saves and a fresh one
+time and its onsets (serving/headroom.py), as a bounded value a planner saves and a fresh one
 starts from, or derives from the demand observed before it started.
 
 A planner that forgot them met the first four spikes of a schedule after every start by
@@ -14,7 +14,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from tideshift.services.planner.core import headroom
 from tideshift.services.planner.core.model import (
     Miss,
     PlanState,
@@ -23,6 +22,7 @@ from tideshift.services.planner.core.model import (
     ServingWorkload,
     Target,
 )
+from tideshift.services.planner.core.serving import headroom
 
 # A day of scores at one plan every 15 s is 5,760; the most recent ones are kept (a q0.99 of
 # them needs only a few hundred), and onsets are a few per hour at most.

@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tideshift.services.planner.core import reasons
 from tideshift.services.planner.core.model import (
     BoolArray,
     FloatArray,
@@ -31,9 +30,8 @@ from tideshift.services.planner.core.model import (
     TargetDecision,
     TrainingJob,
 )
-from tideshift.services.planner.core.packing import ClusterEntries, cluster_entries
+from tideshift.services.planner.core.packing import ROOM_SLACK, ClusterEntries, cluster_entries
 
-_SLACK = 1e-6
 # A newcomer waits only when the jobs ahead lose more than this many times the throughput it
 # brings: at 1 (throughput alone) edl-training-only's jobs queued 468 s for a 1,125 s mean
 # JCT, and a contended stream lost 0.5 % of its work with medium jobs queued 569 s; from 4.5
@@ -57,7 +55,7 @@ class Admission:
     def note(self, decisions: Sequence[TargetDecision]) -> tuple[TargetDecision, ...]:
         """`decisions` with the reason of each job let in by its wait saying so."""
         return tuple(
-            replace(item, reason=item.reason + reasons.started_after_wait(self.aged[item.target]))
+            replace(item, reason=item.reason + _started_after_wait(self.aged[item.target]))
             if item.target in self.aged
             else item
             for item in decisions
@@ -127,12 +125,10 @@ def hold_back(
             floor = _use(job, job.floor) + pending[k]
             waited = now - queued_since.get(job.target, now)
             aged = waited >= AGED_AFTER * _time_at_max(job)
-            fits_idle = bool(np.all(np.where(asked, floor - idle, 0.0) <= _SLACK))
+            fits_idle = bool(np.all(np.where(asked, floor - idle, 0.0) <= ROOM_SLACK))
             costly = _loss_to_cover(ahead, over) > _LOSS_PER_GAIN * gain
             if costly and not (aged and fits_idle):
-                waiting[job.target] = reasons.queued_behind_shorter(
-                    job, need, room, waited, AGED_AFTER
-                )
+                waiting[job.target] = _queued_behind_shorter(job, need, room, waited, AGED_AFTER)
                 continue
             if costly:
                 aged_in[job.target] = waited
@@ -181,10 +177,10 @@ def _loss_to_cover(ahead: Sequence[TrainingJob], over: FloatArray) -> float:
     left = over.copy()
     loss = 0.0
     for job in reversed(ahead):
-        if np.all(left <= _SLACK):
+        if np.all(left <= ROOM_SLACK):
             break
         request = np.asarray(job.trainer_requests, dtype=np.float64)
-        short = (left > _SLACK) & (request > 0)
+        short = (left > ROOM_SLACK) & (request > 0)
         if not short.any():
             continue
         taken = min(job.max_trainers - job.floor, math.ceil((left[short] / request[short]).max()))
@@ -193,7 +189,7 @@ def _loss_to_cover(ahead: Sequence[TrainingJob], over: FloatArray) -> float:
         exponent = job.speedup_exponent
         loss += job.weight * (job.max_trainers**exponent - (job.max_trainers - taken) ** exponent)
         left -= taken * request
-    return loss if np.all(left <= _SLACK) else math.inf
+    return loss if np.all(left <= ROOM_SLACK) else math.inf
 
 
 def _use(job: TrainingJob, trainers: int) -> FloatArray:
@@ -224,3 +220,24 @@ def _started_and_pending(inputs: PlanInputs) -> tuple[BoolArray, list[FloatArray
     started: BoolArray = np.array([row > 0 and bound_owners[row] for row in rows], dtype=np.bool_)
     pending = [pending_by_owner[row] if row > 0 else np.zeros(3) for row in rows]
     return started, pending
+
+
+# ---- the words of admission's decisions -----------------------------------------------------
+
+
+def _queued_behind_shorter(
+    job: TrainingJob, need: FloatArray, room: FloatArray, waited: float, aged_after: float
+) -> str:
+    at_max = (job.remaining_work or 0.0) / max(job.max_trainers, 1) ** job.speedup_exponent
+    return (
+        f"queued: finite job (about {at_max:.0f} s at {job.max_trainers} trainers); the finite "
+        f"jobs done sooner at their maxima, the started ones' floors and its own gang and "
+        f"parameter servers need {need[0]:g} cpu, {need[1] / 2**30:g} GiB of the "
+        f"{room[0]:g} cpu, {room[1] / 2**30:g} GiB the CPU nodes leave: 0 trainers; waited "
+        f"{waited:.0f} s, starts at its floor in room no trainer holds after "
+        f"{aged_after * at_max:.0f} s"
+    )
+
+
+def _started_after_wait(waited: float) -> str:
+    return f"; let in at its floor, in room no trainer holds, after waiting {waited:.0f} s"

@@ -5,7 +5,7 @@ upper quantile or the priced rise calls for more replicas: trainers that grew in
 are then preempted, a restart each way. Each plan reads, from every serving workload's
 forecast, when serving is expected to need more than this plan gives it, and how much more,
 so that training grows only into room that lasts long enough to pay the growth's two
-restarts (policy/churn.py). Pure; no I/O, no clock."""
+restarts (training/tier.py). Pure; no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tideshift.services.core.constants import EPS
 from tideshift.services.planner.core.model import (
-    EPS,
     FloatArray,
     Forecast,
     PolicyConfig,
     ServingWorkload,
     Target,
 )
+from tideshift.services.planner.core.peaks import covering_quantile
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -98,8 +99,7 @@ def _extra_replicas(
     times = np.asarray(forecast.times, dtype=np.float64)
     if times.size == 0 or not forecast.quantiles:
         return None
-    available = sorted(forecast.quantiles)
-    upper = next((q for q in available if q >= workload.quantile - 1e-12), available[-1])
+    upper = covering_quantile(forecast.quantiles, workload.quantile)
     high = np.asarray(forecast.quantiles[upper], dtype=np.float64)
     start = max(int(np.searchsorted(times, now, side="right")) - 1, 0)
     window = workload.lead_time_s + workload.margin_s
@@ -111,7 +111,7 @@ def _extra_replicas(
     peaks = np.maximum.reduceat(np.append(high, -np.inf), bounds)[0::2]
     rps = np.maximum(peaks, high * max(rise_ratio, 1.0))[start:]
     wanted = np.clip(
-        np.ceil(rps / workload.capacity_rps - 1e-9), workload.min_replicas, workload.max_replicas
+        np.ceil(rps / workload.capacity_rps - EPS), workload.min_replicas, workload.max_replicas
     )
     after_s = np.maximum(times[start:] - now, 0.0)
     return after_s, np.maximum(wanted - replicas, 0.0)

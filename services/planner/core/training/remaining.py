@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tideshift.services.core.constants import DAY_S
+
 # A report stamped further ahead of the planner's clock than this is refused: it would hold
 # the history's end in the future (no later report would count as newer).
 FUTURE_SKEW_S = 30.0
@@ -25,7 +27,7 @@ FUTURE_SKEW_S = 30.0
 MAX_REPORTS = 64
 DEFAULT_WINDOW_S = 1800.0
 # An estimate beyond this is no estimate (a job barely moving): seconds at one trainer.
-MAX_REMAINING_WORK = 365 * 86400.0
+MAX_REMAINING_WORK = 365 * DAY_S
 
 
 @dataclass(frozen=True, slots=True)

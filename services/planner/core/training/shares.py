@@ -11,14 +11,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from tideshift.services.cluster.core.placement import compact_down, entry_rest
+from tideshift.services.core.constants import EPS
 from tideshift.services.planner.core.model import (
-    EPS,
     BoolArray,
     FloatArray,
     IntArray,
     TrainingJob,
 )
 from tideshift.services.planner.core.packing import (
+    ROOM_SLACK,
     node_sums,
     pack_sparse,
     slots_per_node,
@@ -253,7 +254,7 @@ class TierSolver:
         requests = np.array([self.jobs[i].request for i in order], dtype=np.float64)
         more = np.array([max(bounds[i][1] - counts[i], 0) for i in order], dtype=np.float64)
         need = np.cumsum(more[:, None] * requests.reshape(-1, 3), axis=0)
-        fits = np.all(need <= free.sum(axis=0) + 1e-6, axis=1)
+        fits = np.all(need <= free.sum(axis=0) + ROOM_SLACK, axis=1)
         return len(order) if fits.all() else int(np.argmin(fits))
 
     def _most_that_packs(
@@ -268,7 +269,7 @@ class TierSolver:
             return low, free
         asked = request > 0
         spare = (free.sum(axis=0)[asked] / request[asked]).min(initial=float(bound[1]))
-        high = min(bound[1], low + int(np.floor(max(spare, 0.0) + 1e-9)))
+        high = min(bound[1], low + int(np.floor(max(spare, 0.0) + EPS)))
         if high <= low:
             return low, free
         placed, left, unplaced = self.place([*counts[:i], high, *counts[i + 1 :]])
@@ -309,7 +310,7 @@ class TierSolver:
         top, low = levels.aggregate_level(), 0.0
         top_total, low_total = levels.total(top), levels.total(low)
         for _ in range(60):
-            if top_total - low_total <= max(1, len(admitted) // 2) or top - low <= 1e-9 * top:
+            if top_total - low_total <= max(1, len(admitted) // 2) or top - low <= EPS * top:
                 break
             middle = (low + top) / 2
             middle_total = levels.total(middle)
@@ -374,7 +375,7 @@ class _FairLevels:
         )
 
     def fair(self, level: float) -> IntArray:
-        counts: IntArray = np.clip(np.floor(level * self.slope + 1e-9), self.lo, self.hi).astype(
+        counts: IntArray = np.clip(np.floor(level * self.slope + EPS), self.lo, self.hi).astype(
             np.int64
         )
         return counts
@@ -389,11 +390,11 @@ class _FairLevels:
 
     def fits_aggregate(self, level: float) -> bool:
         need = self.fair(level) @ self.requests + self.fixed_use
-        return bool(np.all(need <= self.room + 1e-6))
+        return bool(np.all(need <= self.room + ROOM_SLACK))
 
     def aggregate_level(self) -> float:
         """Highest L whose fair counts fit the tier's room in total (bisection)."""
-        low, high = 0.0, float((self.hi / self.slope).max()) + 1e-9
+        low, high = 0.0, float((self.hi / self.slope).max()) + EPS
         low_total, high_total = self.total(low), self.total(high)
         if self.fits_aggregate(high):
             return high
@@ -401,7 +402,7 @@ class _FairLevels:
             # At a breakpoint the two ends keep differing by one trainer: close enough, the
             # top-ups decide that last trainer (several jobs may share a breakpoint: then the
             # width decides).
-            if high_total - low_total <= 1 or high - low <= 1e-9 * high:
+            if high_total - low_total <= 1 or high - low <= EPS * high:
                 break
             middle = (low + high) / 2
             middle_total = self.total(middle)

@@ -1,21 +1,28 @@
-"""Training, one priority tier at a time: which trainers keep their nodes, the tier's fair
-shares (tiers.py), the churn limits (churn.py), and the tier's decisions. Pure; no I/O."""
+"""Training, one priority tier at a time, read top to bottom: which trainers keep their nodes,
+the tier's fair shares (`shares.TierSolver`), how far rebalancing goes, which shrinks wait and
+which growth pays its restarts (the churn limits), then each job's decision and its words.
+Pure; no I/O.
+
+Churn: a change of a job's trainers costs it a restart (`TrainingJob.restart_cost_s` without
+progress), so a trainer moved between two jobs costs two. Rebalancing lifts the jobs below
+their share to `rebalance_floor` of it only when those moves buy more work over the next
+planning horizon (`release_horizon_s`, how long room serving releases is planned to stay)
+than their restarts cost; otherwise trainers move only to let a newcomer's gang in. A running
+job grows only when its growth pays its restart the same way, and growth into room serving is
+expected to take back (`lifetime.Reclaim`) only when it pays its two restarts before then.
+Work is weighted by what a trainer holds (its dominant share: a GPU trainer's step is worth
+more), each job's throughput being trainers ** `speedup_exponent`, as `tideshift simulate`
+counts it. The solver's state is never edited: each step returns new values."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tideshift.services.planner.core import reasons
-from tideshift.services.planner.core.churn import (
-    defer_small_growth,
-    limit_shrinks,
-    rebalance_partly,
-    release_tolerance,
-)
-from tideshift.services.planner.core.lifetime import Reclaim
+from tideshift.services.core.constants import EPS
 from tideshift.services.planner.core.model import (
     FloatArray,
     Infeasible,
@@ -24,9 +31,17 @@ from tideshift.services.planner.core.model import (
     PolicyConfig,
     Target,
     TargetDecision,
+    TrainingJob,
+    Vector,
 )
-from tideshift.services.planner.core.packing import ClusterEntries, node_sums, slots_per_node
-from tideshift.services.planner.core.tiers import (
+from tideshift.services.planner.core.packing import (
+    ROOM_SLACK,
+    ClusterEntries,
+    node_sums,
+    slots_per_node,
+)
+from tideshift.services.planner.core.training.lifetime import Reclaim, growth_gain
+from tideshift.services.planner.core.training.shares import (
     Bounds,
     TierJob,
     TierSolver,
@@ -104,6 +119,39 @@ class _HoldingSolver(TierSolver):
         return counts
 
 
+def plan_training(
+    inputs: PlanInputs,
+    entries: ClusterEntries,
+    free: FloatArray,
+    grew_at: dict[Target, float],
+    *,
+    reclaim: Reclaim,
+    growth_frozen: bool,
+    now: float,
+) -> TierPlan:
+    """Every tier's training jobs, higher priority first, each on what the tiers above left;
+    growth only into room serving is expected to keep long enough to pay its restarts
+    (`reclaim`)."""
+    decisions: list[TargetDecision] = []
+    infeasible: list[Infeasible] = []
+    trainers = Trainers.of(inputs, entries)
+    for tier in tier_priorities(inputs):
+        outcome = plan_tier(
+            inputs,
+            trainers,
+            tier,
+            free,
+            grew_at=grew_at,
+            growth_frozen=growth_frozen,
+            now=now,
+            reclaim=reclaim,
+        )
+        decisions += outcome.decisions
+        infeasible += outcome.infeasible
+        free, grew_at = outcome.free, outcome.grew_at
+    return TierPlan(tuple(decisions), tuple(infeasible), free, grew_at)
+
+
 def tier_priorities(inputs: PlanInputs) -> list[int]:
     return sorted({job.priority for job in inputs.jobs}, reverse=True)
 
@@ -162,7 +210,7 @@ def _kept(
     order: an entry keeps what fits after the earlier entries on that node (counted in full:
     conservative if one was clipped)."""
     kept = count.copy()
-    overflow = np.any(free - node_sums(node, count, request, free.shape[0]) < -1e-6, axis=1)
+    overflow = np.any(free - node_sums(node, count, request, free.shape[0]) < -ROOM_SLACK, axis=1)
     if not overflow.any():
         return kept
     on_overflow = np.flatnonzero(overflow[node])
@@ -176,7 +224,7 @@ def _kept(
     before = running - use - (running[group_start] - use[group_start])
     room = free[nodes] - before
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(requests > 0, np.floor((room + 1e-6) / requests), np.inf)
+        ratio = np.where(requests > 0, np.floor((room + ROOM_SLACK) / requests), np.inf)
     kept[on_overflow] = np.clip(ratio.min(axis=1), 0, count[on_overflow]).astype(np.int64)
     return kept
 
@@ -236,7 +284,7 @@ def plan_tier(
     new_grew = _grown(jobs, final, grew_at, now)
     _, left, unplaced = solver.place(final)
     infeasible += [
-        Infeasible(jobs[i].job.target, reasons.unplaced_trainers(count))
+        Infeasible(jobs[i].job.target, _unplaced_trainers(count))
         for i, count in enumerate(unplaced.tolist())
         if count > 0
     ]
@@ -301,16 +349,431 @@ def _decide(
     for i, item in enumerate(jobs):
         job, desired = item.job, final[i]
         if i in excluded and job.max_trainers > 0:
-            reason = reasons.gang_excluded(job, growth_frozen=growth_frozen)
+            reason = _gang_excluded(job, growth_frozen=growth_frozen)
             infeasible.append(Infeasible(job.target, reason))
             desired = 0
         elif i in held:
             reason = held[i]
         elif i in forced and desired <= item.kept_total:
-            reason = reasons.forced_off(forced[i], desired)
+            reason = _forced_off(forced[i], desired)
         else:
             stale_cap = growth_frozen and desired >= bounds[i][1]
-            reason = reasons.fair_share(tier, job, desired, item.dominant, stale_cap=stale_cap)
+            reason = _fair_share_reason(tier, job, desired, item.dominant, stale_cap=stale_cap)
         decisions.append(TargetDecision(job.target, "training", item.current, desired, reason))
         final[i] = desired
     return decisions, infeasible, final
+
+
+# ---- churn: how far rebalancing goes, which shrinks wait, which growth pays ------------------
+
+# Bisection steps over how far above its fair share a job may stay (each one admit + fill).
+_REBALANCE_STEPS = 8
+
+
+def held_share(item: TierJob, total: FloatArray) -> float:
+    """One trainer's largest share of any resource of the cluster (`total`), GPUs included
+    even when no other job wants them: what the trainer holds, as the simulator weighs work."""
+    shares = np.divide(item.request, total, out=np.zeros(3), where=total > 0)
+    return float(shares.max())
+
+
+def job_rate(item: TierJob, trainers: int, total: FloatArray) -> float:
+    """A job's weighted work per second with `trainers` trainers."""
+    return held_share(item, total) * math.pow(trainers, item.job.speedup_exponent)
+
+
+def change_gain(
+    jobs: Sequence[TierJob],
+    before: Sequence[int],
+    after: Sequence[int],
+    *,
+    horizon_s: float,
+    total: FloatArray,
+) -> float:
+    """Weighted work over the next `horizon_s` with `after` trainers rather than `before`,
+    every job whose count changes losing its restart: positive when the changes pay."""
+    gain = 0.0
+    for item, old, new in zip(jobs, before, after, strict=True):
+        if new != old:
+            restarted = max(horizon_s - item.job.restart_cost_s, 0.0)
+            gain += restarted * job_rate(item, new, total) - horizon_s * job_rate(item, old, total)
+    return gain
+
+
+@dataclass(frozen=True, slots=True)
+class Rebalance:
+    """A tier's counts after partial rebalancing: the bounds that pin each job kept above its
+    fair share, the jobs whose gangs stay out, and why those jobs keep more."""
+
+    counts: list[int]
+    bounds: tuple[tuple[int, int], ...]
+    excluded: set[int]
+    reasons: dict[int, str]
+
+
+def rebalance_partly(
+    solver: TierSolver,
+    order: list[int],
+    bounds: Bounds,
+    fair: Sequence[int],
+    excluded: set[int],
+    *,
+    config: PolicyConfig,
+) -> Rebalance:
+    """Jobs above their fair share give back only what lifts every other job to
+    `config.rebalance_floor` of its share (and keeps what each keeps), and only when those
+    moves pay their restarts over the horizon; otherwise only what lets a newcomer's gang in.
+    All above-share jobs stay within the same multiple `level` of their share, the highest
+    level that still does it (bisection). A newcomer gets its floor of the share at once, the
+    rest as room frees up."""
+    jobs = solver.jobs
+    admitted = [i for i in order if i not in excluded]
+    above = [i for i in admitted if fair[i] < jobs[i].kept_total]
+    unchanged = Rebalance(list(fair), tuple(bounds), set(excluded), {})
+    if not above or config.rebalance_floor >= 1:
+        return unchanged
+    below = [j for j in admitted if j not in above]
+    floor = {
+        j: min(
+            fair[j],
+            max(
+                jobs[j].kept_total,
+                jobs[j].job.floor,
+                math.ceil(config.rebalance_floor * fair[j] - EPS),
+            ),
+        )
+        for j in below
+    }
+    at_floor = _Levels(solver, order, bounds, fair, excluded, floor, above, config).highest()
+    if at_floor is None:
+        return unchanged
+    gang = {j: min(fair[j], max(jobs[j].kept_total, jobs[j].job.floor)) for j in below}
+    if gang == floor:
+        return at_floor
+    gang_only = _Levels(solver, order, bounds, fair, excluded, gang, above, config).highest()
+    if gang_only is None:
+        return at_floor
+    total = solver.allocatable.sum(axis=0)
+    return _worth_moving(jobs, gang_only, at_floor, fair=fair, total=total, config=config)
+
+
+def _worth_moving(
+    jobs: Sequence[TierJob],
+    gang_only: Rebalance,
+    at_floor: Rebalance,
+    *,
+    fair: Sequence[int],
+    total: FloatArray,
+    config: PolicyConfig,
+) -> Rebalance:
+    """The floor's moves when what they buy over the horizon beyond letting the gangs in
+    exceeds their restarts; else the gangs only, saying so (the loss in percent of the
+    tier's work over the horizon)."""
+    horizon = config.release_horizon_s
+    kept = [item.kept_total for item in jobs]
+    extra = change_gain(jobs, kept, at_floor.counts, horizon_s=horizon, total=total) - change_gain(
+        jobs, kept, gang_only.counts, horizon_s=horizon, total=total
+    )
+    if extra > 0:
+        return at_floor
+    work = horizon * sum(
+        job_rate(item, count, total) for item, count in zip(jobs, kept, strict=True)
+    )
+    loss = -extra / work if work > 0 else 0.0
+    why = {
+        i: f"keeps {gang_only.counts[i]} above its fair share {fair[i]}: lifting the others to "
+        f"{config.rebalance_floor:.0%} of their share would not pay its restarts ({loss:.1%} "
+        f"less of the tier's work over the next {horizon:.0f} s)"
+        for i in gang_only.reasons
+    }
+    return Rebalance(gang_only.counts, gang_only.bounds, gang_only.excluded, why)
+
+
+@dataclass(frozen=True, slots=True)
+class _Levels:
+    """One tier's partial rebalancing, tried at a given level of the above-share jobs."""
+
+    solver: TierSolver
+    order: list[int]
+    bounds: Bounds
+    fair: Sequence[int]
+    excluded: set[int]
+    required: dict[int, int]  # jobs at or below their share: the trainers each must reach
+    above: list[int]  # jobs above their share
+    config: PolicyConfig
+
+    def highest(self) -> Rebalance | None:
+        """The outcome at the highest level that still lifts every job to what it requires."""
+        top = max(self.solver.jobs[i].kept_total / self.fair[i] for i in self.above)
+        best = self.solve(top)
+        if best is not None:
+            return best
+        low, high = 1.0, top
+        for _ in range(_REBALANCE_STEPS):
+            middle = (low + high) / 2
+            outcome = self.solve(middle)
+            if outcome is None:
+                high = middle
+            else:
+                low, best = middle, outcome
+        return best
+
+    def solve(self, level: float) -> Rebalance | None:
+        """Every above-share job kept at `level` x its share (at most what it keeps); None
+        when that leaves a job out or below what it requires."""
+        jobs, bounds, fair = self.solver.jobs, self.bounds, self.fair
+        pinned = list(bounds)
+        for j in self.required:  # a job at or below its share keeps what it keeps
+            pinned[j] = (max(bounds[j][0], min(jobs[j].kept_total, fair[j])), bounds[j][1])
+        for i in self.above:
+            keep = min(
+                jobs[i].kept_total, bounds[i][1], max(fair[i], math.ceil(level * fair[i] - EPS))
+            )
+            pinned[i] = (keep, keep)
+        base, out = self.solver.admit(self.order, pinned)
+        if not out <= self.excluded:
+            return None
+        counts = self.solver.fill([i for i in self.order if i not in out], base, pinned)
+        if any(counts[j] < need for j, need in self.required.items()):
+            return None
+        why = {
+            i: _above_fair_share(counts[i], fair[i], self.config)
+            for i in self.above
+            if counts[i] > fair[i]
+        }
+        return Rebalance(counts, tuple(pinned), set(out), why)
+
+
+@dataclass(frozen=True, slots=True)
+class Holds:
+    """Jobs held this step (index -> reason), the bounds that pin them, and which holds are
+    tolerance skips (released when they would keep a gang out)."""
+
+    reasons: dict[int, str]
+    bounds: tuple[tuple[int, int], ...]
+    tolerance: frozenset[int]
+
+
+def limit_shrinks(
+    jobs: Sequence[TierJob],
+    bounds: Bounds,
+    ideal: Sequence[int],
+    admitted: Sequence[int],
+    *,
+    grew_at: Mapping[Target, float],
+    now: float,
+    config: PolicyConfig,
+) -> Holds:
+    """Hold shrinks of jobs that grew too recently or shrink too little; cap the removals per
+    step (largest shrinks first). A held job is pinned at what it keeps."""
+    held: dict[int, str] = {}
+    tolerance: set[int] = set()
+    pinned = list(bounds)
+    budget = config.max_trainer_removals_per_step
+    shrinking = sorted(
+        (i for i in admitted if ideal[i] < jobs[i].kept_total),
+        key=lambda i: ideal[i] - jobs[i].kept_total,
+    )
+    for i in shrinking:
+        item = jobs[i]
+        removal = item.kept_total - ideal[i]
+        grew = grew_at.get(item.job.target)
+        if grew is not None and now - grew < config.min_trainer_lifetime_s:
+            held[i] = _shrink_deferred(ideal[i], now - grew, config)
+        elif removal <= max(1, config.shrink_tolerance * item.kept_total) and (
+            ideal[i] >= bounds[i][0]
+        ):
+            held[i] = _shrink_skipped(removal)
+            tolerance.add(i)
+        else:
+            allowed = min(removal, budget)
+            budget -= allowed
+            if allowed < removal:
+                held[i] = _removals_capped(ideal[i], config)
+                pinned[i] = (item.kept_total - allowed, item.kept_total - allowed)
+    for i in held:
+        low, high = pinned[i]
+        if low != high:
+            keep = min(jobs[i].kept_total, high)
+            pinned[i] = (keep, keep)
+    return Holds(held, tuple(pinned), frozenset(tolerance))
+
+
+def release_tolerance(holds: Holds, bounds: Bounds) -> Holds:
+    """The holds without the tolerance skips: those jobs get their own bounds back."""
+    released = tuple(
+        bounds[i] if i in holds.tolerance else pinned for i, pinned in enumerate(holds.bounds)
+    )
+    kept = {i: why for i, why in holds.reasons.items() if i not in holds.tolerance}
+    return Holds(kept, released, frozenset())
+
+
+def defer_small_growth(
+    jobs: Sequence[TierJob],
+    counts: Sequence[int],
+    *,
+    skip: set[int],
+    total: FloatArray,
+    config: PolicyConfig,
+    reclaim: Reclaim | None = None,
+    leftover: FloatArray | None = None,
+) -> tuple[list[int], dict[int, str]]:
+    """Small growth of a running job waits until it is worth a membership change: each change
+    costs the job a restart, and serving's jitter would otherwise make trainers come and go
+    every few minutes. Growth that does not pay its restart over the horizon waits too, and
+    growth into room serving is expected to take back (`reclaim`, beyond the `leftover` room
+    `counts` leave free) is cut to what pays its two restarts before then. Small is in
+    trainers and in what they hold of the cluster (`total`): one GPU of 16 is no jitter even
+    when no other job wants GPUs. Later jobs (the newest) are cut first: the room they leave
+    lasts longer for the others. Returns the counts and the reasons of the deferred jobs."""
+    final = list(counts)
+    deferred: dict[int, str] = {}
+    room = _Room(reclaim or Reclaim.none(), np.zeros(3) if leftover is None else leftover.copy())
+    for i in reversed(range(len(jobs))):
+        item = jobs[i]
+        growth = final[i] - item.current
+        if i in skip or growth <= 0 or item.current < item.job.floor:
+            continue
+        # Small in trainers and in the cluster: one large trainer (a node's worth) is no jitter.
+        if (
+            growth <= max(1, config.grow_tolerance * item.current)
+            and growth * held_share(item, total) < config.grow_tolerance
+        ):
+            final[i], deferred[i] = item.current, _growth_deferred(growth)
+        else:
+            final[i], why = room.paying(item, growth, total=total, config=config)
+            if why is not None:
+                deferred[i] = why
+        room.leftover += (counts[i] - final[i]) * item.request
+    return final, deferred
+
+
+@dataclass(slots=True)
+class _Room:
+    """The room a tier's plan leaves free (aggregate), and when serving takes it back."""
+
+    reclaim: Reclaim
+    leftover: FloatArray
+
+    def lifetime(self, ungrown: int, item: TierJob) -> float | None:
+        """How long the room lasts when `ungrown` of the job's new trainers wait."""
+        return self.reclaim.lifetime(self.leftover + ungrown * item.request)
+
+    def paying(
+        self, item: TierJob, growth: int, *, total: FloatArray, config: PolicyConfig
+    ) -> tuple[int, str | None]:
+        """The job's count after the largest part of `growth` that pays: its restart over the
+        horizon while no forecast sees serving take the room back, else its two restarts
+        over the room's lifetime. The reason when the growth is cut."""
+        cost, horizon = item.job.restart_cost_s, config.release_horizon_s
+        part = next(
+            (p for p in range(growth, 0, -1) if self._pays(item, growth, p, total, horizon)), 0
+        )
+        if part == growth:
+            return item.current + part, None
+        lifetime = self.lifetime(0, item)
+        if lifetime is None:
+            return item.current, (
+                f"growth by {growth} deferred: {item.current + growth} trainers instead of "
+                f"{item.current} do not pay a {cost:g} s restart over the next {horizon:.0f} s"
+            )
+        return item.current + part, _growth_into_reclaimed_room(growth, part, lifetime, cost)
+
+    def _pays(
+        self, item: TierJob, growth: int, part: int, total: FloatArray, horizon: float
+    ) -> bool:
+        """Whether growing by `part` of `growth` pays over the lifetime of the room it leaves."""
+        lifetime = self.lifetime(growth - part, item)
+        if lifetime is None:
+            grown = [item.current + part]
+            return change_gain([item], [item.current], grown, horizon_s=horizon, total=total) > 0
+        before = job_rate(item, item.current, total)
+        after = job_rate(item, item.current + part, total)
+        return growth_gain(before, after, lifetime_s=lifetime, cost_s=item.job.restart_cost_s) > 0
+
+
+# ---- the words of a tier's decisions --------------------------------------------------------
+
+
+def _format_vector(vector: Vector) -> str:
+    cpu, memory, gpu = vector
+    text = f"{cpu:g} cpu, {memory / 2**30:g} GiB"
+    return text + (f", {gpu:g} gpu" if gpu else "")
+
+
+def _shrink_deferred(fair_share: int, since_growth_s: float, config: PolicyConfig) -> str:
+    return (
+        f"shrink to {fair_share} deferred: grew {since_growth_s:.0f} s ago "
+        f"(minimum trainer lifetime {config.min_trainer_lifetime_s:.0f} s)"
+    )
+
+
+def _shrink_skipped(removal: int) -> str:
+    return f"shrink by {removal} skipped (within tolerance, avoids flapping)"
+
+
+def _removals_capped(fair_share: int, config: PolicyConfig) -> str:
+    return (
+        f"removals capped at {config.max_trainer_removals_per_step} per step "
+        f"(fair share {fair_share})"
+    )
+
+
+def _above_fair_share(kept: int, fair_share: int, config: PolicyConfig) -> str:
+    return (
+        f"keeps {kept} above its fair share {fair_share}: every job has at least "
+        f"{config.rebalance_floor:.0%} of its share, further moves are not worth their restarts"
+    )
+
+
+def _growth_deferred(growth: int) -> str:
+    return f"growth by {growth} deferred (within tolerance, avoids flapping)"
+
+
+def _growth_into_reclaimed_room(growth: int, kept: int, lifetime_s: float, cost_s: float) -> str:
+    """Growth cut because serving is expected to take its room back before it pays."""
+    head = f"growth by {growth} deferred" if kept == 0 else f"growth by {growth} cut to {kept}"
+    return (
+        f"{head}: serving is expected to take the room back in {lifetime_s:.0f} s, before "
+        f"{'the growth pays its' if kept == 0 else 'more trainers pay their'} two {cost_s:g} s "
+        "restarts"
+    )
+
+
+def _gang_excluded(job: TrainingJob, *, growth_frozen: bool) -> str:
+    reason = (
+        f"gang minimum {job.floor} x {_format_vector(job.trainer_requests)} "
+        "does not fit the free capacity: 0 trainers (all or nothing)"
+    )
+    return reason + ("; inputs stale, not growing" if growth_frozen else "")
+
+
+def _forced_off(count: int, fair_share: int) -> str:
+    return (
+        f"{count} trainer(s) must leave nodes that serving or a higher tier needs; "
+        f"fair share {fair_share}"
+    )
+
+
+def _fair_share_reason(
+    tier: int, job: TrainingJob, desired: int, dominant: float, *, stale_cap: bool
+) -> str:
+    share = desired * dominant / job.weight
+    reason = (
+        f"tier {tier}: weighted dominant share {share:.3f} "
+        f"(weight {job.weight:g}) -> {desired} trainers in "
+        f"[{job.floor}, {job.max_trainers}]"
+    )
+    if job.remaining_work is not None and desired > 0:
+        left = job.remaining_work / desired**job.speedup_exponent
+        reason += (
+            f"; finite job, about {left:.0f} s of work left at {desired} trainers (finite "
+            "jobs share the room beyond the gangs shortest-remaining-first)"
+        )
+    if desired >= job.max_trainers:
+        reason += " (at max)"
+    return reason + ("; inputs stale, not growing" if stale_cap else "")
+
+
+def _unplaced_trainers(count: int) -> str:
+    return f"{count} trainer(s) fit on no node yet (per-node packing)"
