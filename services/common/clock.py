@@ -9,6 +9,7 @@ real time every `tideshift run <service>` uses.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -67,3 +68,52 @@ async def wait_for_event(
 def utc_now(clock: Clock) -> datetime:
     """`clock`'s time as an aware datetime (for event timestamps)."""
     return datetime.fromtimestamp(clock.now(), UTC)
+
+
+class ManualClock:
+    """Virtual time for tests: `sleep` returns only once `advance` has moved the time past its
+    end, so a service's intervals, timeouts and expiries pass without waiting for them."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = 0
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._order += 1
+        heapq.heappush(self._sleepers, (self._now + seconds, self._order, wake))
+        await wake
+
+    @property
+    def next_wake(self) -> float | None:
+        """When the earliest sleeper wakes (None: nobody sleeps)."""
+        live = [due for due, _, wake in self._sleepers if not wake.done()]
+        return min(live) if live else None
+
+    async def advance(self, seconds: float) -> None:
+        """Move the time on by `seconds`, waking each sleeper due on the way in order and
+        letting the tasks it wakes run (and sleep again) before the time moves further."""
+        end = self._now + seconds
+        await _settle()
+        while self._sleepers and self._sleepers[0][0] <= end:
+            due, _, wake = heapq.heappop(self._sleepers)
+            if wake.done():  # cancelled: its waiter left
+                continue
+            self._now = max(self._now, due)
+            wake.set_result(None)
+            await _settle()
+        self._now = max(self._now, end)
+        await _settle()
+
+
+async def _settle(rounds: int = 20) -> None:
+    """Let every task that is ready run, and what they wake in turn."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)

@@ -200,23 +200,12 @@ class Bus:
     # -- publish -----------------------------------------------------------------------
 
     def _encode(self, subject: BoundSubject[T], data: T) -> bytes:
-        if subject.is_wildcard:
-            raise ValueError(f"cannot publish to wildcard subject {subject.value}")
-        if not isinstance(data, subject.model):
-            raise TypeError(
-                f"{subject.subject.pattern} carries {subject.model.__name__}, "
-                f"not {type(data).__name__}"
-            )
-        return encode(data, source=self.source, subject=subject.value)
+        return encode_event(subject, data, source=self.source)
 
     async def publish(self, subject: BoundSubject[T], data: T) -> None:
         """Fire-and-forget on core NATS (telemetry). A subject kept by a JetStream stream
         raises: published this way it would go unconfirmed (use `publish_durable`)."""
-        if subject.subject.durable:
-            raise ValueError(
-                f"{subject.subject.pattern} is kept by stream {subject.subject.stream}: "
-                "publish it with publish_durable"
-            )
+        check_core(subject)
         await self.connection.publish(subject.value, self._encode(subject, data))
         PUBLISHED.labels(subject.subject.pattern.split(".")[2]).inc()
 
@@ -224,8 +213,7 @@ class Bus:
         self, subject: BoundSubject[T], data: T, *, msg_id: str | None = None
     ) -> int:
         """Publish to JetStream and wait for the stream's ack; `msg_id` de-duplicates."""
-        if not subject.subject.durable:
-            raise ValueError(f"{subject.subject.pattern} is core NATS: publish it with publish")
+        check_durable(subject)
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
         ack = await self.js.publish(subject.value, self._encode(subject, data), headers=headers)
         PUBLISHED.labels(subject.subject.pattern.split(".")[2]).inc()
@@ -234,17 +222,7 @@ class Bus:
     # -- receive -----------------------------------------------------------------------
 
     async def _reject(self, consumer: str, subject: str, raw: bytes, error: EventRejected) -> None:
-        REJECTED.labels(consumer, error.kind).inc()
-        reason = one_line(error.reason, DEAD_LETTER_REASON_BYTES)
-        log.warning("%s rejected a message on %s: %s", consumer, subject, reason)
-        letter = DeadLetter(
-            consumer=consumer,
-            original_subject=subject,
-            reason=reason,
-            payload=raw[:DEAD_LETTER_PAYLOAD_CHARS].decode("utf-8", errors="replace"),
-            payload_bytes=len(raw),
-            received_at=datetime.now(UTC),
-        )
+        letter = dead_letter(consumer, subject, raw, error, at=datetime.now(UTC))
         try:
             await self.publish_durable(DEAD_LETTER.at(consumer=consumer), letter)
         except (TimeoutError, nats.errors.Error) as publish_error:
@@ -440,3 +418,45 @@ def one_line(text: str, limit_bytes: int) -> str:
         return flat
     marker = f"... ({len(encoded)} bytes)"
     return encoded[: limit_bytes - len(marker)].decode(errors="ignore") + marker
+
+
+def encode_event(subject: BoundSubject[T], data: T, *, source: str) -> bytes:
+    """The event's wire form; refuses a wildcard subject and a model the subject does not carry."""
+    if subject.is_wildcard:
+        raise ValueError(f"cannot publish to wildcard subject {subject.value}")
+    if not isinstance(data, subject.model):
+        raise TypeError(
+            f"{subject.subject.pattern} carries {subject.model.__name__}, not {type(data).__name__}"
+        )
+    return encode(data, source=source, subject=subject.value)
+
+
+def check_core(subject: BoundSubject[T]) -> None:
+    """A subject kept by a JetStream stream published on core NATS would go unconfirmed."""
+    if subject.subject.durable:
+        raise ValueError(
+            f"{subject.subject.pattern} is kept by stream {subject.subject.stream}: "
+            "publish it with publish_durable"
+        )
+
+
+def check_durable(subject: BoundSubject[T]) -> None:
+    if not subject.subject.durable:
+        raise ValueError(f"{subject.subject.pattern} is core NATS: publish it with publish")
+
+
+def dead_letter(
+    consumer: str, subject: str, raw: bytes, error: EventRejected, *, at: datetime
+) -> DeadLetter:
+    """The letter a rejected message becomes (counted and logged here)."""
+    REJECTED.labels(consumer, error.kind).inc()
+    reason = one_line(error.reason, DEAD_LETTER_REASON_BYTES)
+    log.warning("%s rejected a message on %s: %s", consumer, subject, reason)
+    return DeadLetter(
+        consumer=consumer,
+        original_subject=subject,
+        reason=reason,
+        payload=raw[:DEAD_LETTER_PAYLOAD_CHARS].decode("utf-8", errors="replace"),
+        payload_bytes=len(raw),
+        received_at=at,
+    )

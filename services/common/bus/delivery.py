@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
-
-from nats.aio.msg import Msg
+from typing import Generic, Protocol, TypeVar
 
 from tideshift.events import Envelope, EventData
 
 T = TypeVar("T", bound=EventData)
+
+
+class _Metadata(Protocol):
+    @property
+    def num_delivered(self) -> int | None: ...
+
+
+class Settle(Protocol):
+    """How a delivery is settled: a JetStream `Msg`, or the in-memory bus's stand-in."""
+
+    @property
+    def metadata(self) -> _Metadata: ...
+
+    async def ack_sync(self, timeout: float = 1.0) -> object: ...
+
+    async def nak(self, delay: float | None = None) -> None: ...
+
+    async def in_progress(self) -> None: ...
+
+    async def term(self) -> None: ...
 
 
 @dataclass
@@ -17,11 +35,11 @@ class Delivery(Generic[T]):
     """One JetStream message: the decoded event plus its acknowledgement controls."""
 
     event: Envelope[T]
-    _msg: Msg
+    _msg: Settle
 
     @property
     def num_delivered(self) -> int:
-        return int(self._msg.metadata.num_delivered)
+        return int(self._msg.metadata.num_delivered or 0)
 
     async def ack(self) -> None:
         """Acknowledge and wait for the server's confirmation (so a crash cannot lose it)."""

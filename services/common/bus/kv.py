@@ -21,6 +21,8 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
+from tideshift.services.common.clock import Clock, utc_now
+
 log = logging.getLogger("tideshift.bus")
 M = TypeVar("M", bound=BaseModel)
 
@@ -59,6 +61,8 @@ class Lease:
     key: str
     holder: str
     ttl_seconds: float
+    # Whose time the expiry is in when `try_acquire` is given none (None: the wall clock).
+    clock: Clock | None = None
     _revision: int | None = field(default=None, init=False)
 
     @property
@@ -67,7 +71,8 @@ class Lease:
 
     async def try_acquire(self, now: datetime | None = None) -> bool:
         """Acquire or renew; returns whether this holder leads now."""
-        now = now or datetime.now(UTC)
+        if now is None:
+            now = utc_now(self.clock) if self.clock is not None else datetime.now(UTC)
         value = json.dumps(
             {"holder": self.holder, "expires_at": now.timestamp() + self.ttl_seconds}
         ).encode()
