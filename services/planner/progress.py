@@ -1,6 +1,6 @@
 """Training jobs' progress as the planner's input: the coordinators' `JobProgress` reports
 (`tideshift.v1.training.progress.<job>`) folded into each job's recent history, and at each
-plan every finite job's remaining work (policy/remaining.py) set on its `TrainingJob`.
+plan every finite job's remaining work (core/training/remaining.py) set on its `TrainingJob`.
 
 A report names its job by name only (the coordinator's `--job`): it applies to the planned
 training job of that name, and to none when two namespaces hold one. Reports that cannot be

@@ -1,4 +1,4 @@
-"""Serving's rise history (policy/warm.py) kept in a NATS KV bucket, one key per workload, so
+"""Serving's rise history (core/serving/warm.py) kept in a NATS KV bucket, one key per workload, so
 a restarted planner does not meet the next spikes of a schedule it had learned by reaction
 alone.
 

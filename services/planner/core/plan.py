@@ -1,8 +1,8 @@
-"""`plan(inputs, state, now) -> (decision, new_state)`: the planner's model (docs/DESIGN.md, "The
-planner's model"), one decision after the other: serving (serving/), training (training/),
-then the room serving holds but does not use lent to training (lending/). Pure: no clock, no
-I/O; the same inputs, state and `now` give the same decision, so every decision can be
-replayed."""
+"""`plan(inputs, state, now) -> (decision, new_state)`: the planner's model
+(docs/concepts/index.md, "The planner's model"), one decision after the other: serving
+(serving/), training (training/), then the room serving holds but does not use lent to
+training (lending/). Pure: no clock, no I/O; the same inputs, state and `now` give the same
+decision, so every decision can be replayed."""
 
 from __future__ import annotations
 

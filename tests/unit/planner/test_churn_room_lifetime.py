@@ -21,9 +21,9 @@ from tideshift.services.planner.core import (
     plan,
 )
 from tideshift.services.planner.core.model import Forecast, ServingWorkload
-from tideshift.services.planner.core.training.lifetime import Reclaim, expected_reclaim, growth_gain
+from tideshift.services.planner.core.training.lifetime import Reclaim, expected_reclaim
 from tideshift.services.planner.core.training.shares import TierJob
-from tideshift.services.planner.core.training.tier import defer_small_growth
+from tideshift.services.planner.core.training.tier import defer_small_growth, growth_gain
 
 GIB = 2**30
 WEB = Target("apps", "Deployment", "web")

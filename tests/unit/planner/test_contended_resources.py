@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tideshift.services.planner.core.training.shares import contended_resources, dominant_share
+from tideshift.services.planner.core.training.tier import contended_resources, dominant_share
 
 GIB = 2.0**30
 CPU_TRAINER = [2.0, 4 * GIB, 0.0]

@@ -1,4 +1,4 @@
-"""A finite job's remaining work from its progress reports (policy/remaining.py): the rate is
+"""A finite job's remaining work from its progress reports (core/training/remaining.py): the rate is
 shards per trainer-effort second, so one measured at 10 trainers is estimated at 40 too; bad
 reports are refused with a reason, and jobs of unknown length have no estimate."""
 

@@ -40,33 +40,50 @@ from tideshift.services.planner.core.peaks import forecast_peak
 from tideshift.services.planner.core.serving import headroom
 
 
-def track_miss(
-    miss: Miss | None,
-    *,
-    observed: float | None,
-    allowed: float | None,
-    now: float,
-    config: PolicyConfig,
-) -> Miss:
-    """The workload's miss after this observation: one above what the forecast allowed
-    starts a panic window.
+@dataclass(frozen=True, slots=True)
+class ServingPlan:
+    desired: tuple[int, ...]  # per serving workload, in input order
+    decisions: tuple[TargetDecision, ...]
+    history: dict[Target, tuple[tuple[float, int], ...]]
+    seen_since: dict[Target, float]
+    fallbacks: tuple[str, ...]
+    misses: dict[Target, Miss]
 
-    No memory of the miss outlives the window (a faded miss ratio held a spike's height for
-    hours); the priced rise (serving/headroom.py) keeps what the workload's rises call for."""
-    panic_until = -math.inf if miss is None else miss.panic_until
-    previous = None if miss is None else miss.observed
-    # A q0.95 forecast is exceeded 5 % of the time by design: only a miss beyond the
-    # tolerance counts, or serving would chase every burst and trainers with it.
-    if (
-        observed is not None
-        and allowed is not None
-        and observed > allowed * (1.0 + config.miss_tolerance)
-    ):
-        panic_until = now + config.panic_window_s
-    return Miss(
-        panic_until=panic_until,
-        observed=observed if observed is not None else previous,
-        rises=Rises() if miss is None else miss.rises,
+
+def size_serving(
+    inputs: PlanInputs, state: PlanState, now: float, bound_totals: IntArray
+) -> ServingPlan:
+    """Every serving workload's replicas, with the updated windows."""
+    history = dict(state.serving_history)
+    seen = dict(state.serving_seen_since)
+    misses = dict(state.serving_misses)
+    desired_all: list[int] = []
+    decisions: list[TargetDecision] = []
+    fallbacks: list[str] = []
+    for row, workload in enumerate(inputs.serving):
+        target = workload.target
+        current = inputs.current.get(target, int(bound_totals[row]))
+        size = plan_serving(
+            workload,
+            inputs.forecasts.get(target),
+            current=current,
+            history=state.serving_history.get(target, ()),
+            seen_since=seen.setdefault(target, now),
+            now=now,
+            config=inputs.config,
+            cluster_stale=inputs.cluster_stale,
+            observed=inputs.observed_rps.get(target),
+            miss=state.serving_misses.get(target),
+        )
+        history[target], misses[target] = size.history, size.miss
+        if size.fallback is not None:
+            fallbacks.append(size.fallback)
+        desired_all.append(size.desired)
+        decisions.append(
+            TargetDecision(target, "serving", current, size.desired, size.reason, size.headroom)
+        )
+    return ServingPlan(
+        tuple(desired_all), tuple(decisions), history, seen, tuple(fallbacks), misses
     )
 
 
@@ -80,24 +97,6 @@ class ServingSize:
     miss: Miss
     fallback: str | None = None  # the announcement when held for want of a usable forecast
     headroom: HeadroomParts | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Peaks:
-    """The forecast's peaks (req/s) that size a workload, from a fresh forecast."""
-
-    window: float  # over the look-ahead window (lead time + margin)
-    allowed: float | None  # now: what the forecast allows for the demand observed now
-    release: float  # the median's, over the release horizon (at least the look-ahead window)
-
-
-@dataclass(frozen=True, slots=True)
-class Recommendation:
-    """The count the forecast and the safety net recommend, before the scale-down rules."""
-
-    replicas: int
-    basis: str  # how it was reached (the reason's first part)
-    parts: HeadroomParts
 
 
 def plan_serving(
@@ -160,6 +159,44 @@ def plan_serving(
     return ServingSize(desired, reason, new_history, new_miss, None, parts)
 
 
+@dataclass(frozen=True, slots=True)
+class Peaks:
+    """The forecast's peaks (req/s) that size a workload, from a fresh forecast."""
+
+    window: float  # over the look-ahead window (lead time + margin)
+    allowed: float | None  # now: what the forecast allows for the demand observed now
+    release: float  # the median's, over the release horizon (at least the look-ahead window)
+
+
+def forecast_peaks(
+    workload: ServingWorkload, forecast: Forecast, now: float, config: PolicyConfig
+) -> Peaks | None:
+    """The peaks of a fresh forecast; None when no point of it covers the look-ahead window."""
+    window_end = now + workload.lead_time_s + workload.margin_s
+    window = forecast_peak(forecast, now, window_end, workload.quantile)
+    if window is None:
+        return None
+    release_end = now + max(config.release_horizon_s, window_end - now)
+    # Whether to release room is a bet on what the next minutes will use (a restart each way
+    # if they use it), so it is made on the forecast's median: the safety margin is the
+    # look-ahead window's quantile and the priced rise, which scale-down keeps anyway.
+    release = forecast_peak(forecast, now, release_end, 0.5)
+    return Peaks(
+        window=window,
+        allowed=forecast_peak(forecast, now, now, workload.quantile),
+        release=release if release is not None else 0.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The count the forecast and the safety net recommend, before the scale-down rules."""
+
+    replicas: int
+    basis: str  # how it was reached (the reason's first part)
+    parts: HeadroomParts
+
+
 def _parts(
     workload: ServingWorkload,
     peaks: Peaks,
@@ -189,30 +226,6 @@ def _parts(
     )
 
 
-def forecast_peaks(
-    workload: ServingWorkload, forecast: Forecast, now: float, config: PolicyConfig
-) -> Peaks | None:
-    """The peaks of a fresh forecast; None when no point of it covers the look-ahead window."""
-    window_end = now + workload.lead_time_s + workload.margin_s
-    window = forecast_peak(forecast, now, window_end, workload.quantile)
-    if window is None:
-        return None
-    release_end = now + max(config.release_horizon_s, window_end - now)
-    # Whether to release room is a bet on what the next minutes will use (a restart each way
-    # if they use it), so it is made on the forecast's median: the safety margin is the
-    # look-ahead window's quantile and the priced rise, which scale-down keeps anyway.
-    release = forecast_peak(forecast, now, release_end, 0.5)
-    return Peaks(
-        window=window,
-        allowed=forecast_peak(forecast, now, now, workload.quantile),
-        release=release if release is not None else 0.0,
-    )
-
-
-def _replicas_for(rps: float, workload: ServingWorkload) -> int:
-    return math.ceil(rps / workload.capacity_rps - EPS)
-
-
 def recommend(
     workload: ServingWorkload, parts: HeadroomParts, observed_need: int
 ) -> Recommendation:
@@ -240,6 +253,28 @@ def recommend(
     return Recommendation(replicas, basis, parts)
 
 
+def _replicas_for(rps: float, workload: ServingWorkload) -> int:
+    return math.ceil(rps / workload.capacity_rps - EPS)
+
+
+def _scale_down_hold(
+    workload: ServingWorkload,
+    miss: Miss,
+    *,
+    seen_since: float,
+    now: float,
+    stale: bool,
+) -> str | None:
+    """Why serving may not scale down now, or None."""
+    if stale:
+        return STALE_NO_SCALE_DOWN
+    if now - seen_since < workload.stabilization_s:
+        return _not_observed_long_enough(workload)
+    if now < miss.panic_until:
+        return PANIC_WINDOW
+    return None
+
+
 def _scale_down(
     workload: ServingWorkload,
     basis: str,
@@ -261,68 +296,33 @@ def _scale_down(
     return current, _held_by_stabilization(basis)
 
 
-def _scale_down_hold(
-    workload: ServingWorkload,
-    miss: Miss,
+def track_miss(
+    miss: Miss | None,
     *,
-    seen_since: float,
+    observed: float | None,
+    allowed: float | None,
     now: float,
-    stale: bool,
-) -> str | None:
-    """Why serving may not scale down now, or None."""
-    if stale:
-        return STALE_NO_SCALE_DOWN
-    if now - seen_since < workload.stabilization_s:
-        return _not_observed_long_enough(workload)
-    if now < miss.panic_until:
-        return PANIC_WINDOW
-    return None
+    config: PolicyConfig,
+) -> Miss:
+    """The workload's miss after this observation: one above what the forecast allowed
+    starts a panic window.
 
-
-@dataclass(frozen=True, slots=True)
-class ServingPlan:
-    desired: tuple[int, ...]  # per serving workload, in input order
-    decisions: tuple[TargetDecision, ...]
-    history: dict[Target, tuple[tuple[float, int], ...]]
-    seen_since: dict[Target, float]
-    fallbacks: tuple[str, ...]
-    misses: dict[Target, Miss]
-
-
-def size_serving(
-    inputs: PlanInputs, state: PlanState, now: float, bound_totals: IntArray
-) -> ServingPlan:
-    """Every serving workload's replicas, with the updated windows."""
-    history = dict(state.serving_history)
-    seen = dict(state.serving_seen_since)
-    misses = dict(state.serving_misses)
-    desired_all: list[int] = []
-    decisions: list[TargetDecision] = []
-    fallbacks: list[str] = []
-    for row, workload in enumerate(inputs.serving):
-        target = workload.target
-        current = inputs.current.get(target, int(bound_totals[row]))
-        size = plan_serving(
-            workload,
-            inputs.forecasts.get(target),
-            current=current,
-            history=state.serving_history.get(target, ()),
-            seen_since=seen.setdefault(target, now),
-            now=now,
-            config=inputs.config,
-            cluster_stale=inputs.cluster_stale,
-            observed=inputs.observed_rps.get(target),
-            miss=state.serving_misses.get(target),
-        )
-        history[target], misses[target] = size.history, size.miss
-        if size.fallback is not None:
-            fallbacks.append(size.fallback)
-        desired_all.append(size.desired)
-        decisions.append(
-            TargetDecision(target, "serving", current, size.desired, size.reason, size.headroom)
-        )
-    return ServingPlan(
-        tuple(desired_all), tuple(decisions), history, seen, tuple(fallbacks), misses
+    No memory of the miss outlives the window (a faded miss ratio held a spike's height for
+    hours); the priced rise (serving/headroom.py) keeps what the workload's rises call for."""
+    panic_until = -math.inf if miss is None else miss.panic_until
+    previous = None if miss is None else miss.observed
+    # A q0.95 forecast is exceeded 5 % of the time by design: only a miss beyond the
+    # tolerance counts, or serving would chase every burst and trainers with it.
+    if (
+        observed is not None
+        and allowed is not None
+        and observed > allowed * (1.0 + config.miss_tolerance)
+    ):
+        panic_until = now + config.panic_window_s
+    return Miss(
+        panic_until=panic_until,
+        observed=observed if observed is not None else previous,
+        rises=Rises() if miss is None else miss.rises,
     )
 
 

@@ -1,9 +1,10 @@
 """Admission of finite CPU jobs: a job of known length that has not started waits while the
-finite jobs ahead of it (shortest-remaining-first, as `tiers` grows them) would use the room
-at their maxima, when taking its gang floor and parameter servers from them costs them far
-more throughput than it brings. Admitting every job at once made each bring its parameter
-servers and gang floor into room the running jobs would have used at a better speed-up: on a
-stream of identical jobs all then finished together, late (docs/EVALUATION.md, q26h).
+finite jobs ahead of it (shortest-remaining-first, as `shares.TierSolver` grows them) would
+use the room at their maxima, when taking its gang floor and parameter servers from them
+costs them far more throughput than it brings. Admitting every job at once made each bring
+its parameter servers and gang floor into room the running jobs would have used at a better
+speed-up: on a stream of identical jobs all then finished together, late
+(docs/evaluation/notebook.md, q26h).
 
 A job that has waited long is not held back for ever: once it has waited AGED_AFTER times its
 own time at its most trainers (Tiresias' starvation guard promotes a job after a multiple of
@@ -36,13 +37,13 @@ from tideshift.services.planner.core.packing import ROOM_SLACK, ClusterEntries, 
 # brings: at 1 (throughput alone) edl-training-only's jobs queued 468 s for a 1,125 s mean
 # JCT, and a contended stream lost 0.5 % of its work with medium jobs queued 569 s; from 4.5
 # to 6 the JCT is 1,145 s at 413 s queueing with no work lost, and beyond 10 the queueing
-# falls and the work goes (the curve: docs/EVALUATION.md, q26h).
+# falls and the work goes (the curve: docs/evaluation/notebook.md, q26h).
 _LOSS_PER_GAIN = 5.0
 # A waiting job starts in idle room once it has waited this many times its time at its most
 # trainers. On edl-training-only (each job 600 s at 60 trainers, arriving 0-190 s) queueing
 # falls from 413 s (never) to 327 s at 0.9 (JCT 1,145 -> 1,160 s, churn 1,240 unchanged);
 # at 0.8 and below the jobs that wait 480-540 s start at the first wave's end (the curve:
-# docs/EVALUATION.md, q26i).
+# docs/evaluation/notebook.md, q26i).
 AGED_AFTER = 0.9
 
 
@@ -173,7 +174,7 @@ def _finite_held(inputs: PlanInputs, entries: ClusterEntries, cpu_nodes: BoolArr
 def _loss_to_cover(ahead: Sequence[TrainingJob], over: FloatArray) -> float:
     """The weighted throughput the jobs ahead lose when the longest of them shrink (down to
     their floors) until `over` (what a newcomer needs beyond the room) is free; infinite when
-    they cannot free it. Throughput is trainers ** speedup_exponent, as in `tiers`."""
+    they cannot free it. Throughput is trainers ** speedup_exponent, as in `shares`."""
     left = over.copy()
     loss = 0.0
     for job in reversed(ahead):

@@ -115,11 +115,3 @@ def _extra_replicas(
     )
     after_s = np.maximum(times[start:] - now, 0.0)
     return after_s, np.maximum(wanted - replicas, 0.0)
-
-
-def growth_gain(
-    rate_before: float, rate_after: float, *, lifetime_s: float, cost_s: float
-) -> float:
-    """Work a growth buys over the room's `lifetime_s`, less its two restarts (one to grow,
-    one when serving takes the room back): positive when the growth pays."""
-    return (lifetime_s - cost_s) * rate_after - (lifetime_s + cost_s) * rate_before

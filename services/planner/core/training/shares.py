@@ -193,7 +193,7 @@ class TierSolver:
         floor, then each in turn (GPU jobs, then the others, each the soonest done at its most
         trainers first) grown as far as it packs. Jobs of unknown length keep their fair
         counts: ordering them by age instead gave the oldest long-running job everything
-        (docs/EVALUATION.md)."""
+        (docs/evaluation/notebook.md)."""
         counts = list(fair)
         for i in finite:
             counts[i] = bounds[i][0]
@@ -422,17 +422,3 @@ class _FairLevels:
                     self.hi[position] = cap
                     frozen = True
         return frozen
-
-
-def contended_resources(requests: FloatArray) -> BoolArray:
-    """The resources two or more of a tier's jobs request, (jobs, 3) -> (3,); all of them when
-    none is. Fairness is about what jobs compete for: GPUs only one job can use are no share
-    taken from the others, and counting them would leave them idle to give CPU jobs cores."""
-    contended: BoolArray = (requests > 0).sum(axis=0) >= 2
-    return contended if contended.any() else np.ones(requests.shape[1], dtype=np.bool_)
-
-
-def dominant_share(request: FloatArray, total: FloatArray, counted: BoolArray) -> float:
-    """One trainer's largest share of any `counted` resource of the cluster."""
-    shares = request[counted] / np.maximum(total[counted], EPS)
-    return float(max(shares.max(initial=0.0), EPS))

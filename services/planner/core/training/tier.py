@@ -24,6 +24,7 @@ import numpy as np
 
 from tideshift.services.core.constants import EPS
 from tideshift.services.planner.core.model import (
+    BoolArray,
     FloatArray,
     Infeasible,
     IntArray,
@@ -40,42 +41,12 @@ from tideshift.services.planner.core.packing import (
     node_sums,
     slots_per_node,
 )
-from tideshift.services.planner.core.training.lifetime import Reclaim, growth_gain
+from tideshift.services.planner.core.training.lifetime import Reclaim
 from tideshift.services.planner.core.training.shares import (
     Bounds,
     TierJob,
     TierSolver,
-    contended_resources,
-    dominant_share,
 )
-
-# Rounds of holding the jobs that cannot take one more trainer and refilling the others.
-_HOLD_ROUNDS = 3
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Trainers:
-    """Every job's bound trainers as entries (job, node, count), and each job's total."""
-
-    job: IntArray
-    node: IntArray
-    count: IntArray
-    bound: IntArray  # (jobs,)
-    requests: FloatArray  # (jobs, 3)
-
-    @classmethod
-    def of(cls, inputs: PlanInputs, entries: ClusterEntries) -> Trainers:
-        serving_count = len(inputs.serving)
-        is_job = entries.row >= serving_count
-        return cls(
-            job=entries.row[is_job] - serving_count,
-            node=entries.node[is_job],
-            count=entries.count[is_job],
-            bound=entries.row_totals[serving_count:],
-            requests=np.array(
-                [job.trainer_requests for job in inputs.jobs], dtype=np.float64
-            ).reshape(-1, 3),
-        )
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -84,39 +55,6 @@ class TierPlan:
     infeasible: tuple[Infeasible, ...]
     free: FloatArray  # what is left for lower tiers
     grew_at: dict[Target, float]
-
-
-@dataclass(frozen=True, slots=True)
-class _Tier:
-    jobs: list[TierJob]
-    solver: TierSolver
-    forced: dict[int, int]  # local job -> trainers serving or a higher tier takes
-
-
-class _HoldingSolver(TierSolver):
-    """The tier's solver, whose fill does not let a job that cannot take one more trainer
-    anywhere (its GPUs are all taken, or no node has room for its shape) cap the others: the
-    fair level is bounded by every resource in aggregate, so a GPU job short of GPUs held the
-    CPU jobs at its level while their cores sat free (finite-jobs-gpu: medium gang jobs at
-    their gang minimum for hours beside idle nodes). Such jobs are held at what they got and
-    the others filled again."""
-
-    def fill(self, admitted: Sequence[int], base: Sequence[int], bounds: Bounds) -> list[int]:
-        counts = super().fill(admitted, base, bounds)
-        held = list(bounds)
-        for _ in range(_HOLD_ROUNDS):
-            _, free, _ = self.place(counts)
-            growing = [i for i in admitted if counts[i] < held[i][1]]
-            stuck = [i for i in growing if not slots_per_node(free, self.jobs[i].request).any()]
-            if not stuck or len(stuck) == len(growing):
-                break
-            for i in stuck:
-                held[i] = (counts[i], counts[i])
-            refilled = super().fill(admitted, base, held)
-            if sum(refilled) <= sum(counts):
-                break
-            counts = refilled
-        return counts
 
 
 def plan_training(
@@ -154,79 +92,6 @@ def plan_training(
 
 def tier_priorities(inputs: PlanInputs) -> list[int]:
     return sorted({job.priority for job in inputs.jobs}, reverse=True)
-
-
-def _prepare(inputs: PlanInputs, trainers: Trainers, tier: int, free: FloatArray) -> _Tier:
-    """The tier's jobs (running first, then by submission) and what each keeps: trainers stay
-    where they are unless serving or a higher tier took their node; there, earlier jobs keep
-    theirs first."""
-    jobs = inputs.jobs
-    members = [k for k, job in enumerate(jobs) if job.priority == tier]
-    members.sort(
-        key=lambda k: (int(trainers.bound[k]) < jobs[k].floor, jobs[k].submitted_at, jobs[k].target)
-    )
-    member_array = np.asarray(members, dtype=np.int64)
-    to_local = np.full(len(jobs), -1, dtype=np.int64)
-    to_local[member_array] = np.arange(len(members))
-    in_tier = to_local[trainers.job] >= 0
-    local_job = to_local[trainers.job[in_tier]]
-    by_job = np.argsort(local_job, kind="stable")
-    local_job = local_job[by_job]
-    local_node = trainers.node[in_tier][by_job]
-    local_count = trainers.count[in_tier][by_job]
-    local_request = trainers.requests[member_array].reshape(-1, 3)[local_job]
-    kept = _kept(free, local_job, local_node, local_count, local_request)
-    kept_totals = np.bincount(local_job, weights=kept, minlength=len(members)).astype(np.int64)
-    view_total = inputs.cluster.allocatable
-    total = view_total.sum(axis=0) if view_total.shape[0] else np.zeros(3)
-    tier_jobs: list[TierJob] = []
-    forced: dict[int, int] = {}
-    counted = contended_resources(trainers.requests[member_array].reshape(-1, 3))
-    for local, k in enumerate(members):
-        kept_total, bound_total = int(kept_totals[local]), int(trainers.bound[k])
-        if kept_total < bound_total:
-            forced[local] = bound_total - kept_total
-        request = trainers.requests[k]
-        current = inputs.current.get(jobs[k].target, bound_total)
-        tier_jobs.append(
-            TierJob(jobs[k], current, request, kept_total, dominant_share(request, total, counted))
-        )
-    present = kept > 0
-    solver = _HoldingSolver(
-        tier_jobs,
-        free - node_sums(local_node, kept, local_request, free.shape[0]),
-        allocatable=view_total,
-        entry_job=local_job[present],
-        entry_node=local_node[present],
-        entry_kept=kept[present],
-    )
-    return _Tier(tier_jobs, solver, forced)
-
-
-def _kept(
-    free: FloatArray, job: IntArray, node: IntArray, count: IntArray, request: FloatArray
-) -> IntArray:
-    """Per entry, the trainers that still fit on their node. Per overflowing node, in job
-    order: an entry keeps what fits after the earlier entries on that node (counted in full:
-    conservative if one was clipped)."""
-    kept = count.copy()
-    overflow = np.any(free - node_sums(node, count, request, free.shape[0]) < -ROOM_SLACK, axis=1)
-    if not overflow.any():
-        return kept
-    on_overflow = np.flatnonzero(overflow[node])
-    on_overflow = on_overflow[np.lexsort((job[on_overflow], node[on_overflow]))]
-    nodes = node[on_overflow]
-    requests = request[on_overflow]
-    use = count[on_overflow][:, None] * requests
-    running = np.cumsum(use, axis=0)
-    first = np.r_[True, nodes[1:] != nodes[:-1]]
-    group_start = np.maximum.accumulate(np.where(first, np.arange(len(nodes)), 0))
-    before = running - use - (running[group_start] - use[group_start])
-    room = free[nodes] - before
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(requests > 0, np.floor((room + ROOM_SLACK) / requests), np.inf)
-    kept[on_overflow] = np.clip(ratio.min(axis=1), 0, count[on_overflow]).astype(np.int64)
-    return kept
 
 
 def plan_tier(
@@ -291,6 +156,155 @@ def plan_tier(
     return TierPlan(tuple(decisions), tuple(infeasible), left, new_grew)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Trainers:
+    """Every job's bound trainers as entries (job, node, count), and each job's total."""
+
+    job: IntArray
+    node: IntArray
+    count: IntArray
+    bound: IntArray  # (jobs,)
+    requests: FloatArray  # (jobs, 3)
+
+    @classmethod
+    def of(cls, inputs: PlanInputs, entries: ClusterEntries) -> Trainers:
+        serving_count = len(inputs.serving)
+        is_job = entries.row >= serving_count
+        return cls(
+            job=entries.row[is_job] - serving_count,
+            node=entries.node[is_job],
+            count=entries.count[is_job],
+            bound=entries.row_totals[serving_count:],
+            requests=np.array(
+                [job.trainer_requests for job in inputs.jobs], dtype=np.float64
+            ).reshape(-1, 3),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Tier:
+    jobs: list[TierJob]
+    solver: TierSolver
+    forced: dict[int, int]  # local job -> trainers serving or a higher tier takes
+
+
+def _prepare(inputs: PlanInputs, trainers: Trainers, tier: int, free: FloatArray) -> _Tier:
+    """The tier's jobs (running first, then by submission) and what each keeps: trainers stay
+    where they are unless serving or a higher tier took their node; there, earlier jobs keep
+    theirs first."""
+    jobs = inputs.jobs
+    members = [k for k, job in enumerate(jobs) if job.priority == tier]
+    members.sort(
+        key=lambda k: (int(trainers.bound[k]) < jobs[k].floor, jobs[k].submitted_at, jobs[k].target)
+    )
+    member_array = np.asarray(members, dtype=np.int64)
+    to_local = np.full(len(jobs), -1, dtype=np.int64)
+    to_local[member_array] = np.arange(len(members))
+    in_tier = to_local[trainers.job] >= 0
+    local_job = to_local[trainers.job[in_tier]]
+    by_job = np.argsort(local_job, kind="stable")
+    local_job = local_job[by_job]
+    local_node = trainers.node[in_tier][by_job]
+    local_count = trainers.count[in_tier][by_job]
+    local_request = trainers.requests[member_array].reshape(-1, 3)[local_job]
+    kept = _kept(free, local_job, local_node, local_count, local_request)
+    kept_totals = np.bincount(local_job, weights=kept, minlength=len(members)).astype(np.int64)
+    view_total = inputs.cluster.allocatable
+    total = view_total.sum(axis=0) if view_total.shape[0] else np.zeros(3)
+    tier_jobs: list[TierJob] = []
+    forced: dict[int, int] = {}
+    counted = contended_resources(trainers.requests[member_array].reshape(-1, 3))
+    for local, k in enumerate(members):
+        kept_total, bound_total = int(kept_totals[local]), int(trainers.bound[k])
+        if kept_total < bound_total:
+            forced[local] = bound_total - kept_total
+        request = trainers.requests[k]
+        current = inputs.current.get(jobs[k].target, bound_total)
+        tier_jobs.append(
+            TierJob(jobs[k], current, request, kept_total, dominant_share(request, total, counted))
+        )
+    present = kept > 0
+    solver = _HoldingSolver(
+        tier_jobs,
+        free - node_sums(local_node, kept, local_request, free.shape[0]),
+        allocatable=view_total,
+        entry_job=local_job[present],
+        entry_node=local_node[present],
+        entry_kept=kept[present],
+    )
+    return _Tier(tier_jobs, solver, forced)
+
+
+def contended_resources(requests: FloatArray) -> BoolArray:
+    """The resources two or more of a tier's jobs request, (jobs, 3) -> (3,); all of them when
+    none is. Fairness is about what jobs compete for: GPUs only one job can use are no share
+    taken from the others, and counting them would leave them idle to give CPU jobs cores."""
+    contended: BoolArray = (requests > 0).sum(axis=0) >= 2
+    return contended if contended.any() else np.ones(requests.shape[1], dtype=np.bool_)
+
+
+def dominant_share(request: FloatArray, total: FloatArray, counted: BoolArray) -> float:
+    """One trainer's largest share of any `counted` resource of the cluster."""
+    shares = request[counted] / np.maximum(total[counted], EPS)
+    return float(max(shares.max(initial=0.0), EPS))
+
+
+def _kept(
+    free: FloatArray, job: IntArray, node: IntArray, count: IntArray, request: FloatArray
+) -> IntArray:
+    """Per entry, the trainers that still fit on their node. Per overflowing node, in job
+    order: an entry keeps what fits after the earlier entries on that node (counted in full:
+    conservative if one was clipped)."""
+    kept = count.copy()
+    overflow = np.any(free - node_sums(node, count, request, free.shape[0]) < -ROOM_SLACK, axis=1)
+    if not overflow.any():
+        return kept
+    on_overflow = np.flatnonzero(overflow[node])
+    on_overflow = on_overflow[np.lexsort((job[on_overflow], node[on_overflow]))]
+    nodes = node[on_overflow]
+    requests = request[on_overflow]
+    use = count[on_overflow][:, None] * requests
+    running = np.cumsum(use, axis=0)
+    first = np.r_[True, nodes[1:] != nodes[:-1]]
+    group_start = np.maximum.accumulate(np.where(first, np.arange(len(nodes)), 0))
+    before = running - use - (running[group_start] - use[group_start])
+    room = free[nodes] - before
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(requests > 0, np.floor((room + ROOM_SLACK) / requests), np.inf)
+    kept[on_overflow] = np.clip(ratio.min(axis=1), 0, count[on_overflow]).astype(np.int64)
+    return kept
+
+
+# Rounds of holding the jobs that cannot take one more trainer and refilling the others.
+_HOLD_ROUNDS = 3
+
+
+class _HoldingSolver(TierSolver):
+    """The tier's solver, whose fill does not let a job that cannot take one more trainer
+    anywhere (its GPUs are all taken, or no node has room for its shape) cap the others: the
+    fair level is bounded by every resource in aggregate, so a GPU job short of GPUs held the
+    CPU jobs at its level while their cores sat free (finite-jobs-gpu: medium gang jobs at
+    their gang minimum for hours beside idle nodes). Such jobs are held at what they got and
+    the others filled again."""
+
+    def fill(self, admitted: Sequence[int], base: Sequence[int], bounds: Bounds) -> list[int]:
+        counts = super().fill(admitted, base, bounds)
+        held = list(bounds)
+        for _ in range(_HOLD_ROUNDS):
+            _, free, _ = self.place(counts)
+            growing = [i for i in admitted if counts[i] < held[i][1]]
+            stuck = [i for i in growing if not slots_per_node(free, self.jobs[i].request).any()]
+            if not stuck or len(stuck) == len(growing):
+                break
+            for i in stuck:
+                held[i] = (counts[i], counts[i])
+            refilled = super().fill(admitted, base, held)
+            if sum(refilled) <= sum(counts):
+                break
+            counts = refilled
+        return counts
+
+
 def _defer_growth(
     solver: TierSolver,
     counts: list[int],
@@ -298,8 +312,8 @@ def _defer_growth(
     config: PolicyConfig,
     reclaim: Reclaim | None,
 ) -> tuple[list[int], dict[int, str]]:
-    """The growth that waits (churn.py), priced against the room the tier leaves free
-    (aggregate) with `counts`."""
+    """The growth that waits (`defer_small_growth`, below), priced against the room the tier
+    leaves free (aggregate) with `counts`."""
     change = np.asarray(counts, dtype=np.float64) - solver.kept_totals
     requests = np.array([item.request for item in solver.jobs], dtype=np.float64).reshape(-1, 3)
     return defer_small_growth(
@@ -398,6 +412,14 @@ def change_gain(
             restarted = max(horizon_s - item.job.restart_cost_s, 0.0)
             gain += restarted * job_rate(item, new, total) - horizon_s * job_rate(item, old, total)
     return gain
+
+
+def growth_gain(
+    rate_before: float, rate_after: float, *, lifetime_s: float, cost_s: float
+) -> float:
+    """Work a growth buys over the room's `lifetime_s`, less its two restarts (one to grow,
+    one when serving takes the room back): positive when the growth pays."""
+    return (lifetime_s - cost_s) * rate_after - (lifetime_s + cost_s) * rate_before
 
 
 @dataclass(frozen=True, slots=True)
