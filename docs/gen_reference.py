@@ -24,6 +24,7 @@ import difflib
 import importlib
 import inspect
 import io
+import itertools
 import json
 import os
 import re
@@ -164,7 +165,7 @@ def _field_docstrings(model: type) -> dict[str, str]:
         except (OSError, TypeError, SyntaxError):
             continue
         body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
-        for field, after in zip(body, body[1:], strict=False):
+        for field, after in itertools.pairwise(body):
             target = getattr(field, "target", None)
             if (
                 isinstance(target, ast.Name)
@@ -279,7 +280,8 @@ def _settings_section(settings: type, base: type | None, service: str) -> list[s
     lines = [f"## {title}", "", _cell(inspect.getdoc(settings) or ""), ""]
     lines += [f"Class `{settings.__module__}.{settings.__qualname__}`."]
     if base is not None:
-        lines += [f" Also takes every [shared setting](#shared-by-every-service) (`{base.__name__}`)."]
+        shared = "[shared setting](#shared-by-every-service)"
+        lines += [f" Also takes every {shared} (`{base.__name__}`)."]
     lines += ["", *_table(["flag", "environment", "type", "default", "description"], rows)]
     seen = {settings, *([base] if base else [])}
     for nested in _nested_models(settings, seen):
@@ -296,9 +298,13 @@ def _service_registry() -> dict[str, str]:
     """`tideshift run` names -> their modules, from the runner module's registry."""
     runner = importlib.import_module("tideshift.services.runner")
     for value in vars(runner).values():
-        if isinstance(value, dict) and value and all(
-            isinstance(key, str) and isinstance(item, str) and item.startswith("tideshift.")
-            for key, item in value.items()
+        if (
+            isinstance(value, dict)
+            and value
+            and all(
+                isinstance(key, str) and isinstance(item, str) and item.startswith("tideshift.")
+                for key, item in value.items()
+            )
         ):
             return dict(value)
     return {}
@@ -321,7 +327,7 @@ def settings_page() -> str:
         {c for c in _all_subclasses(BaseSettings) if c.__module__.startswith("tideshift.")},
         key=lambda c: (c.__module__, c.__qualname__),
     )
-    roots = [c for c in classes if not any(issubclass(c, other) for other in classes if other is not c)]
+    roots = [c for c in classes if not any(issubclass(c, o) for o in classes if o is not c)]
     by_module = {module: service for service, module in services.items()}
     body: list[str] = []
     for root in roots:
@@ -404,11 +410,7 @@ def _annotations_from_models() -> list[list[str]]:
 
 def _annotations_from_maps() -> list[list[str]]:
     """The older layout: `<ROLE>_ANNOTATIONS` maps (annotation suffix -> policy field)."""
-    names = [
-        name
-        for name, _ in _source_modules()
-        if name.rsplit(".", 1)[-1] == "annotations"
-    ]
+    names = [name for name, _ in _source_modules() if name.rsplit(".", 1)[-1] == "annotations"]
     events = importlib.import_module("tideshift.events")
     rows = []
     for module in _import_all(names):
@@ -424,7 +426,8 @@ def _annotations_from_maps() -> list[list[str]]:
                 field = model.model_fields.get(field_name) if model else None
                 words = _description(model, field_name, field, docs) if field else ""
                 if field_name in expected:
-                    words = f"{words}; expects {expected[field_name]}" if words else expected[field_name]
+                    expects = expected[field_name]
+                    words = f"{words}; expects {expects}" if words else expects
                 rows.append(
                     [
                         _code(prefix + suffix),
@@ -477,9 +480,13 @@ def _help_of(function: Callable[[list[str]], Any], argv: list[str]) -> tuple[str
     """What `function(argv + ['--help'])` prints, and the parser it built, if argparse."""
     seen: list[argparse.ArgumentParser] = []
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        with contextlib.suppress(SystemExit), _catching_parsers(seen):
-            function([*argv, "--help"])
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(io.StringIO()),
+        contextlib.suppress(SystemExit),
+        _catching_parsers(seen),
+    ):
+        function([*argv, "--help"])
     if seen:  # the deepest parser: a sub-command's own
         return _scrub(seen[-1].format_help()), seen
     return _scrub(out.getvalue()), []
@@ -495,7 +502,8 @@ def _sub_commands(parser: argparse.ArgumentParser) -> list[str]:
 def _command_section(name: str, function: Callable[[list[str]], Any], argv: list[str]) -> list[str]:
     text, parsers = _help_of(function, argv)
     heading = "#" * min(2 + len(argv), 4)
-    lines = [f"{heading} `tideshift {' '.join([name, *argv])}`", "", "```text", text.rstrip(), "```", ""]
+    command = " ".join(["tideshift", name, *argv])
+    lines = [f"{heading} `{command}`", "", "```text", text.rstrip(), "```", ""]
     if parsers and len(argv) < 2:
         for sub in _sub_commands(parsers[-1]):
             lines += _command_section(name, function, [*argv, sub])
@@ -633,7 +641,7 @@ def events_page() -> str:
     document = asyncapi.asyncapi_document()
     header = ["field", "type", "required", "default", "description"]
     body = [
-        f"AsyncAPI {document['asyncapi']}: `tideshift events asyncapi` prints the whole "
+        f"AsyncAPI {document['asyncapi']}: `tideshift events schema` prints the whole "
         "document as JSON. Every event is a CloudEvents 1.0 envelope in structured JSON mode; "
         "the tables show its `data`.",
         "",
@@ -652,7 +660,7 @@ def events_page() -> str:
         message = channel["messages"][name]
         data = message["payload"]["properties"]["data"]
         body += [
-            f'## {name.replace("_", "-")} {{ #{name.lower().replace("_", "-")} }}',
+            f"## {name.replace('_', '-')} {{ #{name.lower().replace('_', '-')} }}",
             "",
             _cell(channel.get("description", "")),
             "",
@@ -730,9 +738,7 @@ def _helm_rows(
         dotted = ".".join(here)
         described = dotted in comments
         nested = isinstance(value, dict) and value and not described
-        if isinstance(value, dict) and value and any(
-            k.startswith(dotted + ".") for k in comments
-        ):
+        if isinstance(value, dict) and value and any(k.startswith(dotted + ".") for k in comments):
             nested = True
         if nested:
             rows += _helm_rows(value, comments, schema, here)
@@ -825,6 +831,22 @@ def check(pages: Mapping[str, str], folder: Path) -> list[str]:
     return stale
 
 
+def _report(pages: Mapping[str, str], folder: Path) -> int:
+    """Name each stale page with the first lines of its difference; 1 when there is one."""
+    stale = check(pages, folder)
+    for name in stale:
+        path = folder / name
+        old = path.read_text().splitlines() if path.exists() else []
+        diff = list(difflib.unified_diff(old, pages.get(name, "").splitlines(), lineterm=""))
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        print(f"stale reference page: {shown}")
+        print("\n".join(diff[2:8]))
+    if stale:
+        print("run `make docs` or `python docs/gen_reference.py` to regenerate them")
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report stale pages, write none")
@@ -832,17 +854,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pages = render()
     if args.check:
-        stale = check(pages, args.out)
-        for name in stale:
-            path = args.out / name
-            old = path.read_text().splitlines() if path.exists() else []
-            diff = list(difflib.unified_diff(old, pages.get(name, "").splitlines(), lineterm=""))
-            print(f"stale reference page: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
-            print("\n".join(diff[2:8]))
-        if stale:
-            print("run `make docs` or `python docs/gen_reference.py` to regenerate them")
-            return 1
-        return 0
+        return _report(pages, args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in check(pages, args.out):
         path = args.out / name
