@@ -76,7 +76,7 @@ def plan_on_batch_room(
         )
         for busy in (busy_now, busy_ahead)
     )
-    return plan_batch(
+    return _plan_batch(
         batch_inputs,
         room_now,
         room_ahead=room_ahead,
@@ -185,7 +185,7 @@ def batch_room(
     return room
 
 
-def steady_room(
+def _steady_room(
     inputs: PlanInputs, room: FloatArray, previous: Mapping[str, SteadyRoom], now: float
 ) -> tuple[FloatArray, dict[str, SteadyRoom]]:
     """(per node the room batch trainers may grow into, the state for the next plan). A node
@@ -213,7 +213,7 @@ def steady_room(
     return granted, watch
 
 
-def plan_batch(
+def _plan_batch(
     inputs: PlanInputs,
     room: FloatArray,
     *,
@@ -230,7 +230,7 @@ def plan_batch(
     where the forecast lends less are not sent away before serving's usage needs it."""
     entries = cluster_entries(inputs)
     trainers = Trainers.of(inputs, entries)
-    granted, watch = steady_room(inputs, np.minimum(room_ahead, room), steady, now)
+    granted, watch = _steady_room(inputs, np.minimum(room_ahead, room), steady, now)
     bound = node_sums(trainers.node, trainers.count, trainers.requests[trainers.job], room.shape[0])
     holds = np.all(bound <= room + ROOM_SLACK, axis=1)
     # Each node offers its trainers what they hold plus the steady room beyond. Once some

@@ -88,7 +88,7 @@ def size_serving(
 
 
 @dataclass(frozen=True, slots=True)
-class ServingSize:
+class _ServingSize:
     """One serving workload's count after a plan, why, and its updated windows."""
 
     desired: int
@@ -111,7 +111,7 @@ def plan_serving(
     cluster_stale: bool,
     observed: float | None = None,
     miss: Miss | None = None,
-) -> ServingSize:
+) -> _ServingSize:
     """The workload's replicas.
 
     The safety net: a forecast can be wrong and serving must not pay for it. Observed demand
@@ -120,9 +120,9 @@ def plan_serving(
     demand may reach a lead time on at a quantile of its own recent rises (`rise_quantile`
     at least), or of the large rises recurring on a schedule when one is due.
     """
-    peaks: Peaks | None = None
+    peaks: _Peaks | None = None
     if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
-        peaks = forecast_peaks(workload, forecast, now, config)
+        peaks = _forecast_peaks(workload, forecast, now, config)
     allowed = peaks.allowed if peaks is not None else None
     new_miss = track_miss(miss, observed=observed, allowed=allowed, now=now, config=config)
     rises = headroom.observe(workload, new_miss.rises, observed, now, config)
@@ -132,20 +132,20 @@ def plan_serving(
         held = min(max(current, observed_need, workload.min_replicas), workload.max_replicas)
         why = _no_usable_forecast(has_forecast=forecast is not None)
         fallback = _held_fallback(workload.target, why)
-        return ServingSize(held, _holding(held, why), history, new_miss, fallback)
+        return _ServingSize(held, _holding(held, why), history, new_miss, fallback)
     parts = _parts(workload, peaks, new_miss, observed, now, config=config)
-    recommendation = recommend(workload, parts, observed_need)
+    recommendation = _recommend(workload, parts, observed_need)
     cutoff = now - workload.stabilization_s
     new_history = (*(item for item in history if item[0] > cutoff), (now, recommendation.replicas))
     if recommendation.replicas >= current:
         reason = _scale_up(recommendation.basis, up=recommendation.replicas > current)
-        return ServingSize(recommendation.replicas, reason, new_history, new_miss, None, parts)
+        return _ServingSize(recommendation.replicas, reason, new_history, new_miss, None, parts)
     held_why = _scale_down_hold(
         workload, new_miss, seen_since=seen_since, now=now, stale=cluster_stale
     )
     if held_why is not None:
         reason = f"{recommendation.basis}; {held_why}"
-        return ServingSize(current, reason, new_history, new_miss, None, parts)
+        return _ServingSize(current, reason, new_history, new_miss, None, parts)
     # Released room costs trainers a restart each way: release only what is not needed soon.
     kept = _replicas_for(max(peaks.release, parts.rise, 0.0), workload)
     desired, reason = _scale_down(
@@ -156,11 +156,11 @@ def plan_serving(
         history=new_history,
         config=config,
     )
-    return ServingSize(desired, reason, new_history, new_miss, None, parts)
+    return _ServingSize(desired, reason, new_history, new_miss, None, parts)
 
 
 @dataclass(frozen=True, slots=True)
-class Peaks:
+class _Peaks:
     """The forecast's peaks (req/s) that size a workload, from a fresh forecast."""
 
     window: float  # over the look-ahead window (lead time + margin)
@@ -168,9 +168,9 @@ class Peaks:
     release: float  # the median's, over the release horizon (at least the look-ahead window)
 
 
-def forecast_peaks(
+def _forecast_peaks(
     workload: ServingWorkload, forecast: Forecast, now: float, config: PolicyConfig
-) -> Peaks | None:
+) -> _Peaks | None:
     """The peaks of a fresh forecast; None when no point of it covers the look-ahead window."""
     window_end = now + workload.lead_time_s + workload.margin_s
     window = forecast_peak(forecast, now, window_end, workload.quantile)
@@ -181,7 +181,7 @@ def forecast_peaks(
     # if they use it), so it is made on the forecast's median: the safety margin is the
     # look-ahead window's quantile and the priced rise, which scale-down keeps anyway.
     release = forecast_peak(forecast, now, release_end, 0.5)
-    return Peaks(
+    return _Peaks(
         window=window,
         allowed=forecast_peak(forecast, now, now, workload.quantile),
         release=release if release is not None else 0.0,
@@ -189,7 +189,7 @@ def forecast_peaks(
 
 
 @dataclass(frozen=True, slots=True)
-class Recommendation:
+class _Recommendation:
     """The count the forecast and the safety net recommend, before the scale-down rules."""
 
     replicas: int
@@ -199,7 +199,7 @@ class Recommendation:
 
 def _parts(
     workload: ServingWorkload,
-    peaks: Peaks,
+    peaks: _Peaks,
     miss: Miss,
     observed: float | None,
     now: float,
@@ -226,9 +226,9 @@ def _parts(
     )
 
 
-def recommend(
+def _recommend(
     workload: ServingWorkload, parts: HeadroomParts, observed_need: int
-) -> Recommendation:
+) -> _Recommendation:
     """The forecast's peak, or where observed demand may rise within one lead time, or the
     observed demand, whichever needs most, within the workload's bounds."""
     forecast_need = _replicas_for(parts.forecast, workload)
@@ -250,7 +250,7 @@ def recommend(
         # The operator's cue that the safety net, not the bare forecast, sized serving.
         safety_net=need > forecast_need,
     )
-    return Recommendation(replicas, basis, parts)
+    return _Recommendation(replicas, basis, parts)
 
 
 def _replicas_for(rps: float, workload: ServingWorkload) -> int:
@@ -267,11 +267,11 @@ def _scale_down_hold(
 ) -> str | None:
     """Why serving may not scale down now, or None."""
     if stale:
-        return STALE_NO_SCALE_DOWN
+        return _STALE_NO_SCALE_DOWN
     if now - seen_since < workload.stabilization_s:
         return _not_observed_long_enough(workload)
     if now < miss.panic_until:
-        return PANIC_WINDOW
+        return _PANIC_WINDOW
     return None
 
 
@@ -418,8 +418,8 @@ def _place_additions(
 # Leads every reason in which the safety net (observed demand, the priced rise or the panic
 # window), not the bare forecast, set serving's count.
 PANIC = "panic (safety net):"
-STALE_NO_SCALE_DOWN = "cluster view stale: not scaling down"
-PANIC_WINDOW = f"{PANIC} demand ran above the forecast: no scale-down in the panic window"
+_STALE_NO_SCALE_DOWN = "cluster view stale: not scaling down"
+_PANIC_WINDOW = f"{PANIC} demand ran above the forecast: no scale-down in the panic window"
 
 
 def _no_usable_forecast(*, has_forecast: bool) -> str:

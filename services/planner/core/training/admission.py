@@ -74,7 +74,7 @@ def queue_finite_jobs(
     (`queued_since`: the last plan's `Admission.since`). `usage`: per node, the requests of
     every pod the plan does not scale and of serving as planned. Out of the inputs, a waiting
     job's parameter servers hold no room (`reserve_pending_companions`)."""
-    waiting, aged = hold_back(inputs, usage, entries, queued_since, now)
+    waiting, aged = _hold_back(inputs, usage, entries, queued_since, now)
     since = {target: queued_since.get(target, now) for target in waiting}
     if not waiting:
         return inputs, entries, Admission((), since, aged)
@@ -87,7 +87,7 @@ def queue_finite_jobs(
     return kept, cluster_entries(kept), Admission(decisions, since, aged)
 
 
-def hold_back(
+def _hold_back(
     inputs: PlanInputs,
     usage: FloatArray,
     entries: ClusterEntries,

@@ -384,16 +384,16 @@ def _decide(
 _REBALANCE_STEPS = 8
 
 
-def held_share(item: TierJob, total: FloatArray) -> float:
+def _held_share(item: TierJob, total: FloatArray) -> float:
     """One trainer's largest share of any resource of the cluster (`total`), GPUs included
     even when no other job wants them: what the trainer holds, as the simulator weighs work."""
     shares = np.divide(item.request, total, out=np.zeros(3), where=total > 0)
     return float(shares.max())
 
 
-def job_rate(item: TierJob, trainers: int, total: FloatArray) -> float:
+def _job_rate(item: TierJob, trainers: int, total: FloatArray) -> float:
     """A job's weighted work per second with `trainers` trainers."""
-    return held_share(item, total) * math.pow(trainers, item.job.speedup_exponent)
+    return _held_share(item, total) * math.pow(trainers, item.job.speedup_exponent)
 
 
 def change_gain(
@@ -410,7 +410,9 @@ def change_gain(
     for item, old, new in zip(jobs, before, after, strict=True):
         if new != old:
             restarted = max(horizon_s - item.job.restart_cost_s, 0.0)
-            gain += restarted * job_rate(item, new, total) - horizon_s * job_rate(item, old, total)
+            gain += restarted * _job_rate(item, new, total) - horizon_s * _job_rate(
+                item, old, total
+            )
     return gain
 
 
@@ -423,7 +425,7 @@ def growth_gain(
 
 
 @dataclass(frozen=True, slots=True)
-class Rebalance:
+class _Rebalance:
     """A tier's counts after partial rebalancing: the bounds that pin each job kept above its
     fair share, the jobs whose gangs stay out, and why those jobs keep more."""
 
@@ -441,7 +443,7 @@ def rebalance_partly(
     excluded: set[int],
     *,
     config: PolicyConfig,
-) -> Rebalance:
+) -> _Rebalance:
     """Jobs above their fair share give back only what lifts every other job to
     `config.rebalance_floor` of its share (and keeps what each keeps), and only when those
     moves pay their restarts over the horizon; otherwise only what lets a newcomer's gang in.
@@ -451,7 +453,7 @@ def rebalance_partly(
     jobs = solver.jobs
     admitted = [i for i in order if i not in excluded]
     above = [i for i in admitted if fair[i] < jobs[i].kept_total]
-    unchanged = Rebalance(list(fair), tuple(bounds), set(excluded), {})
+    unchanged = _Rebalance(list(fair), tuple(bounds), set(excluded), {})
     if not above or config.rebalance_floor >= 1:
         return unchanged
     below = [j for j in admitted if j not in above]
@@ -481,13 +483,13 @@ def rebalance_partly(
 
 def _worth_moving(
     jobs: Sequence[TierJob],
-    gang_only: Rebalance,
-    at_floor: Rebalance,
+    gang_only: _Rebalance,
+    at_floor: _Rebalance,
     *,
     fair: Sequence[int],
     total: FloatArray,
     config: PolicyConfig,
-) -> Rebalance:
+) -> _Rebalance:
     """The floor's moves when what they buy over the horizon beyond letting the gangs in
     exceeds their restarts; else the gangs only, saying so (the loss in percent of the
     tier's work over the horizon)."""
@@ -499,7 +501,7 @@ def _worth_moving(
     if extra > 0:
         return at_floor
     work = horizon * sum(
-        job_rate(item, count, total) for item, count in zip(jobs, kept, strict=True)
+        _job_rate(item, count, total) for item, count in zip(jobs, kept, strict=True)
     )
     loss = -extra / work if work > 0 else 0.0
     why = {
@@ -508,7 +510,7 @@ def _worth_moving(
         f"less of the tier's work over the next {horizon:.0f} s)"
         for i in gang_only.reasons
     }
-    return Rebalance(gang_only.counts, gang_only.bounds, gang_only.excluded, why)
+    return _Rebalance(gang_only.counts, gang_only.bounds, gang_only.excluded, why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,7 +526,7 @@ class _Levels:
     above: list[int]  # jobs above their share
     config: PolicyConfig
 
-    def highest(self) -> Rebalance | None:
+    def highest(self) -> _Rebalance | None:
         """The outcome at the highest level that still lifts every job to what it requires."""
         top = max(self.solver.jobs[i].kept_total / self.fair[i] for i in self.above)
         best = self.solve(top)
@@ -540,7 +542,7 @@ class _Levels:
                 low, best = middle, outcome
         return best
 
-    def solve(self, level: float) -> Rebalance | None:
+    def solve(self, level: float) -> _Rebalance | None:
         """Every above-share job kept at `level` x its share (at most what it keeps); None
         when that leaves a job out or below what it requires."""
         jobs, bounds, fair = self.solver.jobs, self.bounds, self.fair
@@ -563,11 +565,11 @@ class _Levels:
             for i in self.above
             if counts[i] > fair[i]
         }
-        return Rebalance(counts, tuple(pinned), set(out), why)
+        return _Rebalance(counts, tuple(pinned), set(out), why)
 
 
 @dataclass(frozen=True, slots=True)
-class Holds:
+class _Holds:
     """Jobs held this step (index -> reason), the bounds that pin them, and which holds are
     tolerance skips (released when they would keep a gang out)."""
 
@@ -585,7 +587,7 @@ def limit_shrinks(
     grew_at: Mapping[Target, float],
     now: float,
     config: PolicyConfig,
-) -> Holds:
+) -> _Holds:
     """Hold shrinks of jobs that grew too recently or shrink too little; cap the removals per
     step (largest shrinks first). A held job is pinned at what it keeps."""
     held: dict[int, str] = {}
@@ -618,16 +620,16 @@ def limit_shrinks(
         if low != high:
             keep = min(jobs[i].kept_total, high)
             pinned[i] = (keep, keep)
-    return Holds(held, tuple(pinned), frozenset(tolerance))
+    return _Holds(held, tuple(pinned), frozenset(tolerance))
 
 
-def release_tolerance(holds: Holds, bounds: Bounds) -> Holds:
+def release_tolerance(holds: _Holds, bounds: Bounds) -> _Holds:
     """The holds without the tolerance skips: those jobs get their own bounds back."""
     released = tuple(
         bounds[i] if i in holds.tolerance else pinned for i, pinned in enumerate(holds.bounds)
     )
     kept = {i: why for i, why in holds.reasons.items() if i not in holds.tolerance}
-    return Holds(kept, released, frozenset())
+    return _Holds(kept, released, frozenset())
 
 
 def defer_small_growth(
@@ -659,7 +661,7 @@ def defer_small_growth(
         # Small in trainers and in the cluster: one large trainer (a node's worth) is no jitter.
         if (
             growth <= max(1, config.grow_tolerance * item.current)
-            and growth * held_share(item, total) < config.grow_tolerance
+            and growth * _held_share(item, total) < config.grow_tolerance
         ):
             final[i], deferred[i] = item.current, _growth_deferred(growth)
         else:
@@ -709,8 +711,8 @@ class _Room:
         if lifetime is None:
             grown = [item.current + part]
             return change_gain([item], [item.current], grown, horizon_s=horizon, total=total) > 0
-        before = job_rate(item, item.current, total)
-        after = job_rate(item, item.current + part, total)
+        before = _job_rate(item, item.current, total)
+        after = _job_rate(item, item.current + part, total)
         return growth_gain(before, after, lifetime_s=lifetime, cost_s=item.job.restart_cost_s) > 0
 
 
