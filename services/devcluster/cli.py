@@ -2,7 +2,8 @@
 
 `up` starts the cluster in the background and keeps its state (certificates, etcd data, logs,
 pids) in one directory; `env` prints the KUBECONFIG export; `down` stops it and removes the
-directory.
+directory. `up` also starts the engines users run beside Tideshift (Kueue, the Kubeflow training
+operator, KubeRay; `--without` leaves any of them out), with their logs in the same directory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from tideshift.services.devcluster.cluster import (
     ClusterOptions,
     ClusterStartError,
     LocalCluster,
+)
+from tideshift.services.devcluster.engines import (
+    ENGINE_NAMES,
+    ENGINES,
+    MissingEnginesError,
+    default_engines_dir,
+    parse_engine_list,
 )
 from tideshift.services.devcluster.nodes import default_nodes
 from tideshift.services.devcluster.processes import (
@@ -71,6 +79,13 @@ def _quantity(text: str) -> str:
             f"expected a Kubernetes quantity such as 8, 500m or 32Gi, got {text!r}"
         )
     return text
+
+
+def _engine_list(text: str) -> list[str]:
+    try:
+        return parse_engine_list(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -145,6 +160,22 @@ def _add_up_arguments(up: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not install the Volcano Job and PyTorchJob CRDs",
     )
+    engines = ", ".join(f"{name} ({ENGINES[name].version})" for name in ENGINE_NAMES)
+    up.add_argument(
+        "--without",
+        type=_engine_list,
+        action="append",
+        default=[],
+        metavar="ENGINE[,ENGINE]",
+        help=f"engines not to start (default: start all of {engines}; repeatable)",
+    )
+    up.add_argument(
+        "--engines-dir",
+        type=Path,
+        default=None,
+        help=f"engine binaries and manifests (default {default_engines_dir()}, "
+        "env TIDESHIFT_ENGINES_DIR)",
+    )
     up.add_argument(
         "--no-storage",
         action="store_true",
@@ -155,6 +186,11 @@ def _add_up_arguments(up: argparse.ArgumentParser) -> None:
         action="store_true",
         help="stay attached; Ctrl-C stops the cluster",
     )
+
+
+def _engines(without: list[list[str]]) -> list[str]:
+    left_out = {name for names in without for name in names}
+    return [name for name in ENGINE_NAMES if name not in left_out]
 
 
 def _running(state_dir: Path) -> bool:
@@ -197,11 +233,13 @@ def _up(args: argparse.Namespace) -> int:
         start_timeout=args.timeout,
         workload_crds=not args.no_crds,
         storage=not args.no_storage,
+        engines=_engines(args.without),
+        engines_dir=args.engines_dir,
     )
     cluster = LocalCluster(options)
     try:
         cluster.start(progress=lambda message: print(f"dev cluster: {message}", flush=True))
-    except MissingBinariesError as error:
+    except (MissingBinariesError, MissingEnginesError) as error:
         print(f"tideshift dev cluster: {error}", file=sys.stderr)
         return 1
     except (ClusterStartError, TimeoutError) as error:

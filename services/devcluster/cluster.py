@@ -3,8 +3,10 @@
 etcd, kube-apiserver (client-certificate auth from a generated CA, ServiceAccount tokens,
 Node+RBAC authorization, priority admission), kube-controller-manager, kube-scheduler and
 kwok (fake nodes and kubelets) run as child processes on free loopback ports, each in its
-own process group, with their files in one state directory. Blocking on purpose: start-up is
-sequential and the callers (pytest fixtures, the CLI) are synchronous.
+own process group, with their files in one state directory; optionally also the engines
+users run beside Tideshift (Kueue, the training operator, KubeRay: see engines.py).
+Blocking on purpose: start-up is sequential and the callers (pytest fixtures, the CLI) are
+synchronous.
 """
 
 from __future__ import annotations
@@ -26,10 +28,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.common.lifetime import die_with_parent
 from tideshift.services.common.ports import free_ports
 from tideshift.services.devcluster.crds import install_crds
 from tideshift.services.devcluster.credentials import write_pki
+from tideshift.services.devcluster.engine_manifests import EngineManifestError
+from tideshift.services.devcluster.engines import (
+    EngineContext,
+    default_engines_dir,
+    prepare_engines,
+    require_engines,
+)
 from tideshift.services.devcluster.kwok_stages import write_kwok_config
 from tideshift.services.devcluster.nodes import (
     KWOK_NODE_ANNOTATION,
@@ -83,6 +93,12 @@ class ClusterOptions:
     workload_crds: bool = True
     # A default StorageClass with volumes that bind (the chart's bundled NATS claims one).
     storage: bool = True
+    # Engines to start (names from engines.ENGINE_NAMES); none by default.
+    engines: Sequence[str] = ()
+    # None: engines.default_engines_dir() (where tests/cluster/build_engines.sh puts them).
+    engines_dir: Path | None = None
+    # The engines start after the control plane, with a deadline of their own.
+    engine_timeout: float = 180.0
 
 
 class LocalCluster:
@@ -102,6 +118,10 @@ class LocalCluster:
     @property
     def bin_dir(self) -> Path:
         return self.options.bin_dir
+
+    @property
+    def engines_dir(self) -> Path:
+        return self.options.engines_dir or default_engines_dir()
 
     @property
     def kubeconfig_path(self) -> Path:
@@ -145,6 +165,8 @@ class LocalCluster:
     def start(self, progress: Progress | None = None) -> None:
         say = progress or (lambda _message: None)
         require_binaries(self.bin_dir)
+        if self.options.engines:
+            require_engines(self.engines_dir, self.options.engines)
         if not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True
@@ -185,7 +207,36 @@ class LocalCluster:
                 if self.options.storage:
                     say(f"creating the default StorageClass {STORAGE_CLASS} and its volumes")
                     install_storage(api_client)
+        if self.options.engines:
+            self.start_engines(self.options.engines, progress=say)
         say(f"cluster ready: KUBECONFIG={self.kubeconfig_path}")
+
+    def start_engines(self, names: Sequence[str], progress: Progress | None = None) -> None:
+        """Installs the engines' CRDs and webhooks, starts them and waits until each is ready."""
+        say = progress or (lambda _message: None)
+        require_engines(self.engines_dir, names)
+        context = EngineContext(
+            engines_dir=self.engines_dir,
+            state_dir=self.state_dir,
+            pki_dir=self.pki_dir,
+            server=self.server_url,
+            pytorchjob_kind=self.options.workload_crds,
+        )
+        timeout = self.options.engine_timeout
+        say(f"installing the CRDs and webhooks of {', '.join(names)}")
+        try:
+            with self.api_client() as api_client:
+                launches = prepare_engines(KubeHttp(api_client), names, context, timeout=timeout)
+        except EngineManifestError as error:
+            raise ClusterStartError(f"engine manifests: {error}") from error
+        say(f"starting {', '.join(names)}")
+        for launch in launches:
+            self._ports.update(launch.ports)
+            self._spawn(launch.name, launch.args, binary=launch.binary, env=launch.env)
+        self._save_state()
+        deadline = time.monotonic() + timeout
+        for launch in launches:
+            self._wait_ready(launch.name, launch.ready_url, deadline, tls=None)
 
     def restart(self, name: str, *, crash: bool = True, timeout: float = 120.0) -> None:
         """Stops one component (SIGKILL by default, like a crash) and starts it again on the
@@ -382,12 +433,20 @@ class LocalCluster:
             "--node-lease-duration-seconds=40",
         ]
 
-    def _spawn(self, name: str, args: list[str]) -> None:
-        binary = self.bin_dir / name
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        *,
+        binary: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        binary = binary or self.bin_dir / name
         log_path = self.state_dir / "logs" / f"{name}.log"
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 [str(binary), *args],
+                env={**os.environ, **env} if env else None,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -429,7 +488,7 @@ class LocalCluster:
                 last_error = str(error)
             if time.monotonic() > deadline:
                 raise ClusterStartError(
-                    f"{name} not ready at {url} within {self.options.start_timeout:.0f}s "
+                    f"{name} not ready at {url} before its deadline "
                     f"(last answer: {last_error}); last log lines:\n"
                     f"{log_tail(self.state_dir / 'logs' / f'{name}.log')}"
                 )

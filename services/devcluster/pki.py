@@ -57,11 +57,15 @@ def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
 
 
 class CertificateAuthority:
-    def __init__(self, common_name: str = "tideshift-devcluster-ca") -> None:
+    def __init__(
+        self, common_name: str = "tideshift-devcluster-ca", *, dns_names: tuple[str, ...] = ()
+    ) -> None:
+        """A fresh self-signed CA. `dns_names`: some controllers' certificate rotators check
+        that their CA is valid for the CA's own name (open-policy-agent/cert-controller)."""
         self._key = _new_key()
         now = datetime.datetime.now(datetime.UTC)
         subject = _name(common_name)
-        self._cert = (
+        builder = (
             x509.CertificateBuilder()
             .subject_name(subject)
             .issuer_name(subject)
@@ -87,8 +91,22 @@ class CertificateAuthority:
             .add_extension(
                 x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False
             )
-            .sign(self._key, hashes.SHA256())
         )
+        if dns_names:
+            names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        self._cert = builder.sign(self._key, hashes.SHA256())
+
+    @classmethod
+    def load(cls, cert_pem: bytes, key_pem: bytes) -> CertificateAuthority:
+        """The CA written by `pair.write`, to issue more certificates later."""
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError("expected the elliptic-curve key this module writes")
+        ca = cls.__new__(cls)
+        ca._key = key
+        ca._cert = x509.load_pem_x509_certificate(cert_pem)
+        return ca
 
     @property
     def pair(self) -> CertPair:
