@@ -46,10 +46,12 @@ def test_training_operator_creates_and_resizes_an_elastic_pytorchjob(
             f"{jobs}/elastic",
             {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": replicas}}}},
         )
+
+        def followed(n: int = replicas) -> bool:
+            return len(pods(http, ns, selector)) == n and running_count(http, ns, selector) == n
+
         eventually(
-            lambda n=replicas: (
-                len(pods(http, ns, selector)) == n and running_count(http, ns, selector) == n
-            ),
+            followed,
             timeout=FOLLOW_S,
             what=f"the training operator to run {replicas} worker pods on kwok nodes",
         )
