@@ -4,11 +4,11 @@ Kueue's manager, the Kubeflow training operator and the KubeRay operator.
 tests/cluster/build_engines.sh builds them from their Go modules and copies their CRDs and
 webhook manifests into the cache; this module checks those files, installs the real CRDs
 (the training operator's PyTorchJob CRD replaces the structural one of crds.py), and prepares
-each engine's launch: a client identity (system:masters, like kwok), loopback ports from
-services/common/ports.py, leader election off, and, where the engine has webhooks, a serving
-certificate from a CA of its own with the Mutating/ValidatingWebhookConfigurations pointed at
-`https://127.0.0.1:PORT`. Volcano is not served by this machine's module proxy, so its Job
-keeps the structural CRD and kwok plays its pods.
+each engine's launch: a client identity (system:masters, like kwok; given as $KUBECONFIG),
+loopback ports from services/common/ports.py, leader election off, and, where the engine has
+webhooks, a serving certificate from a CA of its own with the Mutating/Validating
+WebhookConfigurations pointed at `https://127.0.0.1:PORT`. Volcano is not served by this
+machine's module proxy, so its Job keeps the structural CRD and kwok plays its pods.
 
 Webhooks per engine:
 - Kueue: its own internal certificate management stays on (its cert rotator wants a Secret
@@ -270,13 +270,13 @@ def _kuberay_launch(context: EngineContext) -> EngineLaunch:
         name="kuberay",
         binary=context.engines_dir / "bin" / ENGINES["kuberay"].binary,
         args=[
-            f"--kubeconfig={_identity_kubeconfig(context, 'kuberay')}",
             f"--metrics-addr=127.0.0.1:{metrics}",
             f"--health-probe-bind-address=127.0.0.1:{health}",
             "--enable-leader-election=false",
             "--log-stdout-encoder=console",
         ],
         ready_url=_ready_url(health),
+        env={"KUBECONFIG": str(_identity_kubeconfig(context, "kuberay"))},
         ports={"kuberay-health": health, "kuberay-metrics": metrics},
     )
 
@@ -313,7 +313,6 @@ def _training_operator_launch(http: KubeHttp, context: EngineContext) -> EngineL
         name="training-operator",
         binary=context.engines_dir / "bin" / ENGINES["training-operator"].binary,
         args=[
-            f"--kubeconfig={_identity_kubeconfig(context, 'training-operator')}",
             f"--metrics-bind-address=127.0.0.1:{metrics}",
             f"--health-probe-bind-address=127.0.0.1:{health}",
             f"--webhook-server-port={webhook}",
@@ -321,7 +320,11 @@ def _training_operator_launch(http: KubeHttp, context: EngineContext) -> EngineL
             "--leader-elect=false",
         ],
         ready_url=_ready_url(health),
-        env={"TMPDIR": str(tmpdir), "MY_POD_NAMESPACE": TRAINING_OPERATOR_NAMESPACE},
+        env={
+            "KUBECONFIG": str(_identity_kubeconfig(context, "training-operator")),
+            "TMPDIR": str(tmpdir),
+            "MY_POD_NAMESPACE": TRAINING_OPERATOR_NAMESPACE,
+        },
         ports={
             "training-operator-health": health,
             "training-operator-metrics": metrics,
@@ -387,8 +390,9 @@ def _kueue_launch(
     launch = EngineLaunch(
         name="kueue",
         binary=context.engines_dir / "bin" / ENGINES["kueue"].binary,
-        args=[f"--kubeconfig={_identity_kubeconfig(context, 'kueue')}", f"--config={config_path}"],
+        args=[f"--config={config_path}"],
         ready_url=_ready_url(health),
+        env={"KUBECONFIG": str(_identity_kubeconfig(context, "kueue"))},
         ports={"kueue-health": health, "kueue-metrics": metrics, "kueue-webhook": webhook},
     )
     return launch, [crd["metadata"]["name"] for crd in crds]
