@@ -1,7 +1,9 @@
 """Tier solving: within one priority tier, admit the jobs whose gangs fit (all or nothing,
 earlier jobs first), then raise a weighted dominant-resource-fair level until the trainers no
 longer pack per node, then top up single trainers; finite jobs (a known remaining work) then
-share their room shortest-remaining-first. Pure numpy; no I/O."""
+share their room shortest-remaining-first. The plan uses `HoldingSolver`: a job that cannot take
+one more trainer anywhere is held at what it got and the others filled again. Pure numpy; no
+I/O."""
 
 from __future__ import annotations
 
@@ -346,6 +348,36 @@ class TierSolver:
                 slots[node] = slots_per_node(free[node : node + 1], np.asarray(other))[0]
             best[i] += 1
         return best
+
+
+# Rounds of holding the jobs that cannot take one more trainer and refilling the others.
+_HOLD_ROUNDS = 3
+
+
+class HoldingSolver(TierSolver):
+    """The tier's solver, whose fill does not let a job that cannot take one more trainer
+    anywhere (its GPUs are all taken, or no node has room for its shape) cap the others: the
+    fair level is bounded by every resource in aggregate, so a GPU job short of GPUs held the
+    CPU jobs at its level while their cores sat free (finite-jobs-gpu: medium gang jobs at
+    their gang minimum for hours beside idle nodes). Such jobs are held at what they got and
+    the others filled again."""
+
+    def fill(self, admitted: Sequence[int], base: Sequence[int], bounds: Bounds) -> list[int]:
+        counts = super().fill(admitted, base, bounds)
+        held = list(bounds)
+        for _ in range(_HOLD_ROUNDS):
+            _, free, _ = self.place(counts)
+            growing = [i for i in admitted if counts[i] < held[i][1]]
+            stuck = [i for i in growing if not slots_per_node(free, self.jobs[i].request).any()]
+            if not stuck or len(stuck) == len(growing):
+                break
+            for i in stuck:
+                held[i] = (counts[i], counts[i])
+            refilled = super().fill(admitted, base, held)
+            if sum(refilled) <= sum(counts):
+                break
+            counts = refilled
+        return counts
 
 
 class _FairLevels:

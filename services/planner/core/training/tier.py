@@ -39,11 +39,11 @@ from tideshift.services.planner.core.packing import (
     ROOM_SLACK,
     ClusterEntries,
     node_sums,
-    slots_per_node,
 )
 from tideshift.services.planner.core.training.lifetime import Reclaim
 from tideshift.services.planner.core.training.shares import (
     Bounds,
+    HoldingSolver,
     TierJob,
     TierSolver,
 )
@@ -224,7 +224,7 @@ def _prepare(inputs: PlanInputs, trainers: Trainers, tier: int, free: FloatArray
             TierJob(jobs[k], current, request, kept_total, dominant_share(request, total, counted))
         )
     present = kept > 0
-    solver = _HoldingSolver(
+    solver = HoldingSolver(
         tier_jobs,
         free - node_sums(local_node, kept, local_request, free.shape[0]),
         allocatable=view_total,
@@ -273,36 +273,6 @@ def _kept(
         ratio = np.where(requests > 0, np.floor((room + ROOM_SLACK) / requests), np.inf)
     kept[on_overflow] = np.clip(ratio.min(axis=1), 0, count[on_overflow]).astype(np.int64)
     return kept
-
-
-# Rounds of holding the jobs that cannot take one more trainer and refilling the others.
-_HOLD_ROUNDS = 3
-
-
-class _HoldingSolver(TierSolver):
-    """The tier's solver, whose fill does not let a job that cannot take one more trainer
-    anywhere (its GPUs are all taken, or no node has room for its shape) cap the others: the
-    fair level is bounded by every resource in aggregate, so a GPU job short of GPUs held the
-    CPU jobs at its level while their cores sat free (finite-jobs-gpu: medium gang jobs at
-    their gang minimum for hours beside idle nodes). Such jobs are held at what they got and
-    the others filled again."""
-
-    def fill(self, admitted: Sequence[int], base: Sequence[int], bounds: Bounds) -> list[int]:
-        counts = super().fill(admitted, base, bounds)
-        held = list(bounds)
-        for _ in range(_HOLD_ROUNDS):
-            _, free, _ = self.place(counts)
-            growing = [i for i in admitted if counts[i] < held[i][1]]
-            stuck = [i for i in growing if not slots_per_node(free, self.jobs[i].request).any()]
-            if not stuck or len(stuck) == len(growing):
-                break
-            for i in stuck:
-                held[i] = (counts[i], counts[i])
-            refilled = super().fill(admitted, base, held)
-            if sum(refilled) <= sum(counts):
-                break
-            counts = refilled
-        return counts
 
 
 def _defer_growth(
