@@ -24,6 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from tideshift.services.core.constants import EPS
 from tideshift.services.planner.core import (
     Decision,
     PlanInputs,
@@ -128,7 +129,7 @@ class HpaState:
 def _hpa_serving(
     inputs: PlanInputs, state: HpaState, now: float, *, sync_s: float
 ) -> tuple[list[TargetDecision], HpaState]:
-    due = state.last_sync is None or now - state.last_sync >= sync_s - 1e-9
+    due = state.last_sync is None or now - state.last_sync >= sync_s - EPS
     decisions = []
     desired_map = dict(state.desired)
     history_map = dict(state.history)
@@ -176,7 +177,7 @@ def _hpa_one(
         recommended = current
         reason = f"hpa: usage ratio {ratio:.2f} within tolerance"
     else:
-        recommended = math.ceil(current * ratio - 1e-9)
+        recommended = math.ceil(current * ratio - EPS)
         reason = f"hpa: usage ratio {ratio:.2f} -> {recommended}"
     recommended = min(max(recommended, workload.min_replicas), workload.max_replicas)
     cutoff = now - HPA_DOWN_STABILIZATION_S
@@ -228,7 +229,7 @@ class EdlPolicy:
             job.target: state.trainers.get(job.target, job.min_trainers) for job in inputs.jobs
         }
         reasons = {job.target: "edl: between ticks" for job in inputs.jobs}
-        due = state.last_tick is None or now - state.last_tick >= self.tick_s - 1e-9
+        due = state.last_tick is None or now - state.last_tick >= self.tick_s - EPS
         if due and inputs.jobs:
             reasons = self._tick(inputs, serving_decisions, trainers)
         decisions = list(serving_decisions)
