@@ -69,7 +69,7 @@ def _modules_where(predicate: Callable[[ast.Module], bool]) -> list[str]:
     for name, path in _source_modules():
         try:
             tree = ast.parse(path.read_text(), filename=str(path))
-        except (SyntaxError, UnicodeDecodeError):
+        except (OSError, SyntaxError, UnicodeDecodeError):  # moved or half-written: not ours
             continue
         if predicate(tree):
             found.append(name)
@@ -271,26 +271,35 @@ def _nested_models(model: type, seen: set[type]) -> list[type]:
     return found
 
 
-def _settings_section(settings: type, base: type | None, service: str) -> list[str]:
+def _anchor_of(settings: type) -> str:
+    return "settings-" + settings.__name__.lower()
+
+
+def _settings_section(settings: type, bases: list[type], service: str) -> list[str]:
+    """A service's (or a shared section's) own settings; those of the classes it inherits
+    (the common settings, a section several services share) are linked, not repeated."""
     config = settings.model_config  # type: ignore[attr-defined]
     prefix, delimiter = config.get("env_prefix", ""), config.get("env_nested_delimiter")
-    inherited = set(base.model_fields) if base is not None else set()  # type: ignore[attr-defined]
+    inherited = {name for base in bases for name in base.model_fields}  # type: ignore[attr-defined]
     rows = _settings_rows(settings, "--", prefix, delimiter, inherited)
     title = f"`tideshift run {service}`" if service else f"`{settings.__name__}`"
-    lines = [f"## {title}", "", _cell(inspect.getdoc(settings) or ""), ""]
+    if not bases and not service:
+        title = f"Shared by every service (`{settings.__name__}`)"
+    lines = [f"## {title} {{ #{_anchor_of(settings)} }}", ""]
+    lines += [_cell(inspect.getdoc(settings) or ""), ""]
     lines += [f"Class `{settings.__module__}.{settings.__qualname__}`."]
-    if base is not None:
-        shared = "[shared setting](#shared-by-every-service)"
-        lines += [f" Also takes every {shared} (`{base.__name__}`)."]
+    if bases:
+        links = ", ".join(f"[`{base.__name__}`](#{_anchor_of(base)})" for base in bases)
+        lines += [f" Also takes every setting of {links}."]
     lines += ["", *_table(["flag", "environment", "type", "default", "description"], rows)]
-    seen = {settings, *([base] if base else [])}
+    seen = {settings, *bases}
     for nested in _nested_models(settings, seen):
         if nested.__module__.split(".")[0] != "tideshift":
             continue
-        nested_rows = _settings_rows(nested, "", "", None)
+        nested_rows = [[row[0], *row[2:]] for row in _settings_rows(nested, "", "", None)]
         lines += [f"### `{nested.__name__}` (JSON items of {title})", ""]
         lines += [_cell(inspect.getdoc(nested) or ""), ""]
-        lines += _table(["key", "-", "type", "default", "description"], nested_rows)
+        lines += _table(["key", "type", "default", "description"], nested_rows)
     return lines
 
 
@@ -327,28 +336,17 @@ def settings_page() -> str:
         {c for c in _all_subclasses(BaseSettings) if c.__module__.startswith("tideshift.")},
         key=lambda c: (c.__module__, c.__qualname__),
     )
-    roots = [c for c in classes if not any(issubclass(c, o) for o in classes if o is not c)]
     by_module = {module: service for service, module in services.items()}
-    body: list[str] = []
-    for root in roots:
-        body += [
-            "## Shared by every service",
-            "",
-            _cell(inspect.getdoc(root) or ""),
-            "",
-            f"Class `{root.__module__}.{root.__qualname__}`.",
-            "",
-        ]
-        body += _table(
-            ["flag", "environment", "type", "default", "description"],
-            _settings_rows(root, "--", root.model_config.get("env_prefix", ""), None),  # type: ignore[attr-defined]
-        )
+    sections = []
     for settings in classes:
-        if settings in roots:
-            continue
-        base = next((r for r in roots if issubclass(settings, r)), None)
+        bases = [c for c in classes if c is not settings and issubclass(settings, c)]
         service = _service_of(settings, by_module)
-        body += _settings_section(settings, base, service)
+        # the common settings first, then sections services share, then each service
+        order = 0 if not bases else 2 if service else 1
+        sections.append((order, service or settings.__name__, settings, bases, service))
+    body: list[str] = []
+    for _, _, settings, bases, service in sorted(sections, key=lambda item: item[:2]):
+        body += _settings_section(settings, bases, service)
     return _page(
         "Settings",
         """
@@ -363,10 +361,13 @@ same list.
 
 
 def _service_of(settings: type, by_module: Mapping[str, str]) -> str:
-    """The `tideshift run` name whose module defines or imports this settings class."""
+    """The `tideshift run` name whose module uses this class as its most derived settings."""
     for module_name, service in sorted(by_module.items()):
         module = sys.modules.get(module_name)
-        if module is not None and settings in vars(module).values():
+        used = [v for v in vars(module).values() if isinstance(v, type)] if module else []
+        if settings in used and not any(
+            other is not settings and issubclass(other, settings) for other in used
+        ):
             return service
     return ""
 
@@ -375,13 +376,23 @@ def _service_of(settings: type, by_module: Mapping[str, str]) -> str:
 
 
 def _annotation_of(field: Any) -> str | None:
+    """The annotation a workload field is read from, wherever its metadata names it: a
+    `json_schema_extra` key mentioning "annotation", an alias, or a metadata object whose
+    class or attribute is named so."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    for key, value in sorted(extra.items()):
-        if "annotation" in key and isinstance(value, str):
-            return value
-    for candidate in (field.alias, field.validation_alias, field.serialization_alias):
-        if isinstance(candidate, str) and "tideshift.io/" in candidate:
-            return candidate
+    candidates = [value for key, value in sorted(extra.items()) if "annotation" in key]
+    candidates += [field.alias, field.validation_alias, field.serialization_alias]
+    for item in field.metadata:
+        if "annotation" in type(item).__name__.lower():
+            candidates += [getattr(item, name, None) for name in ("name", "annotation", "key")]
+            candidates.append(item if isinstance(item, str) else None)
+        candidates.append(getattr(item, "annotation", None))
+    for candidate in candidates:
+        if isinstance(candidate, str) and candidate and " " not in candidate:
+            if "/" in candidate:
+                return candidate if candidate.startswith("tideshift.io/") else None
+            if candidates.index(candidate) < len(extra) or "-" in candidate:
+                return "tideshift.io/" + candidate
     return None
 
 
@@ -396,7 +407,7 @@ def _annotations_from_models() -> list[list[str]]:
         docstrings = _field_docstrings(model)
         for name, field in model.model_fields.items():
             annotation = _annotation_of(field)
-            if annotation is not None and "{" not in model.__qualname__:
+            if annotation is not None:
                 rows.append(
                     [
                         _code(annotation),
