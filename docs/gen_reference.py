@@ -21,6 +21,7 @@ import argparse
 import ast
 import contextlib
 import difflib
+import functools
 import importlib
 import inspect
 import io
@@ -63,17 +64,21 @@ def _source_modules() -> Iterator[tuple[str, Path]]:
             yield ".".join([package, *parts]), path
 
 
-def _modules_where(predicate: Callable[[ast.Module], bool]) -> list[str]:
-    """The modules whose syntax tree satisfies `predicate` (read, not imported)."""
-    found = []
+@functools.cache
+def _parsed_modules() -> tuple[tuple[str, ast.Module], ...]:
+    """Every module's syntax tree, read once per run."""
+    parsed = []
     for name, path in _source_modules():
         try:
-            tree = ast.parse(path.read_text(), filename=str(path))
+            parsed.append((name, ast.parse(path.read_text(), filename=str(path))))
         except (OSError, SyntaxError, UnicodeDecodeError):  # moved or half-written: not ours
             continue
-        if predicate(tree):
-            found.append(name)
-    return found
+    return tuple(parsed)
+
+
+def _modules_where(predicate: Callable[[ast.Module], bool]) -> list[str]:
+    """The modules whose syntax tree satisfies `predicate` (read, not imported)."""
+    return [name for name, tree in _parsed_modules() if predicate(tree)]
 
 
 def _imports(tree: ast.Module, module: str) -> bool:
