@@ -14,8 +14,8 @@ SERVICES: dict[str, str] = {
     "executor": "tideshift.services.executor.service",
     "predictor": "tideshift.services.predictor.service",
     "planner": "tideshift.services.planner.service",
-    "coordinator": "tideshift.services.trainer.coordinator",
-    "pserver": "tideshift.services.trainer.pserver",
+    "coordinator": "tideshift.services.trainer.coordinator.service",
+    "pserver": "tideshift.services.trainer.pserver.service",
     "trainer": "tideshift.services.trainer.worker",
 }
 

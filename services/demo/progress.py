@@ -25,8 +25,8 @@ from tideshift.services.trainer.core.model import (
     log_loss,
     parse_uri,
 )
-from tideshift.services.trainer.jobs import read_layout, read_spec
-from tideshift.services.trainer.pserver_client import PServerClient
+from tideshift.services.trainer.port.jobs import read_layout, read_spec
+from tideshift.services.trainer.port.pserver_client import PServerClient
 
 log = logging.getLogger("tideshift.demo.progress")
 

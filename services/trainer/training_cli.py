@@ -25,15 +25,15 @@ import numpy as np
 from tideshift.events import TRAINER_JOBS_BUCKET, TRAINER_MEMBERS_BUCKET
 from tideshift.events.tokens import decode_token
 from tideshift.services.common.bus import Bus, RequestFailed
-from tideshift.services.trainer.busport import (
+from tideshift.services.trainer.core.jobspec import JobSpec, PersistedCoordinator
+from tideshift.services.trainer.port.bus import (
     MEMBER_TTL_SECONDS,
     job_key,
     member_prefix,
 )
-from tideshift.services.trainer.core.jobspec import JobSpec, PersistedCoordinator
-from tideshift.services.trainer.jobs import read_layout, read_spec
-from tideshift.services.trainer.pserver_client import PServerClient, StatusClient
-from tideshift.services.trainer.pserver_store import forget
+from tideshift.services.trainer.port.jobs import read_layout, read_spec
+from tideshift.services.trainer.port.pserver_client import PServerClient, StatusClient
+from tideshift.services.trainer.pserver.store import forget
 
 PROG = "tideshift training"
 

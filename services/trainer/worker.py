@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import Field
 
 from tideshift.services.common.runtime import configure_logging
@@ -25,10 +28,56 @@ from tideshift.services.trainer.core.model import (
     parse_uri,
     read_uri,
 )
-from tideshift.services.trainer.health import TrainerHealth
 from tideshift.services.trainer.sdk import ElasticJob
 
 log = logging.getLogger("tideshift.trainer")
+
+
+class TrainerHealth:
+    """Why the trainer is not ready (empty once it is); `serve` starts the endpoints."""
+
+    def __init__(self) -> None:
+        self.not_ready = "waiting for the job spec"
+        self.server: ThreadingHTTPServer | None = None
+
+    @property
+    def port(self) -> int | None:
+        return None if self.server is None else int(self.server.server_address[1])
+
+    def serve(self, host: str, port: int) -> None:
+        health = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # the stdlib calls it by this name
+                status, kind, body = health.answer(self.path)
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass  # probes every few seconds would drown the trainer's own log
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True, name="health").start()
+        log.info("trainer health and metrics on %s:%s", host, self.port)
+
+    def answer(self, path: str) -> tuple[int, str, bytes]:
+        if path == "/healthz":
+            return 200, "text/plain", b"ok\n"
+        if path == "/readyz":
+            if self.not_ready:
+                return 503, "text/plain", f"not ready: {self.not_ready}\n".encode()
+            return 200, "text/plain", b"ready\n"
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest()
+        return 404, "text/plain", b"not found\n"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
 
 
 class TrainerSettings(ServiceSettings):

@@ -49,7 +49,7 @@ from trainer_harness import REPO, JobHarness, ServiceProcess, applied_total, cli
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.trainer.core.model import DatasetSpec, ModelSpec, dataset_uris
-from tideshift.services.trainer.pserver_client import PARTS_IN_FLIGHT, PServerClient
+from tideshift.services.trainer.port.pserver_client import PARTS_IN_FLIGHT, PServerClient
 from tideshift.services.trainer.sdk import ElasticJob
 
 SCRIPT = REPO / "examples" / "training" / "paddle_ctr" / "ctr.py"

@@ -81,8 +81,8 @@ from tideshift.services.common.ports import free_port  # noqa: E402
 from tideshift.services.devcluster.cluster import ClusterOptions, LocalCluster  # noqa: E402
 from tideshift.services.devcluster.nodes import default_nodes  # noqa: E402
 from tideshift.services.devcluster.versions import default_bin_dir, stale_binaries  # noqa: E402
-from tideshift.services.trainer.busport import MEMBER_TTL_SECONDS, member_key  # noqa: E402
 from tideshift.services.trainer.core.jobspec import MemberBeat  # noqa: E402
+from tideshift.services.trainer.port.bus import MEMBER_TTL_SECONDS, member_key  # noqa: E402
 from tideshift.services.watcher.watcher import Watcher  # noqa: E402
 
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")

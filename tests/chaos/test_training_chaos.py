@@ -38,7 +38,6 @@ from trainer_harness import (
 from tests.chaos.report import ChaosReport
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.trainer.busport import pserver_subject
 from tideshift.services.trainer.core.layout import describe, plan
 from tideshift.services.trainer.core.messages import pack_push_part
 from tideshift.services.trainer.core.model import (
@@ -59,7 +58,8 @@ from tideshift.services.trainer.core.pserver_state import (
     PServerState,
 )
 from tideshift.services.trainer.core.wire import unpack
-from tideshift.services.trainer.pserver_client import PServerClient, piece_updates
+from tideshift.services.trainer.port.bus import pserver_subject
+from tideshift.services.trainer.port.pserver_client import PServerClient, piece_updates
 
 pytest.importorskip("paddle")
 sys.path.insert(0, str(REPO / "examples" / "training" / "paddle_ctr"))

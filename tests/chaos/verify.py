@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tests.chaos.report import ChaosReport
 from tideshift import events
-from tideshift.services.trainer.pserver_client import PServerStatus
+from tideshift.services.trainer.port.pserver_client import PServerStatus
 
 
 def assert_nothing_lost_or_doubled(

@@ -44,10 +44,10 @@ from tideshift.events.subjects import BoundSubject
 from tideshift.services.common.bus import DEAD_LETTER_STREAM, Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port
-from tideshift.services.trainer.busport import PServerOp, pserver_subject, task_durable
 from tideshift.services.trainer.core.messages import pack_push_part
 from tideshift.services.trainer.core.model import DatasetSpec, dataset_uris
 from tideshift.services.trainer.core.wire import WireError, pack, unpack
+from tideshift.services.trainer.port.bus import PServerOp, pserver_subject, task_durable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "trainer"))
 

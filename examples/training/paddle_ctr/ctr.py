@@ -18,8 +18,8 @@ import numpy as np
 import paddle
 
 from tideshift.services.trainer.core.model import ShardData, parse_uri, read_uri
-from tideshift.services.trainer.paddle_adapter import PaddleModel
 from tideshift.services.trainer.sdk import ElasticJob
+from tideshift.services.trainer.sdk.paddle_adapter import PaddleModel
 
 
 class WideAndDeep(paddle.nn.Layer):

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from tideshift.services.trainer.paddle_adapter import PaddleModel
 from tideshift.services.trainer.sdk import ElasticJob
+from tideshift.services.trainer.sdk.paddle_adapter import PaddleModel
 
 FEATURES, CLASSES, BATCH = 16, 4, 200
 

@@ -42,12 +42,7 @@ from tideshift.services.common.bus import Bus, Lease, RequestFailed, TypedKV, fo
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
-from tideshift.services.trainer.busport import (
-    MEMBER_TTL_SECONDS,
-    job_key,
-    member_prefix,
-    queued_tasks,
-)
+from tideshift.services.trainer.coordinator.dataset import resolve_shards
 from tideshift.services.trainer.core.jobspec import JobSpec, PersistedCoordinator
 from tideshift.services.trainer.core.layout import DEFAULT_MAX_PIECE_BYTES
 from tideshift.services.trainer.core.optim import OptimizerSpec
@@ -60,9 +55,14 @@ from tideshift.services.trainer.core.protocol import (
     resume_coordinator,
     step,
 )
-from tideshift.services.trainer.dataset import resolve_shards
-from tideshift.services.trainer.jobs import poll_until, read_generation, read_spec
-from tideshift.services.trainer.pserver_client import PServerStatus, StatusClient
+from tideshift.services.trainer.port.bus import (
+    MEMBER_TTL_SECONDS,
+    job_key,
+    member_prefix,
+    queued_tasks,
+)
+from tideshift.services.trainer.port.jobs import poll_until, read_generation, read_spec
+from tideshift.services.trainer.port.pserver_client import PServerStatus, StatusClient
 
 log = logging.getLogger("tideshift.coordinator")
 PROGRESS_EVERY_SECONDS = 2.0

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
-from tideshift.services.trainer.busport import job_key
 from tideshift.services.trainer.core.jobspec import JobSpec, StoredLayout
 from tideshift.services.trainer.core.layout import Layout, LayoutError, plan, specs_from_json
+from tideshift.services.trainer.port.bus import job_key
 
 log = logging.getLogger("tideshift.trainer")
 R = TypeVar("R")

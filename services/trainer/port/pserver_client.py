@@ -18,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 
 from tideshift.services.common.bus import Bus, RequestFailed
-from tideshift.services.trainer.busport import PServerOp, pserver_subject
 from tideshift.services.trainer.core.jobspec import JobSpec
 from tideshift.services.trainer.core.layout import Layout, Piece, rows_of
 from tideshift.services.trainer.core.messages import (
@@ -29,6 +28,7 @@ from tideshift.services.trainer.core.messages import (
 )
 from tideshift.services.trainer.core.pserver_state import MAX_OPEN_EPOCHS, PieceUpdate
 from tideshift.services.trainer.core.wire import WireError, header_int, pack, unpack
+from tideshift.services.trainer.port.bus import PServerOp, pserver_subject
 
 Array = npt.NDArray[Any]
 PARTS_IN_FLIGHT = 8  # concurrent parts of one push to one pserver

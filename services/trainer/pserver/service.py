@@ -33,12 +33,6 @@ from tideshift.services.common.bus import Bus, Lease
 from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.common.runtime import ServiceContext, run_service
 from tideshift.services.common.settings import ServiceSettings, parse_settings
-from tideshift.services.trainer.busport import (
-    PServerOp,
-    progress_key,
-    pserver_subject,
-    store_object,
-)
 from tideshift.services.trainer.core.checkpoint import encode_checkpoint
 from tideshift.services.trainer.core.jobspec import JobSpec, PServerProgress
 from tideshift.services.trainer.core.messages import pack_pieces, unpack_pieces, unpack_push_part
@@ -51,13 +45,19 @@ from tideshift.services.trainer.core.pserver_state import (
     PushResult,
 )
 from tideshift.services.trainer.core.wire import WireError, header_int, header_str, pack, unpack
-from tideshift.services.trainer.jobs import (
+from tideshift.services.trainer.port.bus import (
+    PServerOp,
+    progress_key,
+    pserver_subject,
+    store_object,
+)
+from tideshift.services.trainer.port.jobs import (
     poll_until,
     read_generation,
     wait_for_layout,
     wait_for_spec,
 )
-from tideshift.services.trainer.pserver_store import checkpoint_name, forget, restore
+from tideshift.services.trainer.pserver.store import checkpoint_name, forget, restore
 
 log = logging.getLogger("tideshift.pserver")
 

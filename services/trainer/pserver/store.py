@@ -9,12 +9,12 @@ import logging
 from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.events.tokens import encode_token
 from tideshift.services.common.bus import Bus, TypedKV
-from tideshift.services.trainer.busport import load_object, progress_key, store_object
 from tideshift.services.trainer.core.checkpoint import decode_checkpoint
 from tideshift.services.trainer.core.jobspec import JobSpec, PServerProgress
 from tideshift.services.trainer.core.layout import Layout
 from tideshift.services.trainer.core.pserver_state import Ledger, PServerState
 from tideshift.services.trainer.core.wire import WireError
+from tideshift.services.trainer.port.bus import load_object, progress_key, store_object
 
 log = logging.getLogger("tideshift.pserver")
 

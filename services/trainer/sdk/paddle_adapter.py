@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from tideshift.services.trainer.pserver_client import Gradient
+from tideshift.services.trainer.port.pserver_client import Gradient
 
 
 class PaddleModel:

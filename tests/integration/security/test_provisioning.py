@@ -47,7 +47,7 @@ from tideshift.services.common.bus.streams import (
 from tideshift.services.common.embedded_nats import EmbeddedNats
 from tideshift.services.common.ports import free_port
 from tideshift.services.planner.core import PolicyConfig
-from tideshift.services.trainer.busport import MEMBER_TTL_SECONDS
+from tideshift.services.trainer.port.bus import MEMBER_TTL_SECONDS
 
 TIDESHIFT = str(Path(sys.executable).parent / "tideshift")
 SERVICE_ROLES = [name for name, role in ROLES.items() if role.jetstream and name != "provisioner"]

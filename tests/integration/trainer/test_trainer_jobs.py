@@ -28,7 +28,6 @@ from trainer_harness import (
 from tideshift.events import SHARD_TASK, TRAINER_MEMBERSHIP, ShardTask
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.trainer.busport import pserver_subject
 from tideshift.services.trainer.core.model import (
     DatasetSpec,
     dataset_uris,
@@ -38,7 +37,8 @@ from tideshift.services.trainer.core.model import (
     train_serially,
 )
 from tideshift.services.trainer.core.wire import pack, unpack
-from tideshift.services.trainer.pserver_client import PServerClient
+from tideshift.services.trainer.port.bus import pserver_subject
+from tideshift.services.trainer.port.pserver_client import PServerClient
 
 pytestmark = pytest.mark.timeout(420)
 LEARNING_RATE = 0.3

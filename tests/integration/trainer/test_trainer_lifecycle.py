@@ -21,9 +21,9 @@ from trainer_harness import JobHarness, one_shard_job, training, wait_until
 
 from tideshift.events import TRAINER_JOBS_BUCKET
 from tideshift.services.common.embedded_nats import EmbeddedNats
-from tideshift.services.trainer.busport import progress_key
 from tideshift.services.trainer.core.jobspec import PServerProgress
-from tideshift.services.trainer.pserver_client import PushReply
+from tideshift.services.trainer.port.bus import progress_key
+from tideshift.services.trainer.port.pserver_client import PushReply
 from tideshift.services.trainer.sdk import ElasticJob
 
 pytestmark = pytest.mark.timeout(180)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from tideshift.services.common.bus import Bus, RequestFailed
 from tideshift.services.trainer.core.jobspec import JobSpec
-from tideshift.services.trainer.jobs import read_layout, read_spec
-from tideshift.services.trainer.pserver_client import PServerClient
+from tideshift.services.trainer.port.jobs import read_layout, read_spec
+from tideshift.services.trainer.port.pserver_client import PServerClient
 
 REPO = Path(__file__).resolve().parents[3]
 

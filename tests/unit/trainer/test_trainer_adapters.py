@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from tideshift.services.trainer.core.layout import check_state, describe, plan
-from tideshift.services.trainer.pserver_client import piece_updates
+from tideshift.services.trainer.port.pserver_client import piece_updates
 
 
 def test_paddle_state_round_trips_and_embedding_gradients_are_sparse_rows() -> None:
     paddle = pytest.importorskip("paddle")
-    from tideshift.services.trainer.paddle_adapter import PaddleModel
+    from tideshift.services.trainer.sdk.paddle_adapter import PaddleModel
 
     paddle.seed(1)
     embedding = paddle.nn.Embedding(50, 4, sparse=True)
@@ -43,7 +43,7 @@ def test_paddle_state_round_trips_and_embedding_gradients_are_sparse_rows() -> N
 
 def test_torch_state_round_trips_and_embedding_gradients_are_sparse_rows() -> None:
     torch = pytest.importorskip("torch")  # not installed in CI: its wheel pulls GPU libraries
-    from tideshift.services.trainer.torch_adapter import TorchModel
+    from tideshift.services.trainer.sdk.torch_adapter import TorchModel
 
     embedding = torch.nn.Embedding(50, 4, sparse=True)
     head = torch.nn.Linear(4, 1)

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tideshift.services.trainer import coordinator, pserver, worker
+from tideshift.services.trainer import worker
+from tideshift.services.trainer.coordinator import service as coordinator
+from tideshift.services.trainer.coordinator.dataset import resolve_shards
 from tideshift.services.trainer.core.jobspec import JobSpec
-from tideshift.services.trainer.dataset import resolve_shards
+from tideshift.services.trainer.pserver import service as pserver
 
 
 def test_a_directory_a_glob_a_uri_and_a_list_name_shards_in_order(tmp_path: Path) -> None:

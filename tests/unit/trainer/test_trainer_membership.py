@@ -10,8 +10,8 @@ from typing import Any
 from tideshift.events import Envelope, TrainerMembership
 from tideshift.events.tokens import encode_token
 from tideshift.services.common.clock import WALL_CLOCK
-from tideshift.services.trainer.busport import member_key
-from tideshift.services.trainer.coordinator import Membership
+from tideshift.services.trainer.coordinator.service import Membership
+from tideshift.services.trainer.port.bus import member_key
 
 JOB = "job-a"
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from tests.unit.common.fake_clock import RecordingClock
-from tideshift.services.trainer.jobs import poll_until
+from tideshift.services.trainer.port.jobs import poll_until
 
 
 async def test_the_first_answer_comes_back_after_waits_of_the_interval(
