@@ -145,7 +145,7 @@ def wait_established(http: KubeHttp, names: Sequence[str], *, timeout: float) ->
 
 
 def _established(crd: Manifest) -> bool:
-    conditions = crd.get("status", {}).get("conditions", [])
+    conditions = (crd.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 

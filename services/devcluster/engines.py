@@ -243,7 +243,7 @@ def _webhook_certs(
     """A CA named `ca_name` (valid for that name, as the cert rotator checks) and a serving
     certificate valid for the in-cluster Service name and 127.0.0.1; stored in the Secret the
     rotator reads and written to `cert_dir` where the webhook server reads them."""
-    ca = pki.CertificateAuthority(ca_name, dns_names=(ca_name,))
+    ca = pki.CertificateAuthority(ca_name, dns_names=(ca_name,), rsa_key=True)
     serving = ca.issue_server(
         ca_name, dns_names=[f"{service}.{namespace}.svc", "localhost"], ips=["127.0.0.1"]
     )

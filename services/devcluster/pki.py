@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 # Long enough for a `dev cluster up` left running for weeks; the cluster is disposable.
@@ -42,12 +42,17 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
+CaKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+def _key_pem(key: CaKey) -> bytes:
+    # RSA keys as PKCS#1 ("RSA PRIVATE KEY"): the only form some cert rotators parse.
+    key_format = (
+        serialization.PrivateFormat.TraditionalOpenSSL
+        if isinstance(key, rsa.RSAPrivateKey)
+        else serialization.PrivateFormat.PKCS8
     )
+    return key.private_bytes(serialization.Encoding.PEM, key_format, serialization.NoEncryption())
 
 
 def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
@@ -58,11 +63,20 @@ def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
 
 class CertificateAuthority:
     def __init__(
-        self, common_name: str = "tideshift-devcluster-ca", *, dns_names: tuple[str, ...] = ()
+        self,
+        common_name: str = "tideshift-devcluster-ca",
+        *,
+        dns_names: tuple[str, ...] = (),
+        rsa_key: bool = False,
     ) -> None:
-        """A fresh self-signed CA. `dns_names`: some controllers' certificate rotators check
-        that their CA is valid for the CA's own name (open-policy-agent/cert-controller)."""
-        self._key = _new_key()
+        """A fresh self-signed CA. `dns_names` and `rsa_key` are for the engines' certificate
+        rotators (open-policy-agent/cert-controller), which check that their CA is valid for
+        its own name and parse only a PKCS#1 RSA CA key."""
+        self._key: CaKey = (
+            rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            if rsa_key
+            else _new_key()
+        )
         now = datetime.datetime.now(datetime.UTC)
         subject = _name(common_name)
         builder = (
@@ -101,8 +115,8 @@ class CertificateAuthority:
     def load(cls, cert_pem: bytes, key_pem: bytes) -> CertificateAuthority:
         """The CA written by `pair.write`, to issue more certificates later."""
         key = serialization.load_pem_private_key(key_pem, password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValueError("expected the elliptic-curve key this module writes")
+        if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+            raise ValueError("expected an elliptic-curve or RSA key, as this module writes")
         ca = cls.__new__(cls)
         ca._key = key
         ca._cert = x509.load_pem_x509_certificate(cert_pem)
