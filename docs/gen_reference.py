@@ -65,20 +65,31 @@ def _source_modules() -> Iterator[tuple[str, Path]]:
 
 
 @functools.cache
-def _parsed_modules() -> tuple[tuple[str, ast.Module], ...]:
-    """Every module's syntax tree, read once per run."""
-    parsed = []
+def _sources() -> tuple[tuple[str, str], ...]:
+    """Every module's text, read once per run."""
+    found = []
     for name, path in _source_modules():
         try:
-            parsed.append((name, ast.parse(path.read_text(), filename=str(path))))
-        except (OSError, SyntaxError, UnicodeDecodeError):  # moved or half-written: not ours
+            found.append((name, path.read_text()))
+        except (OSError, UnicodeDecodeError):  # moved or half-written: not ours
             continue
-    return tuple(parsed)
+    return tuple(found)
 
 
-def _modules_where(predicate: Callable[[ast.Module], bool]) -> list[str]:
-    """The modules whose syntax tree satisfies `predicate` (read, not imported)."""
-    return [name for name, tree in _parsed_modules() if predicate(tree)]
+def _modules_where(needle: str, predicate: Callable[[ast.Module], bool]) -> list[str]:
+    """The modules that mention `needle` and whose syntax tree satisfies `predicate` (read,
+    not imported)."""
+    found = []
+    for name, text in _sources():
+        if needle not in text:
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        if predicate(tree):
+            found.append(name)
+    return found
 
 
 def _imports(tree: ast.Module, module: str) -> bool:
@@ -159,6 +170,7 @@ def _scrub(text: str) -> str:
 # ---------------------------------------------------------------- settings
 
 
+@functools.cache
 def _field_docstrings(model: type) -> dict[str, str]:
     """Attribute docstrings (a string literal right under a field) of a class and its bases."""
     found: dict[str, str] = {}
@@ -336,7 +348,7 @@ def settings_page() -> str:
 
     services = _service_registry()
     _import_all(sorted(set(services.values())))
-    _import_all(_modules_where(lambda tree: _defines_class_on(tree, "Settings")))
+    _import_all(_modules_where("Settings", lambda tree: _defines_class_on(tree, "Settings")))
     classes = sorted(
         {c for c in _all_subclasses(BaseSettings) if c.__module__.startswith("tideshift.")},
         key=lambda c: (c.__module__, c.__qualname__),
@@ -526,8 +538,26 @@ def _command_section(name: str, function: Callable[[list[str]], Any], argv: list
     return lines
 
 
+@contextlib.contextmanager
+def _columns(width: int) -> Iterator[None]:
+    """argparse wraps help to $COLUMNS: a fixed width, whatever the terminal, then restored."""
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(width)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+
+
 def commands_page() -> str:
-    os.environ["COLUMNS"] = "100"
+    with _columns(100):
+        return _commands_page()
+
+
+def _commands_page() -> str:
     cli = importlib.import_module("tideshift.services.cli")
     registry = next(
         value
@@ -590,7 +620,9 @@ def _collector_metrics() -> list[tuple[str, str, str, str, str]]:
 
 
 def metrics_page() -> str:
-    modules = _import_all(_modules_where(lambda tree: _imports(tree, "prometheus_client")))
+    modules = _import_all(
+        _modules_where("prometheus_client", lambda tree: _imports(tree, "prometheus_client"))
+    )
     metrics = {row[0]: row for module in modules for row in _metrics_of(module)}
     metrics.update({row[0]: row for row in _collector_metrics()})
     rows = [
@@ -828,7 +860,8 @@ def index_page() -> str:
 
 def render() -> dict[str, str]:
     """Every reference page: file name -> text."""
-    sys.path.insert(0, str(REPO))
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     pages = {"index.md": index_page()}
     for name, build in PAGES.items():
         pages[name] = build()
