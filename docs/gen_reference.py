@@ -828,6 +828,30 @@ def helm_page() -> str:
     )
 
 
+# ---------------------------------------------------------------- bus identities
+
+
+def identities_page() -> str:
+    """The tables modules render of themselves (a module-level `markdown_table()`): today
+    the bus's identities and their rights, generated from the subjects."""
+    body: list[str] = []
+    names = _modules_where("def markdown_table(", lambda tree: True)
+    for module in _import_all(names):
+        render = getattr(module, "markdown_table", None)
+        if callable(render):
+            body += [f"## From `{module.__name__}`", ""]
+            body += [str(render()).rstrip(), ""]
+    return _page(
+        "Bus identities",
+        """
+With `nats.auth.enabled` (the chart's default) every service logs in to NATS as the identity
+of its role, with only the rights below; they are generated from the event subjects. Why and
+how: [Security](../operations/security.md).
+""",
+        body,
+    )
+
+
 # ---------------------------------------------------------------- pages
 
 
@@ -838,6 +862,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "metrics.md": metrics_page,
     "events.md": events_page,
     "helm-values.md": helm_page,
+    "bus-identities.md": identities_page,
 }
 
 
@@ -849,6 +874,7 @@ def index_page() -> str:
         ["[Metrics](metrics.md)", "every Prometheus metric the services serve"],
         ["[Events](events.md)", "every event on the bus, its subject and payload"],
         ["[Helm values](helm-values.md)", "every value of the chart"],
+        ["[Bus identities](bus-identities.md)", "who may publish and subscribe to what on NATS"],
     ]
     return _page(
         "Reference",
