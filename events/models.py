@@ -2,13 +2,19 @@
 
 Each model is frozen and rejects unknown fields. Its CloudEvents `type` carries its schema
 version (`io.tideshift.scale.command.v1`): a breaking change adds a new version rather than
-altering an old one. Quantities use base units: cpu in cores, memory in bytes, time in UTC.
+altering an old one. Quantities use base units: cpu in cores, memory in bytes, durations in
+seconds (fields named `*_seconds`), demand in requests per second, instants in UTC.
+
+`ServingPolicy` and `TrainingPolicy` are the one declaration of a workload's spec: every field,
+its default, bounds and unit, and (as field metadata) the `tideshift.io/*` annotation it is read
+from and what that annotation expects. The watcher's annotation parser, the planner's targets,
+the simulator's scenarios and the demo's world all build their workloads from them.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AwareDatetime,
@@ -21,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic_core import PydanticUndefined
 
 # A Kubernetes object name or namespace: non-empty, at most 253 characters.
 KubeName = Annotated[str, Field(min_length=1, max_length=253)]
@@ -162,25 +169,111 @@ class PodChanged(EventData):
     observed_at: AwareDatetime
 
 
-class ServingPolicy(_Frozen):
-    """How to size a serving workload, from its `tideshift.io/*` annotations."""
+ANNOTATION_PREFIX = "tideshift.io/"
+# A training job's work model unless it says otherwise (tideshift.io/restart-cost-seconds and
+# speedup-exponent): seconds lost per change of its trainers, throughput as trainers ** this.
+DEFAULT_RESTART_COST_S = 30.0
+DEFAULT_SPEEDUP_EXPONENT = 0.8
 
-    capacity_rps: float = Field(
-        ge=MIN_CAPACITY_RPS, le=MAX_RPS, description="requests/s one replica serves at target"
+
+def annotated(name: str, expected: str, default: Any = PydanticUndefined, **field: Any) -> Any:
+    """A spec field read from the annotation `tideshift.io/<name>`; `expected` says in words
+    what its value must be (the parser's error message). Other arguments as `Field`'s."""
+    return Field(
+        default,
+        json_schema_extra={"annotation": ANNOTATION_PREFIX + name, "expected": expected},
+        **field,
     )
-    min_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
-    max_replicas: int = Field(default=1000, ge=1, le=MAX_REPLICAS)
-    lead_time_seconds: float = Field(
-        default=60.0, ge=0, le=MAX_SECONDS, description="pod start-up until ready"
+
+
+def annotation_fields(model: type[BaseModel]) -> dict[str, tuple[str, str]]:
+    """A spec's annotations: `tideshift.io/<name>` -> (field name, what it expects)."""
+    found = {}
+    for name, info in model.model_fields.items():
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and isinstance(extra.get("annotation"), str):
+            found[str(extra["annotation"])] = (name, str(extra.get("expected", "")))
+    return found
+
+
+def annotation_of(model: type[BaseModel], name: str) -> str:
+    """The annotation a spec's field is read from (`tideshift.io/min-replicas`)."""
+    return next(key for key, (field, _) in annotation_fields(model).items() if field == name)
+
+
+def spec_default(model: type[BaseModel], name: str) -> Any:
+    """The default of a spec's field: what a workload without its annotation gets."""
+    return model.model_fields[name].get_default(call_default_factory=True)
+
+
+class ServingPolicy(_Frozen):
+    """How to size a serving workload (the serving workload spec), from its `tideshift.io/*`
+    annotations. Seconds and requests/s."""
+
+    capacity_rps: float = annotated(
+        "capacity-rps",
+        "a number of requests/s > 0",
+        ge=MIN_CAPACITY_RPS,
+        le=MAX_RPS,
+        description="requests/s one replica serves at its target utilisation",
     )
-    quantile: float = Field(default=0.95, gt=0, lt=1, description="forecast quantile sized for")
-    stabilization_seconds: float = Field(
-        default=300.0,
+    min_replicas: int = annotated("min-replicas", "a whole number >= 0", 1, ge=0, le=MAX_REPLICAS)
+    max_replicas: int = annotated(
+        "max-replicas",
+        "a whole number >= 1, not below min-replicas",
+        1000,
+        ge=1,
+        le=MAX_REPLICAS,
+    )
+    lead_time_seconds: float = annotated(
+        "lead-time-seconds",
+        "seconds >= 0",
+        60.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="pod start-up until ready",
+    )
+    margin_seconds: float = annotated(
+        "margin-seconds",
+        "seconds >= 0",
+        60.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="extra look-ahead beyond the lead time",
+    )
+    quantile: float = annotated(
+        "quantile",
+        "a number between 0 and 1, e.g. 0.95",
+        0.95,
+        gt=0,
+        lt=1,
+        description="forecast quantile sized for",
+    )
+    stabilization_seconds: float = annotated(
+        "stabilization-seconds",
+        "seconds >= 0",
+        300.0,
         ge=0,
         le=MAX_SECONDS,
         description="scale-down waits for the window's highest need",
     )
-    demand_query: str = Field(default="", description="PromQL of its demand; empty: default")
+    # 1 by default: nothing of a busy replica is lent unless its owner says how much of its
+    # request a replica uses at capacity_rps.
+    target_utilization: float = annotated(
+        "target-utilization",
+        "a fraction > 0 and <= 1, e.g. 0.8",
+        1.0,
+        gt=0,
+        le=1,
+        description="fraction of its cpu request a replica uses while serving capacity_rps; "
+        "batch jobs may borrow the rest (1: nothing of a busy replica is lent)",
+    )
+    demand_query: str = annotated(
+        "demand-query",
+        "a PromQL expression",
+        "",
+        description="PromQL of its demand; empty: default",
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> ServingPolicy:
@@ -198,38 +291,76 @@ def _bounds_message(min_replicas: int, max_replicas: int) -> str:
 
 
 class TrainingPolicy(_Frozen):
-    """How to share capacity with a training job, from its `tideshift.io/*` annotations."""
+    """How to share capacity with a training job (the training workload spec), from its
+    `tideshift.io/*` annotations. Seconds."""
 
-    min_replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS, description="fewest trainers")
-    max_replicas: int | None = Field(
-        default=None, ge=1, le=MAX_REPLICAS, description="most; None: its own"
+    min_replicas: int = annotated(
+        "min-replicas",
+        "a whole number >= 1",
+        1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="fewest trainers",
     )
-    gang_min: int | None = Field(
-        default=None, ge=1, le=MAX_REPLICAS, description="trainers that must run at once"
+    max_replicas: int | None = annotated(
+        "max-replicas",
+        "a whole number >= 1, not below min-replicas",
+        None,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="most; None: its own",
     )
-    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)
-    weight: float = Field(default=1.0, ge=1e-6, le=1e6)
-    scale_task: str = Field(default="", description="Volcano: the task to scale")
-    batch: bool = Field(
-        default=False,
+    gang_min: int | None = annotated(
+        "gang-min",
+        "a whole number >= 1",
+        None,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="trainers that must run at once",
+    )
+    priority: int = annotated("priority", "a whole number", 0, ge=-(2**31), le=2**31 - 1)
+    weight: float = annotated("weight", "a number > 0", 1.0, ge=1e-6, le=1e6)
+    scale_task: str = annotated(
+        "scale-task",
+        "the name of one of the job's tasks",
+        "",
+        description="Volcano: the task to scale",
+    )
+    batch: bool = annotated(
+        "batch",
+        '"true" or "false"',
+        False,
         description="tideshift.io/batch: trainers borrow tideshift.io/batch-cpu / batch-memory "
         "(serving's idle reservation) and are the first to shrink",
     )
     # The job's work model, what the planner weighs a change of its trainers with; None: the
-    # planner's defaults (30 s, 0.8).
-    restart_cost_seconds: float | None = Field(
-        default=None,
+    # defaults above (DEFAULT_RESTART_COST_S, DEFAULT_SPEEDUP_EXPONENT).
+    restart_cost_seconds: float | None = annotated(
+        "restart-cost-seconds",
+        f"seconds >= 0 and <= {MAX_RESTART_COST_S:.0f}",
+        None,
         ge=0,
         le=MAX_RESTART_COST_S,
         description="seconds without progress each time its trainers change (checkpoint, "
-        "re-form); None: the planner's default",
+        f"re-form); None: {DEFAULT_RESTART_COST_S:g}",
     )
-    speedup_exponent: float | None = Field(
-        default=None,
+    speedup_exponent: float | None = annotated(
+        "speedup-exponent",
+        "a number > 0 and <= 1, e.g. 0.8",
+        None,
         gt=0,
         le=1,
-        description="its throughput grows as trainers ** this; None: the planner's default",
+        description=f"its throughput grows as trainers ** this; None: {DEFAULT_SPEEDUP_EXPONENT:g}",
     )
+
+    @property
+    def work_model(self) -> tuple[float, float]:
+        """(restart cost seconds, speedup exponent), the defaults where it says nothing."""
+        restart, exponent = self.restart_cost_seconds, self.speedup_exponent
+        return (
+            DEFAULT_RESTART_COST_S if restart is None else restart,
+            DEFAULT_SPEEDUP_EXPONENT if exponent is None else exponent,
+        )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> TrainingPolicy:

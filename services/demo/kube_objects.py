@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from tideshift.events.models import ServingPolicy, TrainingPolicy, annotation_of
 from tideshift.services.demo.world import JobShape, ServingShape, WorldShape
 
 APP = "web"
@@ -19,7 +20,6 @@ KUBE_SERVING = ServingShape(
     cpu=1.0,
     memory_gib=0.5,
     capacity_rps=10.0,
-    target_utilization=0.8,
     min_replicas=2,
     max_replicas=30,
     startup_delay_s=0.0,
@@ -77,8 +77,8 @@ def serving_deployment(serving: ServingShape, *, replicas: int) -> dict[str, Any
         "metadata": {
             "name": serving.name,
             "annotations": {
-                "tideshift.io/min-replicas": str(serving.min_replicas),
-                "tideshift.io/max-replicas": str(serving.max_replicas),
+                annotation_of(ServingPolicy, "min_replicas"): str(serving.min_replicas),
+                annotation_of(ServingPolicy, "max_replicas"): str(serving.max_replicas),
             },
         },
         "spec": {
@@ -101,8 +101,8 @@ def trainer_stateful_set(job: JobShape) -> dict[str, Any]:
         "metadata": {
             "name": job.name,
             "annotations": {
-                "tideshift.io/min-replicas": str(job.min_trainers),
-                "tideshift.io/max-replicas": str(job.max_trainers),
+                annotation_of(TrainingPolicy, "min_replicas"): str(job.min_trainers),
+                annotation_of(TrainingPolicy, "max_replicas"): str(job.max_trainers),
             },
         },
         "spec": {

@@ -171,6 +171,9 @@ LAG_BUDGET_WALL_S = 5.0
 def planner_targets(world: WorldShape, *, speed: float) -> dict[str, Any]:
     """The planner's `serving` and `training` settings for the demo's world."""
     serving = world.serving
+    spec = serving.policy(
+        margin_s=max(FORECAST_STEP_S, speed * LAG_BUDGET_WALL_S), stabilization_s=600.0
+    )
     gib = 2.0**30
     return {
         "serving": [
@@ -179,15 +182,14 @@ def planner_targets(world: WorldShape, *, speed: float) -> dict[str, Any]:
                 name=serving.name,
                 cpu=serving.cpu,
                 memory=serving.memory_gib * gib,
-                # the planner's capacity is per replica at its target utilisation, where a
-                # replica uses that fraction of its cpu (the rest may be lent)
-                capacity_rps=serving.capacity_rps * serving.target_utilization,
-                target_utilization=serving.target_utilization,
-                min_replicas=serving.min_replicas,
-                max_replicas=serving.max_replicas,
-                lead_time_s=serving.startup_delay_s,
-                margin_s=max(FORECAST_STEP_S, speed * LAG_BUDGET_WALL_S),
-                stabilization_s=600.0,
+                capacity_rps=spec.capacity_rps,
+                target_utilization=spec.target_utilization,
+                min_replicas=spec.min_replicas,
+                max_replicas=spec.max_replicas,
+                lead_time_s=spec.lead_time_seconds,
+                margin_s=spec.margin_seconds,
+                stabilization_s=spec.stabilization_seconds,
+                quantile=spec.quantile,
             )
         ],
         "training": [

@@ -5,14 +5,16 @@ sizes only; no clock, no I/O.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from tideshift.events.models import ServingPolicy
 from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimWorkload
 from tideshift.services.simulator.core.training import WorkModel
 from tideshift.services.simulator.lending import LendingCluster
+from tideshift.services.simulator.scenario import SIMULATED_TARGET_UTILIZATION
+from tideshift.services.simulator.scenario_world import replicas_needed
 
 GIB = float(2**30)
 SERVING_KIND = "Deployment"
@@ -21,14 +23,15 @@ JOB_KIND = "ElasticJob"
 
 @dataclass(frozen=True)
 class ServingShape:
-    """The serving workload; `capacity_rps` is one replica at 100 % (the sample app's)."""
+    """The serving workload; `capacity_rps` is one replica at 100 % (the sample app's), run
+    at `simulate`'s target utilisation. `policy()` is its workload spec."""
 
     name: str = "web"
     namespace: str = "demo"
     cpu: float = 1.0
     memory_gib: float = 2.0
     capacity_rps: float = 50.0
-    target_utilization: float = 0.8
+    target_utilization: float = SIMULATED_TARGET_UTILIZATION
     min_replicas: int = 4
     max_replicas: int = 400
     startup_delay_s: float = 60.0
@@ -40,8 +43,21 @@ class ServingShape:
 
     def need(self, rps: float) -> int:
         """Replicas the demand needs at the target utilisation (what `simulate` measures)."""
-        need = math.ceil(rps / (self.capacity_rps * self.target_utilization) - 1e-9)
-        return min(max(need, self.min_replicas), self.max_replicas)
+        bounds = (self.min_replicas, self.max_replicas)
+        return replicas_needed(rps, self.capacity_rps, self.target_utilization, bounds)
+
+    def policy(self, *, margin_s: float, stabilization_s: float) -> ServingPolicy:
+        """Its workload spec: capacity per replica at the target utilisation (where a replica
+        uses that fraction of its cpu, the rest may be lent), its start-up as lead time."""
+        return ServingPolicy(
+            capacity_rps=self.capacity_rps * self.target_utilization,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            lead_time_seconds=self.startup_delay_s,
+            margin_seconds=margin_s,
+            stabilization_seconds=stabilization_s,
+            target_utilization=self.target_utilization,
+        )
 
 
 @dataclass(frozen=True)

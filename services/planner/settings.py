@@ -10,15 +10,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tideshift.events import PINS_BUCKET, RISE_HISTORY_BUCKET, SNAPSHOT_BUCKET
-from tideshift.events.models import MAX_RESTART_COST_S
+from tideshift.events.models import (
+    DEFAULT_RESTART_COST_S,
+    DEFAULT_SPEEDUP_EXPONENT,
+    MAX_RESTART_COST_S,
+)
 from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.common.settings import ServiceSettings
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.baselines import POLICIES
-from tideshift.services.planner.core.model import (
-    DEFAULT_RESTART_COST_S,
-    DEFAULT_SPEEDUP_EXPONENT,
-)
 from tideshift.services.planner.core.state import DEFAULT_COMPANION_MARKERS, StateConfig
 
 _POLICY_FIELDS = {spec.name: spec for spec in fields(pol.PolicyConfig)}

@@ -63,12 +63,13 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tideshift.events.models import ServingPolicy, spec_default
 from tideshift.loadgen.core import families
 from tideshift.loadgen.core.profiles import (
     ConstantProfile,
@@ -77,7 +78,7 @@ from tideshift.loadgen.core.profiles import (
     TraceProfile,
 )
 from tideshift.loadgen.traces import TraceError, read_trace
-from tideshift.services.planner.core import DEFAULT_SERVING_QUANTILE
+from tideshift.services.core.constants import DAY_S
 
 GIB = 2**30
 TRACE_DIR_ENV = "TIDESHIFT_TRACE_DIR"
@@ -89,7 +90,7 @@ class ScenarioError(ValueError):
 
 # Ceilings that keep a run finite and its arrays in memory: a month of simulated time, at most
 # a million steps, 100,000 nodes in all; a scenario file of at most 16 MiB.
-MAX_DURATION_S = 31 * 86_400.0
+MAX_DURATION_S = 31 * DAY_S
 MIN_STEP_S = 0.01
 MAX_STEPS = 1_000_000
 MAX_NODES = 100_000
@@ -154,7 +155,7 @@ class DiurnalTraffic(_Model):
     kind: Literal["diurnal"]
     base_rps: float = Field(ge=0)
     peak_rps: float = Field(ge=0)
-    period_s: float = Field(86_400.0, gt=0)
+    period_s: float = Field(DAY_S, gt=0)
     peak_at_s: float = 14 * 3600.0
     noise: float = Field(0.0, ge=0, le=1)
     noise_step_s: float = Field(60.0, gt=0)
@@ -226,8 +227,8 @@ class FamilyTraffic(_Model):
     family: str
     seed: int = 0
     interval_s: float = Field(60.0, gt=0)
-    history_s: float = Field(7 * 86_400.0, ge=0)  # generated before t = 0 (model fitting)
-    duration_s: float = Field(2 * 86_400.0, gt=0)  # generated from t = 0 on
+    history_s: float = Field(7 * DAY_S, ge=0)  # generated before t = 0 (model fitting)
+    duration_s: float = Field(2 * DAY_S, gt=0)  # generated from t = 0 on
     amplitude: float = Field(1.0, gt=0)  # multiplies the rate
 
     @model_validator(mode="after")
@@ -259,19 +260,34 @@ Traffic = Annotated[
 ]
 
 
+# The simulated serving app runs its replicas at 80 % of their capacity unless a scenario
+# says otherwise; what figures `simulate` reports rest on it. A labelled workload gets the same
+# with `tideshift.io/target-utilization: "0.8"` (the spec's own default is 1).
+SIMULATED_TARGET_UTILIZATION = 0.8
+
+
+def _serving(name: str) -> Any:
+    """The serving workload spec's default (events/models.py ServingPolicy)."""
+    return spec_default(ServingPolicy, name)
+
+
 class ServingSpec(_Model):
+    """A simulated serving workload: its replicas' physics (capacity at 100 %, start-up delay,
+    priority, traffic) and the workload spec the planner sizes it by (`policy()`), under the
+    scenario format's names (`*_s`); defaults are the spec's."""
+
     name: str = Field(min_length=1)
     namespace: str = "default"
     replica: ResourceSpec
     capacity_rps: float = Field(gt=0)
-    target_utilization: float = Field(0.8, gt=0, le=1)
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(1000, ge=1)
+    target_utilization: float = Field(SIMULATED_TARGET_UTILIZATION, gt=0, le=1)
+    min_replicas: int = Field(_serving("min_replicas"), ge=0)
+    max_replicas: int = Field(_serving("max_replicas"), ge=1)
     startup_delay_s: float = Field(30.0, ge=0)
     lead_time_s: float | None = Field(None, ge=0)
-    margin_s: float = Field(60.0, ge=0)
-    stabilization_s: float = Field(300.0, ge=0)
-    quantile: float = Field(DEFAULT_SERVING_QUANTILE, gt=0, lt=1)
+    margin_s: float = Field(_serving("margin_seconds"), ge=0)
+    stabilization_s: float = Field(_serving("stabilization_seconds"), ge=0)
+    quantile: float = Field(_serving("quantile"), gt=0, lt=1)
     priority: int = 1000
     # Demand before t = 0 the tideshift planner has observed when the run starts (its rises,
     # services/simulator/warm_start.py); None: the forecaster's history, up to the rise window.
@@ -283,6 +299,21 @@ class ServingSpec(_Model):
         if self.min_replicas > self.max_replicas:
             raise ValueError("min_replicas must be <= max_replicas")
         return self
+
+    def policy(self) -> ServingPolicy:
+        """The workload spec the planner sizes it by: capacity at the target utilisation, the
+        lead time its start-up delay unless stated."""
+        lead_time = self.lead_time_s if self.lead_time_s is not None else self.startup_delay_s
+        return ServingPolicy(
+            capacity_rps=self.capacity_rps * self.target_utilization,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            lead_time_seconds=lead_time,
+            margin_seconds=self.margin_s,
+            stabilization_seconds=self.stabilization_s,
+            quantile=self.quantile,
+            target_utilization=self.target_utilization,
+        )
 
 
 class JobGroup(_Model):
@@ -333,7 +364,7 @@ class ForecasterSpec(_Model):
     kind: Literal["oracle", "model"] = "model"
     model: str | None = None  # predictor registry name; default: the registry's default
     interval_s: float = Field(60.0, gt=0)  # observation/forecast grid
-    history_s: float = Field(7 * 86_400.0, ge=0)  # history before t = 0 to fit on
+    history_s: float = Field(7 * DAY_S, ge=0)  # history before t = 0 to fit on
     horizon_s: float = Field(1800.0, gt=0)
 
 

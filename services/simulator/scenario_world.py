@@ -12,6 +12,7 @@ import numpy as np
 
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster
+from tideshift.services.core.constants import EPS
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.inputs import node_spec, plan_inputs, pod_spec
 from tideshift.services.simulator.core.training import JobProgress
@@ -37,17 +38,8 @@ def resources(vector: tuple[float, float, float]) -> Resources:
 
 
 def serving_workload(spec: ServingSpec) -> pol.ServingWorkload:
-    return pol.ServingWorkload(
-        target=pol.Target(spec.namespace, "Deployment", spec.name),
-        replica_requests=spec.replica.vector(),
-        capacity_rps=spec.capacity_rps * spec.target_utilization,
-        min_replicas=spec.min_replicas,
-        max_replicas=spec.max_replicas,
-        lead_time_s=spec.lead_time_s if spec.lead_time_s is not None else spec.startup_delay_s,
-        margin_s=spec.margin_s,
-        stabilization_s=spec.stabilization_s,
-        quantile=spec.quantile,
-        target_utilization=spec.target_utilization,
+    return pol.ServingWorkload.of(
+        pol.Target(spec.namespace, "Deployment", spec.name), spec.replica.vector(), spec.policy()
     )
 
 
@@ -69,10 +61,19 @@ def planned_job(job: pol.TrainingJob, progress: JobProgress, work: float | None)
     return replace(job, remaining_work=progress.remaining(work))
 
 
+def replicas_needed(
+    rps: float, capacity_rps: float, target_utilization: float, bounds: tuple[int, int]
+) -> int:
+    """Replicas of `capacity_rps` each (at 100 %) that serve `rps` at the target utilisation,
+    within (min, max): what `simulate` and the demo measure serving against."""
+    need = math.ceil(rps / (capacity_rps * target_utilization) - EPS)
+    return min(max(need, bounds[0]), bounds[1])
+
+
 def serving_need(spec: ServingSpec, rps: float) -> int:
     """Replicas the demand needs at the target utilisation."""
-    need = math.ceil(rps / (spec.capacity_rps * spec.target_utilization) - 1e-9)
-    return min(max(need, spec.min_replicas), spec.max_replicas)
+    bounds = (spec.min_replicas, spec.max_replicas)
+    return replicas_needed(rps, spec.capacity_rps, spec.target_utilization, bounds)
 
 
 def cluster_plan_inputs(

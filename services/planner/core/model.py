@@ -1,6 +1,8 @@
 """The planner's vocabulary: targets, the columnar cluster view, workloads, forecasts, the
 policy's tunables, its inputs, state and decision. Pure data; imports numpy and the
-contract's workload identity only."""
+contract's workload identity and workload specs only. A serving workload's and a training
+job's fields and defaults are the contract's specs' (`ServingPolicy`, `TrainingPolicy`):
+`ServingWorkload.of` and `TrainingJob.of` build them from a spec."""
 
 from __future__ import annotations
 
@@ -11,7 +13,14 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from tideshift.events.models import WorkloadRef
+from tideshift.events.models import (
+    DEFAULT_RESTART_COST_S,
+    DEFAULT_SPEEDUP_EXPONENT,
+    ServingPolicy,
+    TrainingPolicy,
+    WorkloadRef,
+    spec_default,
+)
 from tideshift.services.cluster.core.overcommit import OvercommitConfig
 
 FloatArray = npt.NDArray[np.float64]
@@ -21,13 +30,14 @@ BoolArray = npt.NDArray[np.bool_]
 # (cpu cores, memory bytes, nvidia.com/gpu)
 Vector = tuple[float, float, float]
 RESOURCE_NAMES = ("cpu", "memory", "gpu")
-EPS = 1e-9
 # The forecast quantile a serving workload is sized for unless it says otherwise.
-DEFAULT_SERVING_QUANTILE = 0.95
-# A training job's work model unless it says otherwise (tideshift.io/speedup-exponent and
-# restart-cost-seconds): throughput as trainers ** exponent, seconds lost per restart.
-DEFAULT_SPEEDUP_EXPONENT = 0.8
-DEFAULT_RESTART_COST_S = 30.0
+DEFAULT_SERVING_QUANTILE: float = spec_default(ServingPolicy, "quantile")
+# A training job's work model unless it says otherwise: the contract's DEFAULT_SPEEDUP_EXPONENT
+# and DEFAULT_RESTART_COST_S (events/models.py), imported above.
+
+
+def _serving(name: str) -> Any:
+    return spec_default(ServingPolicy, name)
 
 
 # The contract's one workload identity (group-qualified kind, namespace, name), by the name
@@ -101,17 +111,43 @@ class ClusterView:
 class ServingWorkload:
     target: Target
     replica_requests: Vector
+    # Each field as the spec's of the same meaning (ServingPolicy, seconds and requests/s).
     capacity_rps: float  # requests/s one replica serves at the target utilisation
-    min_replicas: int = 1
-    max_replicas: int = 1000
-    lead_time_s: float = 60.0  # pod start-up until ready
-    margin_s: float = 60.0  # extra look-ahead beyond the lead time
-    stabilization_s: float = 300.0  # scale-down waits for the window's highest recommendation
+    min_replicas: int = _serving("min_replicas")
+    max_replicas: int = _serving("max_replicas")
+    lead_time_s: float = _serving("lead_time_seconds")  # pod start-up until ready
+    margin_s: float = _serving("margin_seconds")  # extra look-ahead beyond the lead time
+    # scale-down waits for the window's highest recommendation
+    stabilization_s: float = _serving("stabilization_seconds")
     quantile: float = DEFAULT_SERVING_QUANTILE  # which forecast quantile sizes the workload
     # Fraction of its request a replica uses while serving `capacity_rps` (the usage model of
     # overcommit: usage = demand / (replicas x capacity_rps) x this x request); 1 assumes the
     # whole request is used at capacity, lending nothing of a busy replica.
-    target_utilization: float = 1.0
+    target_utilization: float = _serving("target_utilization")
+
+    @classmethod
+    def of(
+        cls,
+        target: Target,
+        replica_requests: Vector,
+        spec: ServingPolicy,
+        *,
+        min_replicas: int | None = None,
+        max_replicas: int | None = None,
+    ) -> ServingWorkload:
+        """The workload a spec describes; bounds narrowed by the caller (its own) if given."""
+        return cls(
+            target=target,
+            replica_requests=replica_requests,
+            capacity_rps=spec.capacity_rps,
+            min_replicas=spec.min_replicas if min_replicas is None else min_replicas,
+            max_replicas=spec.max_replicas if max_replicas is None else max_replicas,
+            lead_time_s=spec.lead_time_seconds,
+            margin_s=spec.margin_seconds,
+            stabilization_s=spec.stabilization_seconds,
+            quantile=spec.quantile,
+            target_utilization=spec.target_utilization,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +195,33 @@ class TrainingJob:
                 f"{self.target.name}: batch: GPUs are not lent, a batch job's trainers must "
                 f"request 0 gpu (got {self.trainer_requests[2]:g})"
             )
+
+    @classmethod
+    def of(
+        cls,
+        target: Target,
+        trainer_requests: Vector,
+        spec: TrainingPolicy,
+        *,
+        min_trainers: int,
+        max_trainers: int,
+        submitted_at: float = 0.0,
+    ) -> TrainingJob:
+        """The job a spec describes, within the bounds the caller settled (spec and job's)."""
+        restart, exponent = spec.work_model
+        return cls(
+            target=target,
+            trainer_requests=trainer_requests,
+            min_trainers=min_trainers,
+            max_trainers=max_trainers,
+            gang_min=spec.gang_min,
+            priority=spec.priority,
+            weight=spec.weight,
+            submitted_at=submitted_at,
+            batch=spec.batch,
+            speedup_exponent=exponent,
+            restart_cost_s=restart,
+        )
 
     @property
     def nominal(self) -> int:

@@ -17,10 +17,6 @@ from datetime import datetime
 
 from tideshift.events import ScalePin, WorkloadChanged
 from tideshift.services.planner.core import Role, ServingWorkload, Target, TrainingJob
-from tideshift.services.planner.core.model import (
-    DEFAULT_RESTART_COST_S,
-    DEFAULT_SPEEDUP_EXPONENT,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +44,12 @@ def serving_of(event: WorkloadChanged) -> ServingWorkload:
     low = max(policy.min_replicas, event.min_replicas)
     high = policy.max_replicas if event.max_replicas is None else event.max_replicas
     high = max(min(policy.max_replicas, high), low)
-    return ServingWorkload(
-        target=event.workload,
-        replica_requests=(requests.cpu, requests.memory, float(requests.gpu)),
-        capacity_rps=policy.capacity_rps,
+    return ServingWorkload.of(
+        event.workload,
+        (requests.cpu, requests.memory, float(requests.gpu)),
+        policy,
         min_replicas=low,
         max_replicas=high,
-        lead_time_s=policy.lead_time_seconds,
-        stabilization_s=policy.stabilization_seconds,
-        quantile=policy.quantile,
     )
 
 
@@ -69,19 +62,13 @@ def job_of(event: WorkloadChanged, *, first_replicas: int, submitted_at: float) 
     low = max(policy.min_replicas, event.min_replicas, 1)
     maxima = [m for m in (policy.max_replicas, event.max_replicas) if m is not None]
     high = max(min(maxima) if maxima else max(first_replicas, event.replicas), low)
-    restart, exponent = policy.restart_cost_seconds, policy.speedup_exponent
-    return TrainingJob(
-        target=event.workload,
-        trainer_requests=(requests.cpu, requests.memory, float(requests.gpu)),
+    return TrainingJob.of(
+        event.workload,
+        (requests.cpu, requests.memory, float(requests.gpu)),
+        policy,
         min_trainers=low,
         max_trainers=high,
-        gang_min=policy.gang_min,
-        priority=policy.priority,
-        weight=policy.weight,
         submitted_at=submitted_at,
-        batch=policy.batch,
-        speedup_exponent=DEFAULT_SPEEDUP_EXPONENT if exponent is None else exponent,
-        restart_cost_s=DEFAULT_RESTART_COST_S if restart is None else restart,
     )
 
 

@@ -1,16 +1,13 @@
 """A labelled workload's policy, read from its `tideshift.io/*` annotations. Pure: no I/O.
 
-Serving workloads (`tideshift.io/role: serving`): `capacity-rps` (required), `min-replicas`,
-`max-replicas`, `lead-time-seconds`, `quantile`, `stabilization-seconds`, `demand-query`.
-Training workloads (`tideshift.io/role: training`): `min-replicas`, `max-replicas`,
-`gang-min`, `priority`, `weight`, `scale-task` (Volcano), `batch` (`"true"`: its trainers
-borrow serving's idle reservation through the `tideshift.io/batch-cpu` / `batch-memory` their
-pod template requests, which become the announced requests), `restart-cost-seconds` and
-`speedup-exponent` (its work model: seconds without progress after its trainers change, and
-throughput growing as trainers ** exponent; what the planner weighs moves against). Any
-workload: `paused`
-(`"true"`: Tideshift leaves it alone). A value that does not parse raises `InvalidPolicy`
-naming the annotation and what it expects.
+Which annotations there are, their defaults and what each expects are declared once, on the
+workload specs in the contract (`ServingPolicy`, `TrainingPolicy` in events/models.py: each
+field names its annotation in its metadata); this parser reads every annotated field of the
+role's spec alike. Serving workloads (`tideshift.io/role: serving`) require `capacity-rps`.
+A training job's `batch` (`"true"`: its trainers borrow serving's idle reservation through the
+`tideshift.io/batch-cpu` / `batch-memory` their pod template requests, which become the
+announced requests). Any workload: `paused` (`"true"`: Tideshift leaves it alone). A value
+that does not parse raises `InvalidPolicy` naming the annotation and what it expects.
 """
 
 from __future__ import annotations
@@ -27,55 +24,12 @@ from tideshift.events import (
     TrainingPolicy,
     WorkloadChanged,
 )
-from tideshift.events.models import MAX_RESTART_COST_S
+from tideshift.events.models import ANNOTATION_PREFIX, annotation_fields
 from tideshift.services.cluster.core.overcommit import BATCH_CPU, BATCH_MEMORY
 from tideshift.services.cluster.port import ChangeType, Workload
 
-PREFIX = "tideshift.io/"
+PREFIX = ANNOTATION_PREFIX
 PAUSED = f"{PREFIX}paused"
-
-# annotation (after the prefix) -> policy field, per role
-SERVING_ANNOTATIONS = {
-    "capacity-rps": "capacity_rps",
-    "min-replicas": "min_replicas",
-    "max-replicas": "max_replicas",
-    "lead-time-seconds": "lead_time_seconds",
-    "quantile": "quantile",
-    "stabilization-seconds": "stabilization_seconds",
-    "demand-query": "demand_query",
-}
-TRAINING_ANNOTATIONS = {
-    "min-replicas": "min_replicas",
-    "max-replicas": "max_replicas",
-    "gang-min": "gang_min",
-    "priority": "priority",
-    "weight": "weight",
-    "scale-task": "scale_task",
-    "batch": "batch",
-    "restart-cost-seconds": "restart_cost_seconds",
-    "speedup-exponent": "speedup_exponent",
-}
-# What each field expects, in words for the message on the object.
-EXPECTED = {
-    "capacity_rps": "a number of requests/s > 0",
-    "min_replicas": "a whole number >= 0 (training: >= 1)",
-    "max_replicas": "a whole number >= 1, not below min-replicas",
-    "lead_time_seconds": "seconds >= 0",
-    "quantile": "a number between 0 and 1, e.g. 0.95",
-    "stabilization_seconds": "seconds >= 0",
-    "demand_query": "a PromQL expression",
-    "gang_min": "a whole number >= 1",
-    "priority": "a whole number",
-    "weight": "a number > 0",
-    "scale_task": "the name of one of the job's tasks",
-    "batch": '"true" or "false"',
-    "restart_cost_seconds": f"seconds >= 0 and <= {MAX_RESTART_COST_S:.0f}",
-    "speedup_exponent": "a number > 0 and <= 1, e.g. 0.8",
-}
-
-
-# Fields read as numbers (the others are text or a boolean).
-_NUMBERS = frozenset(EXPECTED) - {"demand_query", "scale_task", "batch"}
 
 
 class InvalidPolicy(ValueError):
@@ -85,35 +39,38 @@ class InvalidPolicy(ValueError):
 Policy = TypeVar("Policy", ServingPolicy, TrainingPolicy)
 
 
-def _policy(
-    model: type[Policy], names: Mapping[str, str], annotations: Mapping[str, str]
-) -> Policy:
+def _numeric(model: type[ServingPolicy | TrainingPolicy], field: str) -> bool:
+    """Whether a field is read as a number (int or float, optional or not)."""
+    annotation = model.model_fields[field].annotation
+    return annotation in (int, float, int | None, float | None)
+
+
+def _policy(model: type[Policy], annotations: Mapping[str, str]) -> Policy:
+    fields = annotation_fields(model)  # annotation -> (field, expected)
     values = {
-        field: annotations[PREFIX + name]
-        for name, field in names.items()
-        if PREFIX + name in annotations
+        field: annotations[annotation]
+        for annotation, (field, _) in fields.items()
+        if annotation in annotations
     }
+    by_field = {field: (annotation, expected) for annotation, (field, expected) in fields.items()}
     for field, value in values.items():
         # Python's number syntax (pydantic's too) reads "1_0" as 10: not what a person meant.
-        if field in _NUMBERS and "_" in value:
-            named = next(PREFIX + n for n, f in names.items() if f == field)
-            raise InvalidPolicy(f"{named}={value!r}: expected {EXPECTED[field]}")
+        if _numeric(model, field) and "_" in value:
+            annotation, expected = by_field[field]
+            raise InvalidPolicy(f"{annotation}={value!r}: expected {expected}")
     try:
         return model.model_validate(values)
     except ValidationError as error:
         first = error.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else ""
-        annotation = next((PREFIX + n for n, f in names.items() if f == field), None)
-        if annotation is None:  # a check across fields (max below min)
+        if field not in by_field:  # a check across fields (max below min)
             raise InvalidPolicy(str(first["msg"]).removeprefix("Value error, ")) from None
+        annotation, expected = by_field[field]
         if first["type"] == "missing":
             raise InvalidPolicy(
-                f"{annotation} is required for a {_role(model)} workload: "
-                f"expected {EXPECTED[field]}"
+                f"{annotation} is required for a {_role(model)} workload: expected {expected}"
             ) from None
-        raise InvalidPolicy(
-            f"{annotation}={values.get(field)!r}: expected {EXPECTED[field]}"
-        ) from None
+        raise InvalidPolicy(f"{annotation}={values.get(field)!r}: expected {expected}") from None
 
 
 def _role(model: type[ServingPolicy | TrainingPolicy]) -> str:
@@ -152,9 +109,9 @@ def workload_event(
     serving: ServingPolicy | None = None
     training: TrainingPolicy | None = None
     if workload.role == "serving":
-        serving = _policy(ServingPolicy, SERVING_ANNOTATIONS, annotations)
+        serving = _policy(ServingPolicy, annotations)
     else:
-        training = _policy(TrainingPolicy, TRAINING_ANNOTATIONS, annotations)
+        training = _policy(TrainingPolicy, annotations)
     requests = workload.requests
     if training is not None and training.batch:
         _check_batch(workload)

@@ -11,10 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from tideshift.events import Resources, TrainingPolicy, WorkloadChanged, WorkloadRef
-from tideshift.services.planner.core.model import (
-    DEFAULT_RESTART_COST_S,
-    DEFAULT_SPEEDUP_EXPONENT,
-)
+from tideshift.events.models import DEFAULT_RESTART_COST_S, DEFAULT_SPEEDUP_EXPONENT
 from tideshift.services.planner.core.targets import TargetBook
 from tideshift.services.planner.settings import TrainingTarget
 
