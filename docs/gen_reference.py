@@ -424,16 +424,53 @@ def _annotations_from_models() -> list[list[str]]:
         docstrings = _field_docstrings(model)
         for name, field in model.model_fields.items():
             annotation = _annotation_of(field)
-            if annotation is not None:
-                rows.append(
-                    [
-                        _code(annotation),
-                        _code(f"{model.__name__}.{name}"),
-                        _default(field),
-                        _description(model, name, field, docstrings),
-                    ]
-                )
+            if annotation is None:
+                continue
+            words = _description(model, name, field, docstrings)
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            expects = extra.get("expected")
+            if isinstance(expects, str) and expects:
+                words = f"{words}; expects {_cell(expects)}" if words else _cell(expects)
+            rows.append(
+                [_code(annotation), _code(f"{model.__name__}.{name}"), _default(field), words]
+            )
     return rows
+
+
+def _declared_names() -> list[list[str]]:
+    """Every other `tideshift.io/...` name a module declares as a constant (labels, extended
+    resources, annotations read elsewhere), with the comment beside or above it."""
+    rows = []
+    for name, text in _sources():
+        if "tideshift.io/" not in text:
+            continue
+        lines = text.splitlines()
+        module = importlib.import_module(name)
+        for node in ast.parse(text).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else None
+            if not isinstance(target, ast.Name) or not target.id.isupper():
+                continue
+            value = getattr(module, target.id, None)
+            if (
+                isinstance(value, str)
+                and value.startswith("tideshift.io/")
+                and value.strip("/") != "tideshift.io"
+            ):
+                rows.append([_code(value), _code(f"{name}.{target.id}"), _comment(lines, node)])
+    return rows
+
+
+def _comment(lines: list[str], node: ast.stmt) -> str:
+    """The comment ending the statement's line, else the comment lines right above it."""
+    own = lines[node.lineno - 1]
+    if "#" in own.split("=", 1)[-1]:
+        return _cell(own.rsplit("#", 1)[1])
+    above = []
+    for line in reversed(lines[: node.lineno - 1]):
+        if not line.lstrip().startswith("#"):
+            break
+        above.insert(0, line.lstrip()[1:].strip())
+    return _cell(" ".join(above))
 
 
 def _annotations_from_maps() -> list[list[str]]:
@@ -469,10 +506,16 @@ def _annotations_from_maps() -> list[list[str]]:
 
 def annotations_page() -> str:
     rows = _annotations_from_models()
-    header = ["annotation", "field", "default", "description"]
+    header = ["annotation", "spec field", "default", "description"]
     if not rows:
         rows = _annotations_from_maps()
         header = ["annotation", "role", "default", "description"]
+    listed = {row[0] for row in rows}
+    others = [row for row in _declared_names() if row[0] not in listed]
+    body = _table(header, rows)
+    body += ["## Other `tideshift.io/` names", "", "Labels, extended resources and names "]
+    body[-1] += "the code declares as constants, with the comment beside them."
+    body += ["", *_table(["name", "declared as", "comment"], others)]
     return _page(
         "Annotations",
         """
@@ -482,7 +525,7 @@ A value that does not parse is refused with a Warning Event on the object naming
 annotation and what it expects; `tideshift.io/paused: "true"` makes Tideshift leave any
 workload alone. How to use them: [Your first workload](../getting-started/first-workload.md).
 """,
-        _table(header, rows),
+        body,
     )
 
 
