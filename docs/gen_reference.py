@@ -439,25 +439,32 @@ def _annotations_from_models() -> list[list[str]]:
 
 def _declared_names() -> list[list[str]]:
     """Every other `tideshift.io/...` name a module declares as a constant (labels, extended
-    resources, annotations read elsewhere), with the comment beside or above it."""
+    resources, annotations read elsewhere), with the comment beside or above it. Literal
+    strings are read from the source; a constant built from others (an f-string) is read
+    from the imported module."""
     rows = []
     for name, text in _sources():
         if "tideshift.io/" not in text:
             continue
         lines = text.splitlines()
-        module = importlib.import_module(name)
         for node in ast.parse(text).body:
             target = node.targets[0] if isinstance(node, ast.Assign) else None
             if not isinstance(target, ast.Name) or not target.id.isupper():
                 continue
-            value = getattr(module, target.id, None)
-            if (
-                isinstance(value, str)
-                and value.startswith("tideshift.io/")
-                and value.strip("/") != "tideshift.io"
-            ):
+            value = _constant_value(name, target.id, node.value)
+            if value.startswith("tideshift.io/") and value.strip("/") != "tideshift.io":
                 rows.append([_code(value), _code(f"{name}.{target.id}"), _comment(lines, node)])
     return rows
+
+
+def _constant_value(module: str, attribute: str, node: ast.expr) -> str:
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, str) else ""
+    if isinstance(node, ast.JoinedStr):
+        loaded = _import_all([module])
+        value = getattr(loaded[0], attribute, "") if loaded else ""
+        return value if isinstance(value, str) else ""
+    return ""
 
 
 def _comment(lines: list[str], node: ast.stmt) -> str:
@@ -927,13 +934,30 @@ def index_page() -> str:
     )
 
 
+# Environment variables that change what a command's help prints as its default (a cache
+# folder, a kubeconfig): left out while the pages are rendered, so any shell renders alike.
+_AMBIENT = ("TIDESHIFT_", "XDG_", "KUBECONFIG", "COLUMNS", "LINES")
+
+
+@contextlib.contextmanager
+def _plain_environment() -> Iterator[None]:
+    saved = {key: value for key, value in os.environ.items() if key.startswith(_AMBIENT)}
+    for key in saved:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def render() -> dict[str, str]:
     """Every reference page: file name -> text."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    pages = {"index.md": index_page()}
-    for name, build in PAGES.items():
-        pages[name] = build()
+    with _plain_environment():
+        pages = {"index.md": index_page()}
+        for name, build in PAGES.items():
+            pages[name] = build()
     return pages
 
 
