@@ -21,6 +21,7 @@ from tideshift.services.cluster.port import ClusterPort
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.runtime import ServiceContext
 from tideshift.services.common.settings import ServiceSettings
+from tideshift.services.core.constants import HOUR_S, WEEK_S
 from tideshift.services.demo.clock import SimClock
 from tideshift.services.demo.world import JobShape, ServingShape, WorldShape
 from tideshift.services.executor import service as executor_service
@@ -36,9 +37,9 @@ log = logging.getLogger("tideshift.demo.pipeline")
 # Forecasts on a 5-minute grid, two hours ahead, fitted on a week of history before the run
 # (the sim source answers for any time), refitted every six simulated hours.
 FORECAST_STEP_S = 300.0
-FORECAST_HORIZON_S = 2 * 3600.0
-FORECAST_HISTORY_S = 7 * 86400.0
-FORECAST_REFIT_S = 6 * 3600.0
+FORECAST_HORIZON_S = 2 * HOUR_S
+FORECAST_HISTORY_S = WEEK_S
+FORECAST_REFIT_S = 6 * HOUR_S
 
 
 @dataclass

@@ -119,7 +119,7 @@ func main() { coremain.Run() }
 EOF
   log "building coredns $COREDNS_VERSION (trimmed plugin set)"
   (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$STAGE_DIR/coredns" .)
-  "$STAGE_DIR/coredns" -plugins | grep -q 'dns.kubernetes' ||
+  "$STAGE_DIR/coredns" -plugins | grep -qw 'kubernetes' ||
     { echo "real/build.sh: coredns lacks the kubernetes plugin" >&2; exit 1; }
   install_binary "$REAL_BIN_DIR" coredns "$COREDNS_VERSION" "$STAGE_DIR/coredns"
 fi

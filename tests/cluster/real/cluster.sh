@@ -322,6 +322,7 @@ mode: iptables
 iptables: {localhostNodePorts: false}
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: [primary]
 EOF
   # The mount namespace's set-up, then containerd (exec'd: its pid is the namespace's anchor).
   {
@@ -466,7 +467,7 @@ up() {
   [[ $(id -u) == 0 ]] || die "needs root (network namespaces, containerd, kubelet)"
   [[ -e "$STATE" ]] && die "$STATE exists: already up? 'bash $0 down' first"
   install_debs
-  bash "$HERE/build.sh" >/dev/null || die "tests/cluster/real/build.sh failed"
+  bash "$HERE/build.sh" || die "tests/cluster/real/build.sh failed"
   local image archives=() i t0=$SECONDS
   scratch_image "$PAUSE_IMAGE" "$REAL_BIN_DIR/pause"
   scratch_image "$COREDNS_IMAGE" "$REAL_BIN_DIR/coredns"
