@@ -95,7 +95,7 @@ class _Loop:
 
 
 class ElasticJob:
-    """A trainer's membership in one elastic job; see the module docstring."""
+    """A trainer's membership in one elastic job; see the `sdk` package docstring."""
 
     def __init__(
         self, loop: _Loop, bus: Bus, spec: JobSpec, trainer: str, grace_seconds: float
@@ -437,7 +437,10 @@ def push_outcome(outcomes: set[str]) -> str:
 
 
 class Task:
-    """One shard of one epoch, held by this trainer until settled (acked or handed back)."""
+    """One shard of one epoch, held by this trainer until settled (acked or handed back).
+
+    The job's other half: it runs on its job's bus loop, pulls and pushes through its job's
+    pserver client and retry policy, and adds to its job's applied counts."""
 
     def __init__(self, job: ElasticJob, delivery: Delivery[ShardTask]) -> None:
         self.job = job
