@@ -414,6 +414,10 @@ class ScalePin(_Frozen):
     pinned_at: AwareDatetime
 
 
+# The forecast's quantile grid: the levels each forecast point carries (q50, q90, q95, q99).
+QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+
+
 class ForecastPoint(_Frozen):
     """Forecast demand (requests per second) for the step starting at `at`."""
 

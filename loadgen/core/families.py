@@ -16,10 +16,9 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.signal import lfilter
 
-FloatArray = NDArray[np.float64]
+from tideshift.loadgen.core.profiles import DAY_S, HOUR_S, WEEK_S
 
-DAY_S = 86_400.0
-WEEK_S = 7 * DAY_S
+FloatArray = NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ def _flash_crowds(t: FloatArray, rng: np.random.Generator) -> FloatArray:
         start = t[0] + rng.uniform(0, span)
         size = rng.uniform(1.0, 9.0)  # extra demand at the crest, in units of the mean
         rise_s = rng.uniform(60.0, 900.0)
-        half_life_s = rng.uniform(600.0, 3 * 3600.0)
+        half_life_s = rng.uniform(600.0, 3 * HOUR_S)
         after = t - start
         ramp = np.clip(after / rise_s, 0.0, 1.0)
         decay = np.exp2(-np.maximum(after - rise_s, 0.0) / half_life_s)
@@ -132,7 +131,7 @@ def _periodic_spikes(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     forecaster can learn, but never exactly.
     """
     rate = _daily_shape(t, rng, ratio=(1.2, 2.0))
-    period_s = rng.uniform(3600.0, 3 * 3600.0)
+    period_s = rng.uniform(HOUR_S, 3 * HOUR_S)
     span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
     first = t[0] + rng.uniform(0.0, period_s)
     for nominal in np.arange(first, t[0] + span + period_s, period_s):
@@ -149,7 +148,7 @@ def _steep_daily(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     peak_hour = rng.uniform(9.0, 21.0)
     width_h = rng.uniform(0.75, 2.0)
     # Hours from the peak, wrapped to [-12, 12): a Gaussian bump per day.
-    offset = ((t / 3600.0 - peak_hour + 12.0) % 24.0) - 12.0
+    offset = ((t / HOUR_S - peak_hour + 12.0) % 24.0) - 12.0
     shape = 1.0 + (rng.uniform(8.0, 20.0) - 1.0) * np.exp(-0.5 * (offset / width_h) ** 2)
     sigma = rng.uniform(0.15, 0.4)
     noise = np.exp(rng.normal(-(sigma**2) / 2, sigma, t.shape[0]))

@@ -23,7 +23,10 @@ from typing import Protocol
 
 import numpy as np
 
-DAY_S = 86_400.0
+# loadgen imports no service, so the units of time are declared here again, with the same
+# values as services/core/constants.py (tests/unit/loadgen checks they agree).
+HOUR_S = 3_600.0
+DAY_S = 24 * HOUR_S
 WEEK_S = 7 * DAY_S
 
 

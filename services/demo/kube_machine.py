@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tideshift.loadgen.core.profiles import RateProfile
+from tideshift.services.core.constants import DAY_S
 from tideshift.services.demo.errors import DemoError
 from tideshift.services.demo.kube_objects import APP
 
@@ -150,7 +151,7 @@ def history_openmetrics(
     wildly; real deployments have weeks of history. Wall time t maps to profile time
     (t - end_wall) * speed, the same mapping the load generator uses from the start on.
     """
-    span = days * 86_400.0 / speed
+    span = days * DAY_S / speed
     step = max(1.0, round(span / 20_000.0))
     lines = [
         "# HELP http_requests HTTP requests answered by the sample app (backfilled history)",

@@ -15,6 +15,7 @@ import numpy as np
 
 from tideshift.services.cluster.port import Resources
 from tideshift.services.cluster.sim import SimCluster
+from tideshift.services.core.constants import HOUR_S
 from tideshift.services.demo.figures import ClusterFigures, SimFigures
 from tideshift.services.demo.world import GIB, WorldShape
 from tideshift.services.planner.core import stranded_capacity
@@ -209,6 +210,6 @@ class Meter:
             for t, count in zip(
                 self.series["t"], self.series["trainers"].get(job, []), strict=False
             )
-            if start_h <= (t / 3600.0) % 24 < end_h
+            if start_h <= (t / HOUR_S) % 24 < end_h
         ]
         return sum(values) / len(values) if values else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tideshift.services.core.constants import EPS, HOUR_S
 from tideshift.services.demo.meter import Meter
 from tideshift.services.simulator.core.accounting import NIGHT_HOURS
 
@@ -199,7 +200,7 @@ def plot(
     import matplotlib.pyplot as plt
 
     series = meter.series
-    hours = [t / 3600.0 for t in series["t"]]
+    hours = [t / HOUR_S for t in series["t"]]
     panels = 5 if training else 4
     figure, axes = plt.subplots(panels, 1, figsize=(10, 3 * panels), sharex=True)
     _plot_demand(axes[0], hours, series)
@@ -279,7 +280,7 @@ def _plot_cpu(axis: Any, hours: list[float], series: dict[str, Any]) -> None:
     """Cpu requested and in use, as % of allocatable."""
     requested = [u * 100 for u in series["util_cpu"]]
     in_use = [
-        (used + training + lent) / max(used + idle + training + lent + free, 1e-9) * 100
+        (used + training + lent) / max(used + idle + training + lent + free, EPS) * 100
         for used, idle, training, lent, free in zip(
             *(series[key] for key, _, _ in CORE_BANDS), strict=False
         )

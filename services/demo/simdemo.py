@@ -25,6 +25,7 @@ from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.cluster.sim import SimCluster, SimClusterPort
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
+from tideshift.services.core.constants import DAY_S, HOUR_S
 from tideshift.services.demo import pipeline
 from tideshift.services.demo.clock import DEFAULT_START, SimClock
 from tideshift.services.demo.fleet import DEMO_DATASET, TrainingFleet
@@ -116,8 +117,8 @@ def progress_line(
     meter: Meter,
     fleet: TrainingFleet | None,
 ) -> str:
-    day, rest = divmod(clock_elapsed_s, 86_400)
-    hours, rest = divmod(rest, 3600)
+    day, rest = divmod(clock_elapsed_s, DAY_S)
+    hours, rest = divmod(rest, HOUR_S)
     serving = shape.serving
     ready = cluster.ready_count(serving.ref)
     desired = cluster.workload(serving.ref).replicas
@@ -181,7 +182,7 @@ class _SimDemoRun:
         """Start everything with time frozen, then run the simulated hours and measure them."""
         config, shape = self.config, self.config.world
         clock = SimClock(
-            config.speed, frozen=True, begin=DEFAULT_START - config.warmup_hours * 3600.0
+            config.speed, frozen=True, begin=DEFAULT_START - config.warmup_hours * HOUR_S
         )
         cluster = _cluster_ready_at_start(
             shape,
@@ -195,7 +196,7 @@ class _SimDemoRun:
             await self._start_progress_recorder(clock)
         clock.run()
         meter = Meter(shape, start=clock.start, sample_every_s=max(60.0, config.hours * 3600 / 600))
-        end = clock.start + config.hours * 3600.0
+        end = clock.start + config.hours * HOUR_S
         await self._run_until(end, clock=clock, cluster=cluster, meter=meter)
         counters = cluster.counters
         churn = counters.pods_bound.get("training", 0) + counters.pods_stopped.get("training", 0)

@@ -10,13 +10,12 @@ from typing import Protocol
 
 import numpy as np
 
+from tideshift.events.models import QUANTILE_LEVELS
 from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.planner import core as pol
 from tideshift.services.predictor.core.forecasting import REFIT_S, Cadence, WorkloadModel, grid
 from tideshift.services.predictor.core.models import DEFAULT_MODEL, Forecast
 from tideshift.services.simulator.scenario import Scenario
-
-QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
 
 class SimForecaster(Protocol):
@@ -44,7 +43,9 @@ class OracleForecaster:
             )
             for t in times
         )
-        return pol.Forecast(issued_at=now, times=times, quantiles={q: values for q in QUANTILES})
+        return pol.Forecast(
+            issued_at=now, times=times, quantiles={q: values for q in QUANTILE_LEVELS}
+        )
 
 
 @dataclass

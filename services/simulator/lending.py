@@ -27,6 +27,7 @@ from tideshift.services.cluster.core.placement import FloatArray
 from tideshift.services.cluster.port import Node, Resources, WorkloadRef
 from tideshift.services.cluster.sim import SimCluster, SimWorkload
 from tideshift.services.cluster.sim.objects import SimNode, SimPod
+from tideshift.services.core.constants import EPS
 
 
 class LendingCluster(SimCluster):
@@ -151,8 +152,8 @@ class LendingCluster(SimCluster):
             return super()._place(pod)
         names, room = self._room()
         need = resource_array(self.batch_use[pod.owner])[:2]
-        # relative tolerance: memory is in bytes, where float sums drift by far more than 1e-9
-        fits = np.all(room >= need * (1.0 - 1e-9), axis=1)
+        # relative tolerance: memory is in bytes, where float sums drift by far more than EPS
+        fits = np.all(room >= need * (1.0 - EPS), axis=1)
         if not np.any(fits):
             return False
         # Best fit: the node with the least cpu room that fits keeps larger gaps whole.

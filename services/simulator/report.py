@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from tideshift.services.core.constants import HOUR_S
 from tideshift.services.simulator.churn_causes import CAUSES
 from tideshift.services.simulator.core import measures as msr
 from tideshift.services.simulator.run import PolicyResult
@@ -124,7 +125,7 @@ def plot_jct(results: Sequence[PolicyResult], scenario: Scenario, out_dir: Path)
 
     figure, axis = plt.subplots(figsize=(8, 5))
     for r in results:
-        jct = np.sort([(o.finished_at or r.end_s) - o.arrival for o in r.job_outcomes]) / 3600.0
+        jct = np.sort([(o.finished_at or r.end_s) - o.arrival for o in r.job_outcomes]) / HOUR_S
         axis.step(jct, np.arange(1, jct.size + 1) / jct.size, where="post", label=r.name)
     axis.set_xlabel("job completion time (h; unfinished jobs counted to the end)")
     axis.set_ylabel("share of jobs")
@@ -140,7 +141,7 @@ def plot(result: PolicyResult, scenario: Scenario, out_dir: Path) -> Path:
     import matplotlib.pyplot as plt
 
     series = result.series
-    hours = np.array(series["t"]) / 3600.0
+    hours = np.array(series["t"]) / HOUR_S
     figure, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
     axes[0].plot(hours, series["demand"], label="demand (req/s)", color="tab:red", lw=1)
     axes[0].plot(

@@ -44,6 +44,7 @@ from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import WorkloadRef
 from tideshift.services.cluster.sim import SimWorkload
+from tideshift.services.core.constants import EPS
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.baselines import Policy, make_policy
 from tideshift.services.simulator.churn_causes import ChurnCauses
@@ -214,7 +215,7 @@ class _Run:
         self._admit(now)
         self.churn.observe_jobs(self.live)
         demands = [profile.rate(now) for profile in self.profiles]
-        if now >= self.next_plan - 1e-9:
+        if now >= self.next_plan - EPS:
             self.next_plan += self.plan_every
             self._plan(now, demands)
         starved = self.cluster.step_serving(
@@ -227,7 +228,7 @@ class _Run:
             },
         )
         used, capacity_total = self._measure(now, demands, starved=starved)
-        if now >= self.next_series - 1e-9:
+        if now >= self.next_series - EPS:
             self.next_series += self.series_every
             self._record_series(now, demands, used, capacity_total)
         counters = self.cluster.counters
@@ -235,7 +236,7 @@ class _Run:
 
     def _admit(self, now: float) -> None:
         arrivals = self.arrivals
-        while self.next_arrival < len(arrivals) and arrivals[self.next_arrival][0] <= now + 1e-9:
+        while self.next_arrival < len(arrivals) and arrivals[self.next_arrival][0] <= now + EPS:
             _, group, name = arrivals[self.next_arrival]
             self.next_arrival += 1
             self._add_job(now, group, name)

@@ -78,7 +78,7 @@ from tideshift.loadgen.core.profiles import (
     TraceProfile,
 )
 from tideshift.loadgen.traces import TraceError, read_trace
-from tideshift.services.core.constants import DAY_S
+from tideshift.services.core.constants import DAY_S, HOUR_S
 
 GIB = 2**30
 TRACE_DIR_ENV = "TIDESHIFT_TRACE_DIR"
@@ -156,7 +156,7 @@ class DiurnalTraffic(_Model):
     base_rps: float = Field(ge=0)
     peak_rps: float = Field(ge=0)
     period_s: float = Field(DAY_S, gt=0)
-    peak_at_s: float = 14 * 3600.0
+    peak_at_s: float = 14 * HOUR_S
     noise: float = Field(0.0, ge=0, le=1)
     noise_step_s: float = Field(60.0, gt=0)
     seed: int = 0

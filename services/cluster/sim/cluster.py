@@ -36,7 +36,6 @@ from tideshift.services.cluster.port import (
     WorkloadRef,
 )
 from tideshift.services.cluster.sim.objects import (
-    EPS,
     SimCounters,
     SimNode,
     SimPod,
@@ -44,6 +43,7 @@ from tideshift.services.cluster.sim.objects import (
     as_list,
     fits_in,
 )
+from tideshift.services.core.constants import EPS
 
 
 class SimCluster:

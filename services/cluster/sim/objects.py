@@ -16,10 +16,9 @@ from tideshift.services.cluster.port import (
     Role,
     WorkloadRef,
 )
+from tideshift.services.core.constants import EPS
 
 WorkloadKind = Literal["Deployment", "ElasticJob"]
-
-EPS = 1e-9
 
 
 @dataclass(slots=True)

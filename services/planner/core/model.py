@@ -22,6 +22,7 @@ from tideshift.events.models import (
     spec_default,
 )
 from tideshift.services.cluster.core.overcommit import OvercommitConfig
+from tideshift.services.core.constants import DAY_S
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -285,7 +286,7 @@ class PolicyConfig:
     # (policy/headroom.py), over a window long enough to hold a daily cycle's steepest ramp;
     # the large ones that recur on a schedule within it are held only when the next is due.
     rise_window_s: float = tunable(
-        86400.0,
+        DAY_S,
         "serving's headroom is the workload's quantile of its rises within one lead time "
         "observed over this long, seconds",
         gt=0,

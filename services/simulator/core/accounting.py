@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tideshift.services.cluster.core.placement import FloatArray
+from tideshift.services.core.constants import EPS, HOUR_S, MINUTE_S
 
 NIGHT_HOURS = (0.0, 6.0)  # hours of the simulated day with the least serving demand
 RESOURCES = ("cpu", "memory", "gpu")
@@ -78,10 +79,10 @@ class Accountant:
         share = np.divide(sample.requested, alloc, out=np.zeros(3), where=alloc > 0)
         self.elapsed_s += dt
         self.utilization_s += share * dt
-        if NIGHT_HOURS[0] <= ((begin - self.start) / 3600.0) % 24 < NIGHT_HOURS[1]:
+        if NIGHT_HOURS[0] <= ((begin - self.start) / HOUR_S) % 24 < NIGHT_HOURS[1]:
             self.night_s += dt
             self.night_cpu_s += share[0] * dt
-        alloc_cpu = max(float(alloc[0]), 1e-9)
+        alloc_cpu = max(float(alloc[0]), EPS)
         self.used_cpu_s += sample.used_cpu / alloc_cpu * dt
         self.lent_cpu_s += sample.lent_cpu / alloc_cpu * dt
         self.stranded_s += np.divide(sample.stranded, alloc, out=np.zeros(3), where=alloc > 0) * dt
@@ -90,7 +91,7 @@ class Accountant:
             max(0.0, demand - capacity)
             for demand, capacity in zip(sample.demand_rps, sample.capacity_rps, strict=True)
         )
-        if missing > 1e-9:
+        if missing > EPS:
             self.shortfall_requests += missing * dt
             self.shortfall_minutes.update(self.minutes(begin, end))
         if sample.starved:
@@ -101,7 +102,7 @@ class Accountant:
     def minutes(self, begin: float, end: float) -> range:
         """The run-minutes [begin, end) touches."""
         first = math.floor((begin - self.start) / 60)
-        last = math.floor((end - self.start - 1e-9) / 60)
+        last = math.floor((end - self.start - EPS) / MINUTE_S)
         return range(first, last + 1)
 
     def _mean(self, integral: float) -> float:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from tideshift.services.cluster.core.placement import FloatArray
+from tideshift.services.core.constants import EPS, HOUR_S
 from tideshift.services.planner.core.model import TargetDecision
 
 HEADROOM_PARTS = ("forecast", "rise", "observed", "held")
@@ -102,9 +103,9 @@ class StepMeasures:
         """One step: per-workload demand and ready capacity (req/s); cpu is (training,
         serving reserved, serving used) in cores."""
         for ratios, demand, capacity in zip(self.ratios, demands, capacities, strict=True):
-            if demand > 1e-9:
+            if demand > EPS:
                 ratios.append(capacity / demand)
-        alloc = max(alloc_cpu, 1e-9)
+        alloc = max(alloc_cpu, EPS)
         self.steps += 1
         self.training_cpu += cpu[0] / alloc
         self.serving_reserved_cpu += cpu[1] / alloc
@@ -116,7 +117,7 @@ class StepMeasures:
         result = {}
         for name, ratios in zip(self.workloads, self.ratios, strict=True):
             spread = _spread(ratios)
-            hours = {part: s / 3600.0 for part, s in self.headroom_s[name].items()}
+            hours = {part: s / HOUR_S for part, s in self.headroom_s[name].items()}
             result[name] = {"mean": spread["mean"], "p95": spread["p95"], "replica_h": hours}
         return result
 
