@@ -175,7 +175,12 @@ def _field_docstrings(model: type) -> dict[str, str]:
     """Attribute docstrings (a string literal right under a field) of a class and its bases."""
     found: dict[str, str] = {}
     for klass in reversed(model.__mro__):
-        if klass.__module__.split(".")[0] != "tideshift":
+        if klass.__module__.split(".")[0] in {
+            "builtins",
+            "typing",
+            "pydantic",
+            "pydantic_settings",
+        }:
             continue
         try:
             tree = ast.parse(inspect.getsource(klass).strip())
@@ -276,15 +281,18 @@ def _settings_rows(
     return rows
 
 
-def _nested_models(model: type, seen: set[type]) -> list[type]:
-    """Models held in a list or mapping field (given as JSON): each gets a table of its own."""
+def _nested_models(model: type, seen: set[type], delimiter: str | None) -> list[type]:
+    """Models held in a list or mapping field (given as JSON): each gets a table of its own.
+    A section (a field holding one model) is walked in place when the settings have a nested
+    delimiter, so it gets no table of its own."""
     found = []
     for field in model.model_fields.values():  # type: ignore[attr-defined]
         nested = _model_in(field.annotation)
         if nested is None or nested in seen:
             continue
         seen.add(nested)
-        found += [nested, *_nested_models(nested, seen)]
+        inline = bool(delimiter) and field.annotation is nested
+        found += [*([] if inline else [nested]), *_nested_models(nested, seen, delimiter)]
     return found
 
 
@@ -310,11 +318,11 @@ def _settings_section(settings: type, bases: list[type], service: str) -> list[s
         lines += [f" Also takes every setting of {links}."]
     lines += ["", *_table(["flag", "environment", "type", "default", "description"], rows)]
     seen = {settings, *bases}
-    for nested in _nested_models(settings, seen):
+    for nested in _nested_models(settings, seen, delimiter):
         if nested.__module__.split(".")[0] != "tideshift":
             continue
         nested_rows = [[row[0], *row[2:]] for row in _settings_rows(nested, "", "", None)]
-        lines += [f"### `{nested.__name__}` (JSON items of {title})", ""]
+        lines += [f"### `{nested.__name__}` (given as JSON in {title})", ""]
         lines += [_cell(inspect.getdoc(nested) or ""), ""]
         lines += _table(["key", "type", "default", "description"], nested_rows)
     return lines
