@@ -19,7 +19,7 @@ from tideshift.services.core.constants import HOUR_S
 from tideshift.services.demo.figures import ClusterFigures, SimFigures
 from tideshift.services.demo.world import GIB, WorldShape
 from tideshift.services.planner.core import stranded_capacity
-from tideshift.services.simulator.core.accounting import Accountant, Sample
+from tideshift.services.simulator.core.measures import Accountant, Sample
 from tideshift.services.simulator.core.training import JobProgress
 from tideshift.services.simulator.lending import resource_array
 
@@ -30,7 +30,7 @@ class Meter:
 
     The cluster figures (utilisation, cpu used and lent, stranded, shortfall, starved minutes,
     training's share of spare) go through `tideshift simulate`'s accountant
-    (`simulator/accounting.py`), so the two tables mean the same; training work goes through
+    (`simulator/core/measures.py`), so the two tables mean the same; training work goes through
     its work model (`simulator/training.py`).
     """
 

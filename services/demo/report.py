@@ -10,7 +10,7 @@ from typing import Any
 
 from tideshift.services.core.constants import EPS, HOUR_S
 from tideshift.services.demo.meter import Meter
-from tideshift.services.simulator.core.accounting import NIGHT_HOURS
+from tideshift.services.simulator.core.measures import NIGHT_HOURS
 
 DAY_HOURS = (10.0, 18.0)  # with the most
 

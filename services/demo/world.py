@@ -14,7 +14,7 @@ from tideshift.services.cluster.sim import SimWorkload
 from tideshift.services.simulator.core.training import WorkModel
 from tideshift.services.simulator.lending import LendingCluster
 from tideshift.services.simulator.scenario import SIMULATED_TARGET_UTILIZATION
-from tideshift.services.simulator.scenario_world import replicas_needed
+from tideshift.services.simulator.world import replicas_needed
 
 GIB = float(2**30)
 SERVING_KIND = "Deployment"

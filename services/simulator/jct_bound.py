@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tideshift.services.simulator.scenario import Scenario
-from tideshift.services.simulator.scenario_world import job_arrivals
+from tideshift.services.simulator.world import job_arrivals
 
 
 @dataclass(frozen=True)

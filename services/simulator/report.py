@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from tideshift.services.core.constants import HOUR_S
-from tideshift.services.simulator.churn_causes import CAUSES
 from tideshift.services.simulator.core import measures as msr
 from tideshift.services.simulator.run import PolicyResult
 from tideshift.services.simulator.scenario import Scenario
@@ -65,7 +64,7 @@ def _headroom_table(results: Sequence[PolicyResult]) -> list[str]:
 
 def _measures_table(results: Sequence[PolicyResult]) -> str:
     """Where the cluster's cpu went, work weighted by what trainers hold, trainer churn by
-    cause (`churn_causes.py`), over-provisioning."""
+    cause (`core/measures.py`), over-provisioning."""
     header = (
         f"{'policy':<10} {'train cpu':>9} {'serve rsv':>9} {'serve use':>9} {'util gpu':>8} "
         f"{'train work':>11} {'wtd work':>11} {'churn jobs/serving/rebal':>24}  "
@@ -79,7 +78,7 @@ def _measures_table(results: Sequence[PolicyResult]) -> str:
             f"{name} {spread['mean']:.2f}, {spread['p95']:.2f}"
             for name, spread in r.over_provisioning.items()
         )
-        causes = "/".join(str(r.churn_causes.get(cause, 0)) for cause in CAUSES)
+        causes = "/".join(str(r.churn_causes.get(cause, 0)) for cause in msr.CAUSES)
         lines.append(
             f"{r.name:<10} {shares.get('training', 0):>9.1%} "
             f"{shares.get('serving_reserved', 0):>9.1%} {shares.get('serving_used', 0):>9.1%} "

@@ -1,10 +1,14 @@
-"""One policy replayed on the simulated cluster, in simulated time.
+"""The step loop: one policy replayed on the simulated cluster, in simulated time.
 
-Each policy gets a fresh `SimCluster` and the same scenario (see `scenario.py` for the
-format). Every `step_s` the loop: admits arriving jobs, lets the policy plan when its cadence is
-due (Tideshift every `plan_interval_s`; the baselines plan every step and keep their own
-sync periods), applies changed counts to the cluster, steps the cluster, and integrates the
-metrics over the step (`accounting.py`, the accountant the demo shares):
+The simulator reads in three places: the scenario built into a world (`world.py`: nodes,
+serving workloads from the workload spec, job arrivals, the starting cluster, the planner's
+inputs and warm start), this loop, and what it measures (`core/measures.py`); `report.py`
+prints and plots the results. Each policy gets a fresh `SimCluster` and the same scenario
+(see `scenario.py` for the format). Every `step_s` the loop: admits arriving jobs, lets the
+policy plan when its cadence is due (Tideshift every `plan_interval_s`; the baselines plan
+every step and keep their own sync periods), applies changed counts to the cluster, steps the
+cluster, and integrates the metrics over the step (`core/measures.py`, the accountant the demo
+shares):
 
 * utilisation: requests of bound pods / allocatable, per resource, time-averaged;
 * cpu used: what pods use / allocatable, from a usage model: a serving pod uses
@@ -19,11 +23,11 @@ metrics over the step (`accounting.py`, the accountant the demo shares):
 * serving shortfall: request-seconds above ready replicas x `capacity_rps`; minutes with any;
 * training work: progress units, ready_trainers ** speedup_exponent per second while the job
   runs (gang and parameter servers ready), none for `restart_cost_s` after its trainer set
-  changes (`training.py`, the demo's model too); jobs with `work` finish and leave;
+  changes (`core/training.py`, the demo's model too); jobs with `work` finish and leave;
 * job pending time: arrival until the job first runs (jobs that never run count until the end);
-  over-provisioning, cpu shares, JCT and weighted work: `measures.py`;
+  over-provisioning, cpu shares, JCT and weighted work: `core/measures.py`;
 * trainer churn: trainer pods started plus trainer pods stopped while their job went on, and
-  by cause (`churn_causes.py`);
+  by cause (`core/measures.py`);
 * training share of spare: training requests / (allocatable - what serving needs at target
   utilisation for the actual demand - other pods), cpu, time-integrated.
 
@@ -41,30 +45,28 @@ from typing import Any
 import numpy as np
 
 from tideshift.loadgen.core.profiles import RateProfile
-from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import WorkloadRef
-from tideshift.services.cluster.sim import SimWorkload
 from tideshift.services.core.constants import EPS
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.baselines import Policy, make_policy
-from tideshift.services.simulator.churn_causes import ChurnCauses
 from tideshift.services.simulator.core import measures as msr
-from tideshift.services.simulator.core.accounting import Accountant, Sample, trainer_churn
 from tideshift.services.simulator.core.training import JobProgress, WorkModel
 from tideshift.services.simulator.forecasters import make_forecaster
 from tideshift.services.simulator.lending import LendingCluster, serving_busy
 from tideshift.services.simulator.scenario import JobGroup, Scenario
-from tideshift.services.simulator.scenario_world import (
+from tideshift.services.simulator.world import (
     cluster_plan_inputs,
     job_arrivals,
+    job_workload,
     planned_job,
+    planner_job,
     resources,
-    scenario_nodes,
     serving_need,
     serving_workload,
+    start_cluster,
     stranded,
+    warm_state,
 )
-from tideshift.services.simulator.warm_start import warm_state
 
 
 @dataclass
@@ -164,8 +166,8 @@ class _Run:
         self.lends_batch = name == "tideshift"
         training = scenario.training
         self.work_model = WorkModel(training.speedup_exponent, training.restart_cost_s)
-        self.accounts = Accountant()
-        self.churn = ChurnCauses()
+        self.accounts = msr.Accountant()
+        self.churn = msr.ChurnCauses()
         self.measures = msr.StepMeasures(
             tuple(spec.name for spec in scenario.serving),
             tuple(spec.capacity_rps for spec in scenario.serving),
@@ -181,35 +183,15 @@ class _Run:
         self.series: dict[str, Any] = {key: [] for key in series_keys} | {"trainers": {}}
 
     def _start_cluster(self) -> LendingCluster:
-        scenario = self.scenario
-        warmup = max([spec.startup_delay_s for spec in scenario.serving] + [0.0]) + 1.0
-        cluster = LendingCluster(
-            scenario_nodes(scenario), now=-warmup, batch_use={}, overcommit=OvercommitConfig()
-        )
-        for spec, profile, workload in zip(
-            scenario.serving, self.profiles, self.serving, strict=True
-        ):
-            initial = (
-                self.peak[workload.target]
-                if self.name == "static"
-                else serving_need(spec, profile.rate(0.0))
+        initial = [
+            self.peak[workload.target]
+            if self.name == "static"
+            else serving_need(spec, profile.rate(0.0))
+            for spec, profile, workload in zip(
+                self.scenario.serving, self.profiles, self.serving, strict=True
             )
-            cluster.add_workload(
-                SimWorkload(
-                    ref=workload.target,
-                    kind="Deployment",
-                    role="serving",
-                    pod_requests=resources(spec.replica.vector()),
-                    replicas=initial,
-                    priority=spec.priority,
-                    startup_delay_s=spec.startup_delay_s,
-                    min_replicas=spec.min_replicas,
-                    max_replicas=spec.max_replicas,
-                )
-            )
-        # Starting pods become ready by t = 0 (the run starts in a steady state).
-        cluster.step(-warmup)
-        return cluster
+        ]
+        return start_cluster(self.scenario, self.serving, initial)
 
     def tick(self, now: float) -> None:
         self._admit(now)
@@ -232,7 +214,7 @@ class _Run:
             self.next_series += self.series_every
             self._record_series(now, demands, used, capacity_total)
         counters = self.cluster.counters
-        self.churn.count(trainer_churn(counters.pods_bound, counters.pods_stopped))
+        self.churn.count(msr.trainer_churn(counters.pods_bound, counters.pods_stopped))
 
     def _admit(self, now: float) -> None:
         arrivals = self.arrivals
@@ -244,42 +226,14 @@ class _Run:
     def _add_job(self, now: float, group: JobGroup, name: str) -> None:
         ref = WorkloadRef(group.namespace, "ElasticJob", name)
         batch = group.batch and self.lends_batch
-        policy_job = pol.TrainingJob(
-            target=ref,
-            trainer_requests=group.trainer.vector(),
-            min_trainers=group.min_trainers,
-            max_trainers=group.max_trainers,
-            gang_min=group.gang_min,
-            priority=group.priority,
-            weight=group.weight,
-            submitted_at=now,
-            nominal_trainers=group.nominal_trainers,
-            batch=batch,
-            speedup_exponent=self.work_model.speedup_exponent,
-            restart_cost_s=self.work_model.restart_cost_s,
-        )
+        policy_job = planner_job(group, ref, now=now, batch=batch, work=self.work_model)
         run = _JobRun(group, ref, policy_job, now)
         self.jobs.append(run)
         self.live[ref] = run
         self.series["trainers"][name] = []
         elastic = self.policy.elastic_training or batch
         replicas = policy_job.floor if elastic else policy_job.nominal
-        workload = SimWorkload(
-            ref=ref,
-            kind="ElasticJob",
-            role="training",
-            # a batch trainer requests only the extended batch resources
-            pod_requests=resources((0.0, 0.0, 0.0) if batch else group.trainer.vector()),
-            replicas=replicas,
-            priority=group.priority,
-            startup_delay_s=group.startup_delay_s,
-            min_replicas=0,
-            max_replicas=group.max_trainers,
-            # batch trainers bind one by one on lent room, never as a gang
-            gang_min=0 if batch else replicas,
-            companion_count=group.pservers,
-            companion_requests=resources(group.pserver.vector()),
-        )
+        workload = job_workload(group, ref, replicas=replicas, batch=batch)
         if batch:
             self.cluster.add_batch_workload(workload, resources(group.trainer.vector()))
         else:
@@ -330,7 +284,7 @@ class _Run:
         self.accounts.add(
             now,
             now + step,
-            Sample(
+            msr.Sample(
                 allocatable=self.alloc_vector,
                 requested=requested,
                 used_cpu=bound.cpu - serving_cpu + serving_used + lent_cpu,
@@ -412,7 +366,7 @@ class _Run:
             training_work=sum(run.progress.work for run in jobs),
             pending_mean_s=float(np.mean(pending)) if pending else 0.0,
             pending_p95_s=msr.p95(pending),
-            trainer_churn=trainer_churn(counters.pods_bound, counters.pods_stopped),
+            trainer_churn=msr.trainer_churn(counters.pods_bound, counters.pods_stopped),
             training_share_of_spare=accounts.training_share_of_spare,
             jobs_started=sum(1 for run in jobs if run.progress.started_at is not None),
             jobs_finished=sum(1 for run in jobs if run.finished_at is not None),

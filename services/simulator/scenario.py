@@ -69,7 +69,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tideshift.events.models import ServingPolicy, spec_default
+from tideshift.events.models import MAX_RESTART_COST_S, ServingPolicy, spec_default
 from tideshift.loadgen.core import families
 from tideshift.loadgen.core.profiles import (
     ConstantProfile,
@@ -79,6 +79,7 @@ from tideshift.loadgen.core.profiles import (
 )
 from tideshift.loadgen.traces import TraceError, read_trace
 from tideshift.services.core.constants import DAY_S, HOUR_S
+from tideshift.services.simulator.core.training import WorkModel
 
 GIB = 2**30
 TRACE_DIR_ENV = "TIDESHIFT_TRACE_DIR"
@@ -290,7 +291,7 @@ class ServingSpec(_Model):
     quantile: float = Field(_serving("quantile"), gt=0, lt=1)
     priority: int = 1000
     # Demand before t = 0 the tideshift planner has observed when the run starts (its rises,
-    # services/simulator/warm_start.py); None: the forecaster's history, up to the rise window.
+    # services/simulator/world.py); None: the forecaster's history, up to the rise window.
     warm_history_s: float | None = Field(None, ge=0)
     traffic: Traffic
 
@@ -330,8 +331,9 @@ class JobGroup(_Model):
     pservers: int = Field(0, ge=0)
     pserver: ResourceSpec = ResourceSpec()
     work: float | None = Field(None, gt=0)
-    priority: int = 0
-    weight: float = Field(1.0, gt=0)
+    # within the training spec's bounds (events/models.py TrainingPolicy): the planner is told
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
+    weight: float = Field(1.0, ge=1e-6, le=1e6)
     startup_delay_s: float = Field(10.0, ge=0)
     # Opt into batch capacity (Tideshift only): trainers use what serving reserves but does
     # not use, and are shrunk first when serving's usage rises.
@@ -355,8 +357,10 @@ class JobGroup(_Model):
 
 
 class TrainingSpec(_Model):
-    restart_cost_s: float = Field(10.0, ge=0)
-    speedup_exponent: float = Field(0.8, gt=0, le=1)
+    # The jobs' work model (core/training.py WorkModel's defaults), within the training spec's
+    # bounds: the planner is told the same.
+    restart_cost_s: float = Field(WorkModel.restart_cost_s, ge=0, le=MAX_RESTART_COST_S)
+    speedup_exponent: float = Field(WorkModel.speedup_exponent, gt=0, le=1)
     jobs: list[JobGroup] = Field(default_factory=list)
 
 

@@ -30,7 +30,7 @@ from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.simulator.cli import load_profiles
 from tideshift.services.simulator.run import run_policy
 from tideshift.services.simulator.scenario import Scenario, ServingSpec, load_scenario
-from tideshift.services.simulator.scenario_world import serving_need
+from tideshift.services.simulator.world import serving_need
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "loadgen" / "scenarios"
 DEFAULT = ("finite-jobs-gpu", "family-flash-crowds", "family-steep-daily")

@@ -9,13 +9,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tideshift.events.models import DEFAULT_SPEEDUP_EXPONENT
+
 
 @dataclass(frozen=True)
 class WorkModel:
     """How trainers turn into progress: sub-linear speed-up, a pause whenever the set changes
-    (the job re-forms its ring or re-shards)."""
+    (the job re-forms its ring or re-shards). The exponent is the training spec's default;
+    the simulated jobs restart in 10 s unless a scenario says otherwise (the spec's default,
+    the planner's assumption about a job that says nothing, is 30 s)."""
 
-    speedup_exponent: float = 0.8
+    speedup_exponent: float = DEFAULT_SPEEDUP_EXPONENT
     restart_cost_s: float = 10.0
 
 

@@ -546,6 +546,7 @@ down() {
     ((SECONDS < deadline)) || die "processes left in our namespaces/cgroups: $pids"
     sleep 0.2
   done
+  log "processes stopped"
   # Any launched process outside those (none expected) by its recorded pid.
   if [[ -f "$STATE/pids" ]]; then
     while read -r name pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$STATE/pids"
@@ -556,6 +557,7 @@ down() {
     [[ ! -d "$cg" ]] || die "could not remove cgroup $cg"
   done
   for name in $(our_netns); do ip netns delete "$name"; done
+  log "cgroups and network namespaces removed"
   # Mounts only ever lived in the nodes' private mount namespaces, gone with their processes.
   if [[ -d "$STATE" ]] && findmnt -rn -o TARGET | grep -q "^$STATE"; then
     die "mounts left under $STATE: $(findmnt -rn -o TARGET | grep "^$STATE" | tr '\n' ' ')"

@@ -1,11 +1,11 @@
-"""Trainer churn split by what changed in the plan behind it (services/simulator/churn_causes.py),
+"""Trainer churn split by what changed in the plan behind it (services/simulator/core/measures.py),
 and a simulated run whose causes add up to its churn."""
 
 from __future__ import annotations
 
 from tideshift.services.cluster.port import WorkloadRef
 from tideshift.services.planner.core import Target, TargetDecision
-from tideshift.services.simulator.churn_causes import ChurnCauses
+from tideshift.services.simulator.core.measures import ChurnCauses
 from tideshift.services.simulator.run import run_policy
 from tideshift.services.simulator.scenario import parse_scenario
 

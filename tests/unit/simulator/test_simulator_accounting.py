@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tideshift.services.simulator.core.accounting import Accountant, Sample
+from tideshift.services.simulator.core.measures import Accountant, Sample
 
 ALLOC = np.array([100.0, 400.0, 0.0])
 
