@@ -1,5 +1,8 @@
 """How every service runs: logging, signals, the bus, health and metrics endpoints.
 
+Every service has one shape: `async def serve(settings, context, *, clock=WALL_CLOCK, ...)`
+(the keywords after `clock` are ports a test or the demo replaces), and
+`main = service_main(name, SettingsClass, serve)`, which `tideshift run <name>` calls.
 `run_service` starts the embedded nats-server when no URL is configured, connects the bus,
 serves `/healthz`, `/readyz` and `/metrics`, waits until the streams are provisioned, runs the
 service body until SIGTERM or SIGINT, then drains and exits 0.
@@ -9,15 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -25,9 +29,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tideshift.services.common.bus import Bus, NatsAuthError, provision
 from tideshift.services.common.bus.streams import ReplicasUnavailable
 from tideshift.services.common.embedded_nats import EmbeddedNats, NatsServerError
-from tideshift.services.common.settings import ServiceSettings
+from tideshift.services.common.settings import ServiceSettings, parse_settings
 
 log = logging.getLogger("tideshift.runtime")
+S = TypeVar("S", bound=ServiceSettings)
 SHUTDOWN_GRACE_SECONDS = 20.0
 
 
@@ -58,7 +63,10 @@ def configure_logging(level: str) -> None:
 
 @dataclass
 class ServiceContext:
-    """What a service body gets: its settings, the bus, and the stop signal."""
+    """What a service body gets besides its settings: the bus, the stop signal, and what
+    /readyz reports. The bus is NATS's in production; service tests give a `MemoryBus`, which
+    the watcher, predictor, planner and executor accept (they type it as `BusPort`; the
+    trainer's roles still take the NATS `Bus` itself)."""
 
     name: str
     settings: ServiceSettings
@@ -149,7 +157,7 @@ async def _serve(
         # services always did there (the embedded server provisioned itself already).
         if embedded is None and settings.nats_user is None and settings.nats_credentials is None:
             await bus.ensure_streams()
-        code = await _run_body(context, body) if await _provisioned(context) else 0
+        code = await _run_body(context, body) if await _provisioned(bus, context.stopping) else 0
     finally:
         if runner is not None:
             await runner.cleanup()
@@ -159,11 +167,11 @@ async def _serve(
     return code
 
 
-async def _provisioned(context: ServiceContext) -> bool:
+async def _provisioned(bus: Bus, stopping: asyncio.Event) -> bool:
     """Wait until the streams exist: the provisioner creates them (a service role may not),
     and the embedded server did as it started. False when told to stop first."""
-    waiting = asyncio.create_task(provision.wait_provisioned(context.bus))
-    stop_wait = asyncio.create_task(context.stopping.wait())
+    waiting = asyncio.create_task(provision.wait_provisioned(bus))
+    stop_wait = asyncio.create_task(stopping.wait())
     await asyncio.wait({waiting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     stop_wait.cancel()
     if not waiting.done():
@@ -221,3 +229,19 @@ def run_service(
             f"tideshift {name}: {error} (is the port taken, or NATS unreachable?)", file=sys.stderr
         )
         return 1
+
+
+def service_main(
+    name: str,
+    settings_class: type[S],
+    serve: Callable[[S, ServiceContext], Coroutine[Any, Any, None]],
+) -> Callable[[Sequence[str]], int]:
+    """`main(argv)` of `tideshift run <name>`: parse the settings (flags over environment over
+    defaults; exits 2 when invalid), then run `serve(settings, context)` on the wall clock."""
+
+    def main(argv: Sequence[str]) -> int:
+        settings = parse_settings(settings_class, argv, prog=f"tideshift run {name}")
+        return run_service(name, settings, functools.partial(serve, settings))
+
+    main.__doc__ = f"`tideshift run {name}`: parse its settings from `argv` and run it."
+    return main

@@ -9,23 +9,48 @@ what `tideshift run <service>` prints before exiting 2. Imports no service.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 S = TypeVar("S", bound="ServiceSettings")
+ENV_PREFIX = "TIDESHIFT_"
+
+
+class _RenamedEnv(PydanticBaseSettingsSource):
+    """Environment variables of renamed settings, under their old names (below the new names,
+    flags and keyword arguments, which take the old names as aliases)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        renamed: dict[str, str] = getattr(self.settings_cls, "renamed", {})
+        values: dict[str, Any] = {}
+        for old, new in renamed.items():
+            raw = os.environ.get(f"{ENV_PREFIX}{old.upper()}")
+            if raw is not None:
+                values.setdefault(new, raw)
+        return values
 
 
 class ServiceSettings(BaseSettings):
     """Settings every service shares."""
 
     model_config = SettingsConfigDict(
-        env_prefix="TIDESHIFT_",
+        env_prefix=ENV_PREFIX,
         extra="forbid",
         frozen=True,
         # How pydantic-settings' CLI source renders the fields when `parse_settings` parses argv
@@ -35,6 +60,26 @@ class ServiceSettings(BaseSettings):
         cli_hide_none_type=True,
         cli_show_env_vars=True,
     )
+    # Old name -> new name of each setting renamed; the old flag, keyword and environment
+    # variable still set the new one.
+    renamed: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            dotenv_settings,
+            file_secret_settings,
+            _RenamedEnv(settings_cls),
+        )
 
     nats_url: str | None = Field(
         default=None,
@@ -131,3 +176,28 @@ def parse_settings(settings_class: type[S], argv: Sequence[str], *, prog: str) -
             print(f"{prog}: {reason}", file=sys.stderr)
             raise SystemExit(2) from None
         _exit_invalid(prog, named, f"expected JSON ({reason})")
+
+
+# What a node never lends to batch trainers, as a fraction of its allocatable: the default
+# of `cluster.core.overcommit.OvercommitConfig.margin` (a test keeps the two equal).
+DEFAULT_LEND_MARGIN = 0.1
+
+
+class LendingSettings(ServiceSettings):
+    """The lending section, one declaration for the planner (what it plans to lend) and the
+    executor (what it advertises on each Node): set once, both agree."""
+
+    renamed: ClassVar[dict[str, str]] = {
+        "overcommit_margin": "lend_margin",
+        "batch_margin": "lend_margin",
+    }
+
+    lend_margin: float = Field(
+        default=DEFAULT_LEND_MARGIN,
+        ge=0.0,
+        lt=1.0,
+        validation_alias=AliasChoices("lend_margin", "overcommit_margin", "batch_margin"),
+        description="fraction of each node's allocatable never lent to batch trainers: the "
+        "planner plans with it and the executor advertises with it (was the planner's "
+        "overcommit_margin and the executor's batch_margin, still accepted)",
+    )

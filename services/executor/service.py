@@ -10,33 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import Literal, Protocol
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import Field, field_validator, model_validator
 
-from tideshift.events import (
-    EXECUTOR_RECORDS_BUCKET,
-    SCALE_COMMAND,
-    SCALE_RESULT,
-    BoundSubject,
-    ScaleCommand,
-    ScaleResult,
-    WorkloadRef,
-)
+from tideshift.events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
 from tideshift.services.cluster.connect import open_kubernetes
-from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.cluster.port import ClusterError
-from tideshift.services.common.bus import SCALE_STREAM, Bus, Delivery, follow
-from tideshift.services.common.bus.streams import HISTORY_STREAM, StreamSpec
+from tideshift.services.common.bus import SCALE_STREAM, Delivery, follow
+from tideshift.services.common.bus.port import BusPort
+from tideshift.services.common.bus.streams import StreamSpec
 from tideshift.services.common.clock import WALL_CLOCK, Clock
 from tideshift.services.common.retry import exponential
-from tideshift.services.common.runtime import ServiceContext, run_service
-from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.common.runtime import ServiceContext, service_main
 from tideshift.services.executor.batch_capacity import (
     BatchAdvertiser,
     NodeResourceWriter,
@@ -47,7 +36,6 @@ from tideshift.services.executor.compaction import (
     DeletionCostWriter,
     mark_scale_down_victims,
 )
-from tideshift.services.executor.core.decision import Admission
 from tideshift.services.executor.executor import (
     FAILED_REASON,
     EventRecorder,
@@ -55,19 +43,9 @@ from tideshift.services.executor.executor import (
     RecordStore,
     ScaleWriter,
 )
+from tideshift.services.executor.settings import ExecutorSettings
 
 log = logging.getLogger("tideshift.executor")
-
-# Non-batch usage per node (cAdvisor series relabelled with `node`); trainers that borrow
-# batch resources run in the training namespace and are left out.
-NON_BATCH_CPU_QUERY = (
-    'sum by (node) (rate(container_cpu_usage_seconds_total{container!="",'
-    'namespace!="tideshift-training"}[2m]))'
-)
-NON_BATCH_MEMORY_QUERY = (
-    'sum by (node) (container_memory_working_set_bytes{container!="",'
-    'namespace!="tideshift-training"})'
-)
 
 # A failed command goes back to JetStream with this delay before its next delivery.
 COMMAND_RETRY = exponential(initial=2.0, maximum=30.0)
@@ -95,129 +73,6 @@ class ExecutorCluster(ScaleWriter, ClusterListing, EventRecorder, Protocol):
     async def close(self) -> None: ...
 
 
-class ExecutorSettings(ServiceSettings):
-    """Apply scale commands to Kubernetes and publish what was done."""
-
-    kubeconfig: str | None = Field(
-        default=None,
-        description="kubeconfig path; unset = $KUBECONFIG or ~/.kube/config, or in-cluster",
-    )
-    kube_context: str | None = Field(default=None, description="kubeconfig context to use")
-    durable: str = Field(
-        default="tideshift-executor",
-        pattern=r"^[A-Za-z0-9_-]+$",
-        description="durable consumer name shared by all executors",
-    )
-    mode: Literal["act", "observe"] = Field(
-        default="act",
-        description="observe: change no object; every command that would scale a target "
-        "leaves a TideshiftWouldScale Event on it and a would_scale result",
-    )
-    dry_run: bool = Field(default=False, description="only publish what would be done")
-    max_step: int = Field(
-        default=0, ge=0, description="largest replica change per command; 0 = unlimited"
-    )
-    max_attempts: int = Field(
-        default=5, ge=1, description="deliveries of a command before it is reported failed"
-    )
-    ack_wait_seconds: float = Field(
-        default=30.0, gt=0, description="redeliver a command not acked within this time"
-    )
-    record_bucket: str = Field(
-        default=EXECUTOR_RECORDS_BUCKET,
-        pattern=r"^[A-Za-z0-9_-]+$",
-        description="NATS KV bucket of per-target applied commands (idempotency)",
-    )
-    compaction: bool = Field(
-        default=True,
-        description="before lowering a Deployment, mark the pods whose removal frees whole "
-        "nodes with pod-deletion-cost so they go first",
-    )
-    managed_only: bool = Field(
-        default=True,
-        description="act only on targets labelled tideshift.io/role (serving or training) "
-        "or listed in managed_targets; reject commands for anything else",
-    )
-    managed_targets: list[str] = Field(
-        default_factory=list,
-        description="targets managed without the label, as Kind.group/namespace/name "
-        "(e.g. Deployment.apps/shop/web)",
-    )
-    allowed_namespaces: list[str] = Field(
-        default_factory=list,
-        description="namespaces whose targets may be scaled; empty = every namespace",
-    )
-    batch_resources: bool = Field(
-        default=False,
-        description="advertise tideshift.io/batch-cpu and batch-memory on each Node's status: "
-        "what non-batch pods request but do not use (usage from Prometheus), within "
-        "allocatable - that usage - batch_margin",
-    )
-    prometheus_url: str | None = Field(
-        default=None, description="Prometheus with per-node usage (needed by batch_resources)"
-    )
-    batch_margin: float = Field(
-        default=0.1, ge=0.0, lt=1.0, description="fraction of each node's allocatable never lent"
-    )
-    batch_interval_seconds: float = Field(
-        default=30.0, gt=0, description="how often batch resources are re-advertised"
-    )
-    batch_cpu_query: str = Field(
-        default=NON_BATCH_CPU_QUERY,
-        description="PromQL: cpu cores used by non-batch pods, one series per `node` label",
-    )
-    batch_memory_query: str = Field(
-        default=NON_BATCH_MEMORY_QUERY,
-        description="PromQL: memory bytes used by non-batch pods, one series per `node` label",
-    )
-    history_max_age_hours: float = Field(
-        default=HISTORY_STREAM.max_age_seconds / 3600,
-        gt=0,
-        le=24 * 366,
-        description="how long plans, scale commands and results are kept for `tideshift "
-        "explain` (the TIDESHIFT_HISTORY stream, which this service creates)",
-    )
-    history_max_bytes: int = Field(
-        default=HISTORY_STREAM.max_bytes,
-        ge=1024 * 1024,
-        description="the decision history's size limit; the oldest go first",
-    )
-    history_max_messages: int = Field(
-        default=HISTORY_STREAM.max_msgs, ge=1000, description="its message limit, likewise"
-    )
-
-    @field_validator("managed_targets")
-    @classmethod
-    def _target_refs(cls, values: list[str]) -> list[str]:
-        for value in values:
-            try:
-                WorkloadRef.parse(value)
-            except ValueError as error:
-                raise ValueError(f"{value!r}: {error}") from None
-        return values
-
-    def history_stream(self) -> StreamSpec:
-        return dataclasses.replace(
-            HISTORY_STREAM,
-            max_age_seconds=self.history_max_age_hours * 3600,
-            max_bytes=self.history_max_bytes,
-            max_msgs=self.history_max_messages,
-        )
-
-    def admission(self) -> Admission:
-        return Admission(
-            managed_only=self.managed_only,
-            listed=frozenset(WorkloadRef.parse(value) for value in self.managed_targets),
-            namespaces=frozenset(self.allowed_namespaces),
-        )
-
-    @model_validator(mode="after")
-    def _prometheus_for_batch(self) -> ExecutorSettings:
-        if self.batch_resources and not self.prometheus_url:
-            raise ValueError("prometheus_url: required when batch_resources is on")
-        return self
-
-
 def _is_transient(error: BaseException) -> bool:
     """Worth another delivery: anything but a definite answer from the cluster."""
     if isinstance(error, ClusterError):
@@ -228,7 +83,7 @@ def _is_transient(error: BaseException) -> bool:
 
 async def process(
     executor: Executor,
-    bus: Bus,
+    bus: BusPort,
     delivery: Delivery[ScaleCommand],
     *,
     max_attempts: int,
@@ -276,7 +131,7 @@ async def process(
 
 async def consume(
     executor: Executor,
-    bus: Bus,
+    bus: BusPort,
     *,
     durable: str,
     max_attempts: int = 5,
@@ -315,22 +170,43 @@ async def consume(
 
 
 async def build_executor(
-    bus: Bus, port: ScaleWriter, *, name: str, bucket: str, dry_run: bool, max_step: int
+    bus: BusPort,
+    port: ExecutorCluster,
+    settings: ExecutorSettings,
+    *,
+    name: str,
+    clock: Clock = WALL_CLOCK,
+    writer: PackingWriter | None = None,
 ) -> Executor:
-    records = RecordStore(await bus.kv(bucket))
-    return Executor(port, records, name=name, dry_run=dry_run, max_step=max_step)
+    """The executor as the settings describe it, complete: its records, admission, mode,
+    clock, Events, and (on a cluster that takes `writer`'s hints) compaction."""
+    before_scale_down = (
+        functools.partial(mark_scale_down_victims, port, writer)
+        if settings.compaction and writer is not None
+        else None
+    )
+    return Executor(
+        port,
+        RecordStore(await bus.kv(settings.record_bucket)),
+        name=name,
+        max_step=settings.max_step,
+        dry_run=settings.dry_run,
+        observe=settings.mode == "observe",
+        clock=clock,
+        admission=settings.admission(),
+        events=port,
+        before_scale_down=before_scale_down,
+    )
 
 
-def _packing(
-    executor: Executor, port: ExecutorCluster, writer: PackingWriter, settings: ExecutorSettings
+def build_advertiser(
+    port: ExecutorCluster, writer: PackingWriter | None, settings: ExecutorSettings
 ) -> BatchAdvertiser | None:
-    """Wires compaction into the executor; the batch-resource advertiser when it is on."""
-    if settings.compaction:
-        executor.before_scale_down = functools.partial(mark_scale_down_victims, port, writer)
-    # Observe mode writes nothing to Nodes either.
-    if settings.dry_run or settings.mode == "observe" or not settings.batch_resources:
+    """The batch-resource advertiser when it is on (never in observe mode or a dry run,
+    which write nothing to Nodes either, nor on a cluster without `writer`)."""
+    if writer is None or settings.dry_run or settings.mode == "observe":
         return None
-    if settings.prometheus_url is None:
+    if not settings.batch_resources or settings.prometheus_url is None:
         return None
     usage = PrometheusNodeUsage(
         settings.prometheus_url,
@@ -338,7 +214,7 @@ def _packing(
         memory_query=settings.batch_memory_query,
         timeout_s=10.0,
     )
-    return BatchAdvertiser(port, writer, usage, OvercommitConfig(margin=settings.batch_margin))
+    return BatchAdvertiser(port, writer, usage, settings.lending())
 
 
 async def _connect(
@@ -354,7 +230,7 @@ async def _connect(
     return port, port.packing_writer()
 
 
-async def _keep_history(bus: Bus, stream: StreamSpec) -> None:
+async def _keep_history(bus: BusPort, stream: StreamSpec) -> None:
     """Create or update the decision history with this executor's limits; without it the
     executor still works, and `tideshift explain` has less to show."""
     try:
@@ -364,30 +240,28 @@ async def _keep_history(bus: Bus, stream: StreamSpec) -> None:
 
 
 async def serve(
-    context: ServiceContext, *, cluster: ExecutorCluster | None = None, clock: Clock = WALL_CLOCK
+    settings: ExecutorSettings,
+    context: ServiceContext,
+    *,
+    clock: Clock = WALL_CLOCK,
+    cluster: ExecutorCluster | None = None,
 ) -> None:
     """The service body; `cluster` replaces the Kubernetes port the settings name (the demo
     passes its simulated cluster and clock; nothing else differs)."""
-    settings = context.settings
-    assert isinstance(settings, ExecutorSettings)
     port, writer = await _connect(settings, cluster)
     advertising: asyncio.Task[None] | None = None
     try:
         executor = await build_executor(
             context.bus,
             port,
+            settings,
             name=f"executor-{context.instance}",
-            bucket=settings.record_bucket,
-            dry_run=settings.dry_run,
-            max_step=settings.max_step,
+            clock=clock,
+            writer=writer,
         )
-        executor.clock = clock
-        executor.admission = settings.admission()
-        executor.events = port
-        executor.observe = settings.mode == "observe"
         OBSERVING.set(1 if executor.observe else 0)
         await _keep_history(context.bus, settings.history_stream())
-        advertiser = _packing(executor, port, writer, settings) if writer is not None else None
+        advertiser = build_advertiser(port, writer, settings)
         if advertiser is not None:
             advertising = asyncio.create_task(
                 advertiser.run(settings.batch_interval_seconds, context.stopping, clock=clock)
@@ -410,6 +284,14 @@ async def serve(
         await port.close()
 
 
-def main(argv: Sequence[str]) -> int:
-    settings = parse_settings(ExecutorSettings, argv, prog="tideshift run executor")
-    return run_service("executor", settings, serve)
+main = service_main("executor", ExecutorSettings, serve)
+
+__all__ = [
+    "ExecutorSettings",
+    "build_advertiser",
+    "build_executor",
+    "consume",
+    "main",
+    "process",
+    "serve",
+]

@@ -31,10 +31,9 @@ import asyncio
 import contextlib
 import logging
 import math
-import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -62,13 +61,13 @@ from tideshift.events import (
     ScaleCommand,
     ScalePin,
 )
-from tideshift.services.common.bus import Bus, TypedKV, follow
+from tideshift.services.common.bus import TypedKV, follow
+from tideshift.services.common.bus.port import BusPort
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
-from tideshift.services.common.runtime import ServiceContext, run_service
-from tideshift.services.common.settings import parse_settings
+from tideshift.services.common.runtime import ServiceContext, service_main
 from tideshift.services.planner import core as pol
 from tideshift.services.planner import metrics, snapshot
-from tideshift.services.planner.core.baselines import POLICIES, Policy, make_policy
+from tideshift.services.planner.core.baselines import Policy, make_policy
 from tideshift.services.planner.core.isolation import Quarantine
 from tideshift.services.planner.core.state import PlannerState, PlanTrigger
 from tideshift.services.planner.outputs import idempotency_key, plan_decided, skipped_held
@@ -104,7 +103,7 @@ BEHIND_FRACTION = 8
 class Planner:
     """The planner's loop over a bus; `run` returns when `stopping` is set."""
 
-    bus: Bus
+    bus: BusPort
     settings: PlannerSettings
     instance: str
     stopping: asyncio.Event
@@ -425,10 +424,10 @@ class Planner:
         return item.desired != item.current
 
 
-async def serve(context: ServiceContext, *, clock: Clock = WALL_CLOCK) -> None:
+async def serve(
+    settings: PlannerSettings, context: ServiceContext, *, clock: Clock = WALL_CLOCK
+) -> None:
     """The service body; the demo passes its simulated clock (nothing else differs)."""
-    settings = context.settings
-    assert isinstance(settings, PlannerSettings)
     planner = Planner(
         context.bus, settings, context.instance, context.stopping, context.ready, clock=clock
     )
@@ -436,13 +435,4 @@ async def serve(context: ServiceContext, *, clock: Clock = WALL_CLOCK) -> None:
     await planner.run()
 
 
-def main(argv: Sequence[str]) -> int:
-    settings = parse_settings(PlannerSettings, argv, prog="tideshift run planner")
-    if settings.policy not in POLICIES:
-        print(
-            f"tideshift run planner: invalid --policy {settings.policy!r}; "
-            f"expected one of {', '.join(POLICIES)}",
-            file=sys.stderr,
-        )
-        return 2
-    return run_service("planner", settings, serve)
+main = service_main("planner", PlannerSettings, serve)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tideshift.events import PINS_BUCKET, RISE_HISTORY_BUCKET, SNAPSHOT_BUCKET
 from tideshift.events.models import (
@@ -16,13 +16,14 @@ from tideshift.events.models import (
     MAX_RESTART_COST_S,
 )
 from tideshift.services.cluster.core.overcommit import OvercommitConfig
-from tideshift.services.common.settings import ServiceSettings
+from tideshift.services.common.settings import LendingSettings
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.baselines import POLICIES
 from tideshift.services.planner.core.state import DEFAULT_COMPANION_MARKERS, StateConfig
 
 _POLICY_FIELDS = {spec.name: spec for spec in fields(pol.PolicyConfig)}
-# PolicyConfig's nested config, exposed flat as `overcommit_margin` (OvercommitConfig's field).
+# PolicyConfig's nested config: its margin is the lending section's `lend_margin`, the one the
+# executor advertises with (`LendingSettings`).
 _NESTED = "overcommit"
 
 
@@ -133,10 +134,18 @@ class TrainingTarget(BaseModel):
         )
 
 
-class PlannerSettings(ServiceSettings):
+class PlannerSettings(LendingSettings):
     """Plan serving and training scale from cluster events and forecasts; publish commands."""
 
     policy: str = Field(default="tideshift", description=f"one of {', '.join(POLICIES)}")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"{value!r}: expected one of {', '.join(POLICIES)}")
+        return value
+
     serving: list[ServingTarget] = Field(
         default_factory=list,
         description="serving workloads besides those labelled tideshift.io/role (these win)",
@@ -207,21 +216,12 @@ class PlannerSettings(ServiceSettings):
     rise_window_s: float = _tunable("rise_window_s")
     rise_quantile: float = _tunable("rise_quantile")
     release_horizon_s: float = _tunable("release_horizon_s")
-    overcommit_margin: float = Field(
-        default=OvercommitConfig().margin,
-        ge=0,
-        lt=1,
-        description="fraction of each node's allocatable never lent to batch trainers "
-        "(keep it equal to the executor's batch_margin)",
-    )
     batch_grow_after_s: float = _tunable("batch_grow_after_s")
 
     def policy_config(self) -> pol.PolicyConfig:
         """The policy's tunables as set."""
         values = {name: getattr(self, name) for name in _POLICY_FIELDS if name != _NESTED}
-        return pol.PolicyConfig(
-            **values, overcommit=OvercommitConfig(margin=self.overcommit_margin)
-        )
+        return pol.PolicyConfig(**values, overcommit=OvercommitConfig(margin=self.lend_margin))
 
     def state_config(self) -> StateConfig:
         """What the planner's event-folding state takes from these settings."""

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
-from tideshift.services.common.bus import Bus
 from tideshift.services.common.bus.kv import TypedKV
+from tideshift.services.common.bus.port import BusPort
 from tideshift.services.common.clock import wait_for_event
 from tideshift.services.predictor.core.shards import Member, Shard
 from tideshift.services.predictor.settings import PredictorSettings
@@ -104,7 +104,7 @@ def parse_members(values: dict[str, bytes]) -> dict[str, Member]:
 class Membership:
     """This replica's key in the members bucket, renewed until the service stops."""
 
-    bus: Bus
+    bus: BusPort
     settings: PredictorSettings
     replica: str
     clock: MonotonicClock = field(default_factory=MonotonicClock)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -36,10 +36,9 @@ from prometheus_client import Counter, Gauge
 from tideshift.events.models import ForecastIssued, WorkloadChanged, WorkloadRef
 from tideshift.events.subjects import DEMAND_OBSERVED, FORECAST, WORKLOAD_CHANGED
 from tideshift.services.common.bus import follow
-from tideshift.services.common.clock import Clock, WallClock, wait_for_event
+from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.common.memory import compact_tables, release_freed_memory
-from tideshift.services.common.runtime import ServiceContext, run_service
-from tideshift.services.common.settings import parse_settings
+from tideshift.services.common.runtime import ServiceContext, service_main
 from tideshift.services.predictor.forecaster import WorkloadForecaster, forget_metrics
 from tideshift.services.predictor.membership import Membership
 from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
@@ -75,11 +74,11 @@ def build_source(settings: PredictorSettings) -> MetricSource:
     return PrometheusSource(settings.prometheus_url, timeout_s=settings.query_timeout_seconds)
 
 
-async def run(
+async def serve(
     settings: PredictorSettings,
     context: ServiceContext,
     *,
-    clock: Clock | None = None,
+    clock: Clock = WALL_CLOCK,
     source: MetricSource | None = None,
     on_forecast: Callable[[ForecastIssued], Awaitable[None]] | None = None,
 ) -> None:
@@ -88,7 +87,7 @@ async def run(
     fleet = Fleet(
         settings,
         context,
-        clock=clock or WallClock(),
+        clock=clock,
         source=source or build_source(settings),
         on_forecast=on_forecast,
         membership=membership,
@@ -385,6 +384,4 @@ async def _observe_loop(
         await wait_for_event(clock, context.stopping, interval_s - (clock.now() - started))
 
 
-def main(argv: Sequence[str]) -> int:
-    settings = parse_settings(PredictorSettings, argv, prog="tideshift run predictor")
-    return run_service("predictor", settings, partial(run, settings))
+main = service_main("predictor", PredictorSettings, serve)

@@ -6,17 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from typing import Annotated, Protocol
+from typing import Protocol
 
-from pydantic import Field
-
-from tideshift.events import SNAPSHOT_BUCKET
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.common.clock import WALL_CLOCK, Clock
 from tideshift.services.common.retry import Stopped, fixed, log_retries, retrying_async
-from tideshift.services.common.runtime import ServiceContext, run_service
-from tideshift.services.common.settings import ServiceSettings, parse_settings
+from tideshift.services.common.runtime import ServiceContext, service_main
+from tideshift.services.watcher.settings import WatcherSettings
 from tideshift.services.watcher.skipped import follow_skipped
 from tideshift.services.watcher.watcher import WatchedCluster, Watcher
 
@@ -24,47 +20,12 @@ log = logging.getLogger("tideshift.watcher")
 
 # The first list may fail while the apiserver is still coming up: wait this long, try again.
 START_RETRY = fixed(2.0)
-# A Kubernetes namespace name (a DNS-1123 label): it becomes part of the API paths watched.
-NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
 class WatcherCluster(WatchedCluster, Protocol):
     """The cluster the service watches, and releases when it stops."""
 
     async def close(self) -> None: ...
-
-
-class WatcherSettings(ServiceSettings):
-    """Watch Kubernetes nodes and pods; publish cluster events; keep the snapshot in NATS KV."""
-
-    kubeconfig: str | None = Field(
-        default=None,
-        description="kubeconfig path; unset = $KUBECONFIG or ~/.kube/config, or in-cluster",
-    )
-    kube_context: str | None = Field(default=None, description="kubeconfig context to use")
-    namespace: str | None = Field(
-        default=None, description="watch pods of this namespace only; unset = all namespaces"
-    )
-    namespaces: list[Annotated[str, Field(pattern=NAMESPACE_PATTERN)]] = Field(
-        default_factory=list,
-        description="watch these namespaces only, one watch each (with `namespace`: it too); "
-        "empty = `namespace`, or all namespaces",
-    )
-    label_selector: str | None = Field(
-        default=None, description="watch only pods matching this label selector"
-    )
-    resync_seconds: float = Field(
-        default=300.0, gt=0, description="full relist period, seconds (publishes differences)"
-    )
-    skipped_events: bool = Field(
-        default=True,
-        description="record a Warning Event (TideshiftSkipped) on each target a plan skips",
-    )
-    snapshot_bucket: str = Field(
-        default=SNAPSHOT_BUCKET,
-        pattern=r"^[A-Za-z0-9_-]+$",
-        description="NATS KV bucket holding the current cluster snapshot",
-    )
 
 
 async def _watch_until_stopped(watcher: Watcher, context: ServiceContext) -> None:
@@ -85,12 +46,14 @@ async def _watch_until_stopped(watcher: Watcher, context: ServiceContext) -> Non
 
 
 async def serve(
-    context: ServiceContext, *, cluster: WatcherCluster | None = None, clock: Clock = WALL_CLOCK
+    settings: WatcherSettings,
+    context: ServiceContext,
+    *,
+    clock: Clock = WALL_CLOCK,
+    cluster: WatcherCluster | None = None,
 ) -> None:
     """The service body; `cluster` replaces the Kubernetes port the settings name (the demo
     passes its simulated cluster and clock; nothing else differs)."""
-    settings = context.settings
-    assert isinstance(settings, WatcherSettings)
     port = cluster or await open_kubernetes(
         settings.kubeconfig,
         context=settings.kube_context,
@@ -123,6 +86,6 @@ async def serve(
         await port.close()
 
 
-def main(argv: Sequence[str]) -> int:
-    settings = parse_settings(WatcherSettings, argv, prog="tideshift run watcher")
-    return run_service("watcher", settings, serve)
+main = service_main("watcher", WatcherSettings, serve)
+
+__all__ = ["WatcherSettings", "main", "serve"]

@@ -15,7 +15,7 @@ import logging
 from prometheus_client import Counter
 
 from tideshift.events import PLAN_DECIDED, PlanDecided
-from tideshift.services.common.bus import Bus
+from tideshift.services.common.bus.port import BusPort
 from tideshift.services.watcher.watcher import EventRecorder
 
 log = logging.getLogger("tideshift.watcher")
@@ -45,7 +45,7 @@ async def warn_skipped(recorder: EventRecorder, plan: PlanDecided) -> int:
     return written
 
 
-async def follow_skipped(recorder: EventRecorder, bus: Bus, stopping: asyncio.Event) -> None:
+async def follow_skipped(recorder: EventRecorder, bus: BusPort, stopping: asyncio.Event) -> None:
     """Warn about skipped targets of every plan until `stopping` is set. A subscription that
     fails (e.g. the bus denies this role plan.decided) is logged: the watcher's own work,
     the cluster's changes, goes on without these warnings."""

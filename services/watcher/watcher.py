@@ -37,8 +37,9 @@ from tideshift.services.cluster.port import (
     Workload,
     WorkloadRef,
 )
-from tideshift.services.common.bus import Bus, TypedKV
+from tideshift.services.common.bus import TypedKV
 from tideshift.services.common.bus.client import DEAD_LETTER_REASON_BYTES, one_line
+from tideshift.services.common.bus.port import BusPort
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
 from tideshift.services.common.memory import compact_tables, compacted, release_freed_memory
 from tideshift.services.watcher.core.annotations import InvalidPolicy, workload_event
@@ -121,7 +122,7 @@ class Watcher:
     def __init__(
         self,
         port: WatchedCluster,
-        bus: Bus,
+        bus: BusPort,
         *,
         bucket: str = SNAPSHOT_BUCKET,
         clock: Clock = WALL_CLOCK,

@@ -39,6 +39,7 @@ from tideshift.events import (
 from tideshift.events.codec import decode
 from tideshift.services.common.bus.client import (
     RECEIVED,
+    Bus,
     check_core,
     check_durable,
     dead_letter,
@@ -47,6 +48,7 @@ from tideshift.services.common.bus.client import (
 from tideshift.services.common.bus.delivery import Delivery
 from tideshift.services.common.bus.drops import SlowConsumers
 from tideshift.services.common.bus.kv import Lease, TypedKV
+from tideshift.services.common.bus.port import BusPort
 from tideshift.services.common.bus.rpc import RequestFailed
 from tideshift.services.common.bus.streams import (
     HISTORY_STREAM,
@@ -583,3 +585,8 @@ async def _answer(responder: _Responder, subject: str, payload: bytes) -> bytes:
 def memory_bus(clock: Clock = WALL_CLOCK, name: str = "test") -> MemoryBus:
     """A bus on a broker of its own (more connections: `bus.broker.connect(name)`)."""
     return MemoryBroker(clock).connect(name)
+
+
+def _implements_the_port(memory: MemoryBus, nats: Bus) -> tuple[BusPort, BusPort]:
+    """Never called: mypy checks here that both buses implement `BusPort`."""
+    return memory, nats

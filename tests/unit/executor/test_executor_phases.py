@@ -35,14 +35,13 @@ async def test_each_step_of_an_applied_scale_up_is_counted_once() -> None:
 
 
 async def test_the_scale_down_marks_are_timed_with_what_they_awaited() -> None:
-    made, _, _ = executor(ScaleState(WEB, replicas=4, role="serving"))
     marked = asyncio.Event()
 
     async def slow_marks(target: WorkloadRef, keep: int) -> None:
         await asyncio.sleep(0.05)  # stands for listing the cluster: the phase must include it
         marked.set()
 
-    made.before_scale_down = slow_marks
+    made, _, _ = executor(ScaleState(WEB, replicas=4, role="serving"), before_scale_down=slow_marks)
     count, seconds = observed("scale_down_marks")
     result = await made.handle(command(WEB, 2))
     assert result.outcome == "applied" and marked.is_set()
