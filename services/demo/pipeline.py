@@ -1,9 +1,9 @@
 """Starts the production services in-process with the demo's ports (sim cluster, sim clock).
 
 Each service gets its own bus connection and its own `ServiceContext`, and runs through the
-body its `tideshift run <service>` runs (`serve` / `run`) with the same kind of settings; only
-the ports differ: the simulated cluster instead of Kubernetes, the traffic profile instead of
-Prometheus, the simulated clock instead of the wall clock.
+body its `tideshift run <service>` runs (`serve(settings, context, ...)`) with the same kind
+of settings; only the ports differ: the simulated cluster instead of Kubernetes, the traffic
+profile instead of Prometheus, the simulated clock instead of the wall clock.
 """
 
 from __future__ import annotations
@@ -93,15 +93,18 @@ async def start_services(
         stages.contexts.append(context)
         stages.tasks.append(asyncio.create_task(body(context), name=name))
 
+    watcher_settings = watcher_service.WatcherSettings(health_port=-1)
     await start(
         "watcher",
-        watcher_service.WatcherSettings(health_port=-1),
-        lambda context: watcher_service.serve(context, cluster=port, clock=clock),
+        watcher_settings,
+        lambda context: watcher_service.serve(watcher_settings, context, cluster=port, clock=clock),
     )
     await start(
         "executor",
         EXECUTOR_SETTINGS,
-        lambda context: executor_service.serve(context, cluster=port, clock=clock),
+        lambda context: executor_service.serve(
+            EXECUTOR_SETTINGS, context, cluster=port, clock=clock
+        ),
     )
     predictor_settings = predictor_settings_for(
         world,
@@ -112,14 +115,17 @@ async def start_services(
     await start(
         "predictor",
         predictor_settings,
-        lambda context: predictor_service.run(
+        lambda context: predictor_service.serve(
             predictor_settings, context, clock=clock, source=demand
         ),
     )
+    planner_settings = planner_settings_for(
+        world, speed=clock.speed, interval_wall_s=plan_interval_wall_s
+    )
     await start(
         "planner",
-        planner_settings_for(world, speed=clock.speed, interval_wall_s=plan_interval_wall_s),
-        lambda context: planner_service.serve(context, clock=clock),
+        planner_settings,
+        lambda context: planner_service.serve(planner_settings, context, clock=clock),
     )
     return stages
 

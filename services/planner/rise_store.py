@@ -22,7 +22,8 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from tideshift.events import WorkloadRef, encode_token
-from tideshift.services.common.bus import Bus, TypedKV
+from tideshift.services.common.bus import TypedKV
+from tideshift.services.common.bus.port import BusPort
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.model import Rises
 from tideshift.services.planner.core.serving import warm
@@ -68,7 +69,7 @@ def history_key(target: WorkloadRef) -> str:
 class RiseStore:
     """Loads once, then saves on the leader's plans; `bucket` "" keeps nothing."""
 
-    bus: Bus
+    bus: BusPort
     bucket: str
     window_s: float
     loaded: bool = False
@@ -76,7 +77,7 @@ class RiseStore:
     _kv: TypedKV | None = field(default=None, init=False)
 
     @classmethod
-    def of(cls, bus: Bus, settings: PlannerSettings) -> RiseStore:
+    def of(cls, bus: BusPort, settings: PlannerSettings) -> RiseStore:
         return cls(bus, settings.rise_history_bucket, settings.rise_window_s)
 
     async def _bucket(self) -> TypedKV:

@@ -13,7 +13,7 @@ from functools import partial
 from prometheus_client import Counter
 
 from tideshift.events import NodeChanged, PodChanged, WorkloadChanged
-from tideshift.services.common.bus import Bus
+from tideshift.services.common.bus.port import BusPort
 from tideshift.services.common.clock import Clock, wait_for_event
 from tideshift.services.common.memory import compact_tables, release_freed_memory
 from tideshift.services.planner import core as pol
@@ -49,7 +49,7 @@ class Snapshot:
     workloads: dict[pol.Target, WorkloadChanged] = field(default_factory=dict)
 
 
-async def read(bus: Bus, bucket: str) -> Snapshot | None:
+async def read(bus: BusPort, bucket: str) -> Snapshot | None:
     """The whole snapshot in one pass; None when it cannot be read (none yet, a busy server).
     An unreadable entry is counted, logged and skipped."""
     try:
@@ -98,7 +98,7 @@ def bootstrap(state: PlannerState, held: Snapshot, now: float) -> int:
 
 
 async def resync(
-    bus: Bus,
+    bus: BusPort,
     bucket: str,
     state: PlannerState,
     *,

@@ -53,13 +53,11 @@ async def test_a_failed_start_is_retried_after_the_start_wait_then_stops(
     cluster.add_node(Node("n1", Resources(cpu=8, memory=2**34)))
     port = ApiserverComingUp(cluster, refusals=2)
     clock = InstantClock()
-    context = ServiceContext(
-        name="watcher",
-        settings=watcher_service.WatcherSettings(health_port=-1, snapshot_bucket=f"snap_{unique}"),
-        bus=bus,
-        instance="test",
+    settings = watcher_service.WatcherSettings(health_port=-1, snapshot_bucket=f"snap_{unique}")
+    context = ServiceContext(name="watcher", settings=settings, bus=bus, instance="test")
+    serving = asyncio.create_task(
+        watcher_service.serve(settings, context, cluster=port, clock=clock)
     )
-    serving = asyncio.create_task(watcher_service.serve(context, cluster=port, clock=clock))
     await asyncio.wait_for(context.ready.wait(), WAIT)
     assert port.refusals == 0
     assert clock.waited == [watcher_service.START_RETRY.delay(1)] * 2

@@ -317,7 +317,8 @@ async def test_the_executor_service_keeps_the_history_with_its_limits_and_says_i
         history_max_messages=20_000,
     )
     context = ServiceContext(name="executor", settings=settings, bus=bus, instance=unique)
-    task = asyncio.create_task(executor_service.serve(context, cluster=SimClusterPort(sim(unique))))
+    port = SimClusterPort(sim(unique))
+    task = asyncio.create_task(executor_service.serve(settings, context, cluster=port))
     try:
         await asyncio.wait_for(context.ready.wait(), WAIT)
         info = await bus.js.stream_info("TIDESHIFT_HISTORY")

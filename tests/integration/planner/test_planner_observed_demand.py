@@ -32,7 +32,7 @@ from tideshift.services.common.bus import Bus
 from tideshift.services.common.runtime import ServiceContext
 from tideshift.services.planner.service import Planner
 from tideshift.services.planner.settings import PlannerSettings, ServingTarget
-from tideshift.services.predictor.service import run
+from tideshift.services.predictor.service import serve as run
 from tideshift.services.predictor.settings import PredictorSettings
 
 pytestmark = pytest.mark.timeout(300)

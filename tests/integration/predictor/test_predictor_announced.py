@@ -16,8 +16,9 @@ from tideshift.events import (
     WorkloadRef,
 )
 from tideshift.services.common.bus import Bus
+from tideshift.services.common.clock import WallClock
 from tideshift.services.common.runtime import ServiceContext
-from tideshift.services.predictor.service import Fleet, WallClock, build_source
+from tideshift.services.predictor.service import Fleet, build_source
 from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
 
 

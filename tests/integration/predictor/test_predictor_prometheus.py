@@ -15,7 +15,7 @@ from tideshift.events.models import ForecastIssued
 from tideshift.events.subjects import FORECAST
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.runtime import ServiceContext
-from tideshift.services.predictor.service import run
+from tideshift.services.predictor.service import serve as run
 from tideshift.services.predictor.settings import PredictorSettings
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(420)]

@@ -10,8 +10,9 @@ import contextlib
 from tests.integration.predictor.test_predictor_announced import announced
 from tideshift.events import WorkloadRef
 from tideshift.services.common.bus import Bus
+from tideshift.services.common.clock import WallClock
 from tideshift.services.common.runtime import ServiceContext
-from tideshift.services.predictor.service import Fleet, WallClock, build_source
+from tideshift.services.predictor.service import Fleet, build_source
 from tideshift.services.predictor.settings import PredictorSettings
 from tideshift.services.watcher.core.snapshot import workload_key
 
