@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fixtures.support import NOW
 from tideshift.services.common.bus.memory import MemoryBroker, MemoryBus
 from tideshift.services.common.clock import ManualClock
 
 
 @pytest.fixture
 def clock() -> ManualClock:
-    return ManualClock()
+    """Virtual time from the builders' `NOW`, so events stamped then are fresh."""
+    return ManualClock(start=NOW.timestamp())
 
 
 @pytest.fixture
