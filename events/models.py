@@ -14,6 +14,8 @@ the simulator's scenarios and the demo's world all build their workloads from th
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -433,6 +435,23 @@ class ForecastPoint(_Frozen):
         if not self.q50 <= self.q90 <= self.q95 <= self.q99:
             raise ValueError("quantiles must satisfy q50 <= q90 <= q95 <= q99")
         return self
+
+    @staticmethod
+    def field_of(level: float) -> str:
+        """The field carrying a level of the grid: 0.95 -> `q95`."""
+        return f"q{round(level * 100)}"
+
+    def quantiles(self) -> dict[float, float]:
+        """Its value at each level of QUANTILE_LEVELS."""
+        return {level: getattr(self, self.field_of(level)) for level in QUANTILE_LEVELS}
+
+    @classmethod
+    def of(cls, at: datetime, point: float, quantiles: Mapping[float, float]) -> ForecastPoint:
+        """A point from its value at each level of QUANTILE_LEVELS."""
+        return cls.model_validate(
+            {"at": at, "point": point}
+            | {cls.field_of(level): quantiles[level] for level in QUANTILE_LEVELS}
+        )
 
 
 class ForecastIssued(EventData):

@@ -430,3 +430,13 @@ def test_the_longest_legal_names_are_accepted_and_round_trip() -> None:
     command = VALID_COMMAND.model_copy(update={"target": ref, "desired": 2**31 - 1})
     decoded = events.decode(events.encode(command, source="t"), events.ScaleCommand)
     assert decoded.data == command
+
+
+def test_the_quantile_grid_is_the_forecast_points_fields() -> None:
+    from tideshift.events.models import QUANTILE_LEVELS, ForecastPoint
+
+    fields = [name for name in ForecastPoint.model_fields if name.startswith("q")]
+    assert fields == [ForecastPoint.field_of(level) for level in QUANTILE_LEVELS]
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    values = {level: 10.0 * (i + 1) for i, level in enumerate(QUANTILE_LEVELS)}
+    assert ForecastPoint.of(at, 5.0, values).quantiles() == values
