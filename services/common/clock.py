@@ -91,12 +91,6 @@ class ManualClock:
         heapq.heappush(self._sleepers, (self._now + seconds, self._order, wake))
         await wake
 
-    @property
-    def next_wake(self) -> float | None:
-        """When the earliest sleeper wakes (None: nobody sleeps)."""
-        live = [due for due, _, wake in self._sleepers if not wake.done()]
-        return min(live) if live else None
-
     async def advance(self, seconds: float) -> None:
         """Move the time on by `seconds`, waking each sleeper due on the way in order and
         letting the tasks it wakes run (and sleep again) before the time moves further."""

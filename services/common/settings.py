@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TypeVar
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -60,9 +60,26 @@ class ServiceSettings(BaseSettings):
         cli_hide_none_type=True,
         cli_show_env_vars=True,
     )
-    # Old name -> new name of each setting renamed; the old flag, keyword and environment
-    # variable still set the new one.
+    # Old name -> new name of each setting renamed; the old flag (`parse_settings`), keyword
+    # and environment variable still set the new one, and the new name wins over the old.
     renamed: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, **values: Any) -> None:
+        argv = values.get("_cli_parse_args")
+        if isinstance(argv, list | tuple):
+            values["_cli_parse_args"] = _renamed_flags(type(self), argv)
+        super().__init__(**values)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, values: Any) -> Any:
+        if not isinstance(values, dict) or not cls.renamed:
+            return values
+        values = dict(values)
+        for old, new in cls.renamed.items():
+            if old in values:
+                values.setdefault(new, values.pop(old))
+        return values
 
     @classmethod
     def settings_customise_sources(
@@ -156,6 +173,16 @@ def _field_named_in(message: str, settings_class: type[ServiceSettings]) -> str 
     return next((word for word in words if word in settings_class.model_fields), None)
 
 
+def _renamed_flags(settings_class: type[ServiceSettings], argv: Sequence[str]) -> list[str]:
+    """`argv` with each renamed setting's old flag (`--old-name`, `--old-name=...`) spelt new."""
+    flags = {_flag(old): _flag(new) for old, new in settings_class.renamed.items()}
+    spelt = []
+    for word in argv:
+        flag, equals, value = word.partition("=")
+        spelt.append(flags[flag] + equals + value if flag in flags else word)
+    return spelt
+
+
 def parse_settings(settings_class: type[S], argv: Sequence[str], *, prog: str) -> S:
     """Flags over environment over defaults; exits 2 with a one-line reason when invalid.
 
@@ -196,7 +223,6 @@ class LendingSettings(ServiceSettings):
         default=DEFAULT_LEND_MARGIN,
         ge=0.0,
         lt=1.0,
-        validation_alias=AliasChoices("lend_margin", "overcommit_margin", "batch_margin"),
         description="fraction of each node's allocatable never lent to batch trainers: the "
         "planner plans with it and the executor advertises with it (was the planner's "
         "overcommit_margin and the executor's batch_margin, still accepted)",

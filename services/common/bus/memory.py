@@ -582,11 +582,6 @@ async def _answer(responder: _Responder, subject: str, payload: bytes) -> bytes:
         return f"error: {error}".encode()
 
 
-def memory_bus(clock: Clock = WALL_CLOCK, name: str = "test") -> MemoryBus:
-    """A bus on a broker of its own (more connections: `bus.broker.connect(name)`)."""
-    return MemoryBroker(clock).connect(name)
-
-
 def _implements_the_port(memory: MemoryBus, nats: Bus) -> tuple[BusPort, BusPort]:
     """Never called: mypy checks here that both buses implement `BusPort`."""
     return memory, nats

@@ -4,11 +4,11 @@ once, and the consumer goes on to the next message (the trainer crash of issue 1
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import UTC, datetime
 
 from prometheus_client import REGISTRY
 
+from tests.fixtures.support import eventually
 from tideshift import events
 from tideshift.services.common.bus import DEAD_LETTER_STREAM, TRAINING_TASK_STREAM, Bus
 
@@ -17,13 +17,13 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 async def _consumer_settled(bus: Bus, durable: str) -> tuple[int, int]:
-    """(pending acks, redeliveries) once nothing is pending, or as they stand at the timeout."""
-    deadline = time.monotonic() + WAIT
-    while True:
+    """(pending acks, redeliveries) once nothing is pending."""
+
+    async def settled() -> tuple[int, int] | None:
         info = await bus.js.consumer_info(TRAINING_TASK_STREAM.name, durable)
-        if info.num_ack_pending == 0 or time.monotonic() > deadline:
-            return info.num_ack_pending, info.num_redelivered
-        await asyncio.sleep(0.05)
+        return (info.num_ack_pending, info.num_redelivered) if info.num_ack_pending == 0 else None
+
+    return await eventually(settled, WAIT, message="acks still pending")
 
 
 async def test_deeply_nested_shard_task_is_terminated_and_the_trainer_path_goes_on(

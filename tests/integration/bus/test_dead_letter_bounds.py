@@ -8,10 +8,12 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
+from tests.fixtures.support import eventually
 from tideshift import events
 from tideshift.services.common.bus import DEAD_LETTER_STREAM, Bus
 from tideshift.services.common.bus.client import DEAD_LETTER_REASON_BYTES, one_line
@@ -26,13 +28,13 @@ def hostile(event_type: str) -> bytes:
 
 
 async def letters_stored(bus: Bus, at_least: int) -> int:
-    """The dead-letter stream's message count once it reaches `at_least`, or at the timeout."""
-    deadline = asyncio.get_running_loop().time() + WAIT
-    while True:
+    """The dead-letter stream's message count once it reaches `at_least`."""
+
+    async def stored() -> int | None:
         count = (await bus.js.stream_info(DEAD_LETTER_STREAM.name)).state.messages
-        if count >= at_least or asyncio.get_running_loop().time() > deadline:
-            return count
-        await asyncio.sleep(0.05)
+        return count if count >= at_least else None
+
+    return await eventually(stored, WAIT, message=f"fewer than {at_least} letters stored")
 
 
 @pytest.fixture
@@ -92,11 +94,12 @@ async def test_a_flood_keeps_the_stream_to_its_limit_and_counts_the_discards(
     await bus.flush()
     for n in range(10):
         await bus.connection.publish("tideshift.v1.cluster.pod.ns.a", hostile(f"bad-{n}"))
-    deadline = asyncio.get_running_loop().time() + WAIT
-    info = await bus.js.stream_info(DEAD_LETTER_STREAM.name)
-    while info.state.last_seq < 10 and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
+
+    async def all_ten() -> Any:
         info = await bus.js.stream_info(DEAD_LETTER_STREAM.name)
+        return info if info.state.last_seq >= 10 else None
+
+    info = await eventually(all_ten, WAIT, message="fewer than 10 letters written")
     pump.cancel()
     assert (info.state.last_seq, info.state.messages) == (10, 3), "the oldest 7 were dropped"
     discarded = REGISTRY.get_sample_value(

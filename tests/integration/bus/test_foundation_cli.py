@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.support import until
 from tideshift import events
 from tideshift.services.common.bus import Bus
 from tideshift.services.common.embedded_nats import EmbeddedNats
@@ -36,15 +37,6 @@ def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str
         text=True,
         env={**os.environ, **(env or {})},
     )
-
-
-def wait_until(condition: object, timeout: float = 20.0, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 @pytest.fixture
@@ -244,7 +236,7 @@ def test_service_runtime_embedded_default_health_and_clean_exit(
         with urllib.request.urlopen(f"{base}/readyz", timeout=2) as answer:
             return bool(answer.status == 200)
 
-    wait_until(ready)
+    until(ready, 20.0)
     with urllib.request.urlopen(f"{base}/metrics", timeout=2) as answer:
         assert b"tideshift_bus_published_total" in answer.read()
     process.send_signal(signal.SIGTERM)
