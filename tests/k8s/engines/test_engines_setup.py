@@ -110,6 +110,8 @@ def test_without_parses_engine_names_and_refuses_unknown_ones(
     with pytest.raises(SystemExit):
         cli.main(["cluster", "up", "--without", "volcano"])
     assert "unknown engine volcano" in capsys.readouterr().err
+    assert cli._engines([]) == list(ENGINE_NAMES)
+    assert cli._engines([["kuberay"], ["kueue"]]) == ["training-operator"]
 
 
 def test_webhooks_point_at_loopback_with_the_engine_ca() -> None:
