@@ -301,6 +301,22 @@ class ServingSpec(_Model):
             raise ValueError("min_replicas must be <= max_replicas")
         return self
 
+    @staticmethod
+    def fields_of(policy: ServingPolicy) -> dict[str, Any]:
+        """The scenario fields a serving workload spec sets (what `policy()` reads back): its
+        replicas' capacity at 100 % is the spec's capacity at its target utilisation over it.
+        For a scenario replaying a labelled workload (`tideshift whatif`)."""
+        return {
+            "capacity_rps": policy.capacity_rps / policy.target_utilization,
+            "target_utilization": policy.target_utilization,
+            "min_replicas": policy.min_replicas,
+            "max_replicas": policy.max_replicas,
+            "lead_time_s": policy.lead_time_seconds,
+            "margin_s": policy.margin_seconds,
+            "stabilization_s": policy.stabilization_seconds,
+            "quantile": policy.quantile,
+        }
+
     def policy(self) -> ServingPolicy:
         """The workload spec the planner sizes it by: capacity at the target utilisation, the
         lead time its start-up delay unless stated."""
