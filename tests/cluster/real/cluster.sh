@@ -335,6 +335,13 @@ EOF
       cat "/proc/sys/$t" >"$dir/tunables/${t//\//.}"
       echo "mount --bind '$dir/tunables/${t//\//.}' /proc/sys/$t"
     done
+    # Unpacked images on a tmpfs of the node's own: gone with it at down, instead of tens of
+    # thousands of files to delete (TIDESHIFT_REAL_SNAPSHOTS_ON_DISK=1 keeps them on disk).
+    if [[ -z "${TIDESHIFT_REAL_SNAPSHOTS_ON_DISK:-}" ]]; then
+      local snapshots="$dir/containerd/root/io.containerd.snapshotter.v1.${TIDESHIFT_REAL_SNAPSHOTTER:-overlayfs}"
+      mkdir -p "$snapshots"
+      echo "mount -t tmpfs -o mode=700 tsr-snapshots '$snapshots'"
+    fi
     echo "exec containerd --config '$dir/containerd.toml'"
   } >"$dir/mounts.sh"
   local c
@@ -359,13 +366,53 @@ start_node() { # index
   wait_for 30 "containerd of node $i" ctr_node "$i" version
 }
 
-load_images() { # index archives...
-  local i=$1 archive
-  shift
-  for archive in "$@"; do
-    ctr_node "$i" images import --no-unpack=false "$archive" >/dev/null ||
-      die "node $i: ctr images import $archive failed"
-  done
+# The images' content, imported once into a containerd root kept in the cache (keyed by the
+# archives); each node's containerd root starts as hard links to its blobs and a copy of its
+# metadata. Blobs are immutable (containerd writes new content elsewhere and renames it), so the
+# links are safe; the CRI unpacks an image the first time a container of it is created on the
+# node, so each node unpacks (and down deletes) only what it ran.
+content_template() { # archives... -> the template root
+  local key dir tmp pid archive
+  key=$(printf '%s\n' "$@" | xargs -n1 basename | sha256sum | cut -c1-16)
+  dir="$IMAGE_CACHE/containerd-$key"
+  if [[ ! -d "$dir" ]]; then
+    rm -rf "$IMAGE_CACHE"/containerd-* "$IMAGE_CACHE"/.partial.* # the images changed
+    tmp=$(mktemp -d "$IMAGE_CACHE/.partial.XXXXXX")
+    cat >"$tmp/config.toml" <<EOF
+version = 2
+root = "$tmp/root"
+state = "$tmp/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$tmp/containerd.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$tmp/opt"
+EOF
+    # An empty network namespace and a mount namespace of its own: nothing reaches the host.
+    unshare --net --mount -- containerd --config "$tmp/config.toml" >"$tmp/containerd.log" 2>&1 &
+    pid=$!
+    wait_for 30 "the template's containerd" ctr --address "$tmp/containerd.sock" version
+    for archive in "$@"; do
+      ctr --address "$tmp/containerd.sock" --namespace k8s.io images import --no-unpack \
+        "$archive" >/dev/null || { kill "$pid"; die "ctr images import $archive failed"; }
+    done
+    kill "$pid"
+    wait "$pid" || true
+    mkdir -p "$tmp/template"
+    mv "$tmp/root/io.containerd.content.v1.content" "$tmp/template/"
+    mv "$tmp/root/io.containerd.metadata.v1.bolt" "$tmp/template/"
+    mv "$tmp/template" "$dir"
+    rm -rf "$tmp"
+  fi
+  echo "$dir"
+}
+
+seed_node_root() { # index template
+  local root
+  root="$(node_dir "$1")/containerd/root"
+  mkdir -p "$root/io.containerd.metadata.v1.bolt"
+  cp -al "$2/io.containerd.content.v1.content" "$root/"
+  cp "$2/io.containerd.metadata.v1.bolt/meta.db" "$root/io.containerd.metadata.v1.bolt/"
 }
 
 start_node_agents() { # index
@@ -482,17 +529,14 @@ up() {
   log "network namespaces $CP_NS and $(node_ns 0)..$(node_ns $((NODES - 1)))"
   start_control_plane
   log "control plane ready; kubeconfig $STATE/kubeconfig"
+  local template
+  template=$(content_template "${archives[@]}")
   for ((i = 0; i < NODES; i++)); do
     node_files "$i"
+    seed_node_root "$i" "$template"
     start_node "$i"
   done
-  local loaders=()
-  for ((i = 0; i < NODES; i++)); do
-    load_images "$i" "${archives[@]}" &
-    loaders+=($!)
-  done
-  for i in "${loaders[@]}"; do wait "$i" || die "loading images failed"; done
-  log "images loaded into $NODES containerd(s)"
+  log "$NODES containerd(s) with the images"
   for ((i = 0; i < NODES; i++)); do start_node_agents "$i"; done
   wait_for 90 "$NODES nodes registered" nodes_registered
   kubectl wait --for=condition=Ready nodes --all --timeout=120s >/dev/null
@@ -518,39 +562,45 @@ failed() {
 our_netns() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PFX-(cp|n[0-9]+)$" || true; }
 our_cgroups() { compgen -G "/sys/fs/cgroup/*/$PFX-n[0-9]*" || true; }
 
-# Every process still inside one of our network namespaces or cgroups.
-our_processes() {
-  local inodes=() ns cg pid link
+# Every process still inside one of our network namespaces (daemons, shims, the forwarder)...
+netns_processes() {
+  local inodes=() ns pid link
   for ns in $(our_netns); do inodes+=("net:[$(stat -L -c %i "/run/netns/$ns")]"); done
-  if ((${#inodes[@]})); then
-    for pid in /proc/[0-9]*; do
-      link=$(readlink "$pid/ns/net" 2>/dev/null) || continue
-      [[ " ${inodes[*]} " == *" $link "* ]] && echo "${pid#/proc/}"
-    done
-  fi
-  for cg in $(our_cgroups); do
-    find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null
+  ((${#inodes[@]})) || return 0
+  for pid in /proc/[0-9]*; do
+    link=$(readlink "$pid/ns/net" 2>/dev/null) || continue
+    [[ " ${inodes[*]} " == *" $link "* ]] && echo "${pid#/proc/}"
   done
+  return 0
+}
+# ... or in one of our cgroups (the containers, in their pods' namespaces).
+cgroup_processes() {
+  local cg
+  for cg in $(our_cgroups); do find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null; done
+  return 0
 }
 
 down() {
-  local name pid deadline pids
-  if [[ -f "$STATE/pids" ]]; then
-    # kubelets and kube-proxies first, then containerd and the control plane.
-    while read -r name pid; do kill -TERM "$pid" 2>/dev/null || true; done <"$STATE/pids"
-  fi
-  deadline=$((SECONDS + 30))
-  while pids=$(our_processes | sort -u) && [[ -n "$pids" ]]; do
+  local name deadline pids
+  # Only processes found in our namespaces or cgroups are signalled (a pid recorded by an
+  # earlier run may belong to someone else by now).
+  # shellcheck disable=SC2046
+  kill -TERM $(netns_processes) 2>/dev/null || true
+  # Containers are killed outright (nothing in them needs a graceful stop when the whole
+  # cluster goes); the daemons get 3 s after TERM.
+  deadline=$((SECONDS + 3))
+  while pids=$({ cgroup_processes; netns_processes; } | sort -u) && [[ -n "$pids" ]]; do
+    # shellcheck disable=SC2046,SC2086
+    kill -KILL $(cgroup_processes) 2>/dev/null || true
     # shellcheck disable=SC2086
-    ((SECONDS < deadline - 25)) && kill -TERM $pids 2>/dev/null || kill -KILL $pids 2>/dev/null || true
-    ((SECONDS < deadline)) || die "processes left in our namespaces/cgroups: $pids"
+    if ((SECONDS >= deadline)); then
+      log "still running 3 s after TERM, killed: $(ps -o comm= -p "${pids//$'\n'/,}" | sort | uniq -c | xargs)"
+      kill -KILL $pids 2>/dev/null || true
+    fi
+    ((SECONDS < deadline + 20)) || die "processes left in our namespaces/cgroups: $pids"
     sleep 0.2
   done
   log "processes stopped"
-  # Any launched process outside those (none expected) by its recorded pid.
-  if [[ -f "$STATE/pids" ]]; then
-    while read -r name pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$STATE/pids"
-  fi
   local cg
   for cg in $(our_cgroups); do
     find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
