@@ -202,7 +202,7 @@ class LocalCluster:
         if self.options.workload_crds or self.options.storage:
             with self.api_client() as api_client:
                 if self.options.workload_crds:
-                    say("installing the Volcano Job and PyTorchJob CRDs")
+                    say(self._structural_crds_message())
                     install_crds(api_client, timeout=max(5.0, deadline - time.monotonic()))
                 if self.options.storage:
                     say(f"creating the default StorageClass {STORAGE_CLASS} and its volumes")
@@ -210,6 +210,14 @@ class LocalCluster:
         if self.options.engines:
             self.start_engines(self.options.engines, progress=say)
         say(f"cluster ready: KUBECONFIG={self.kubeconfig_path}")
+
+    def _structural_crds_message(self) -> str:
+        if "training-operator" in self.options.engines:
+            return (
+                "installing the structural Volcano Job and PyTorchJob CRDs (the training "
+                "operator's own PyTorchJob CRD replaces the second)"
+            )
+        return "installing the Volcano Job and PyTorchJob CRDs"
 
     def start_engines(self, names: Sequence[str], progress: Progress | None = None) -> None:
         """Installs the engines' CRDs and webhooks, starts them and waits until each is ready."""
