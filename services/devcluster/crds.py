@@ -1,8 +1,11 @@
 """The structural CRDs of the training kinds Tideshift scales, for the local control plane.
 
 `tideshift dev cluster up` installs them (unless `--no-crds`) so a user can create Volcano
-Jobs and Kubeflow PyTorchJobs there; nothing runs them (no Volcano or training operator),
-kwok plays their pods. Only the fields Tideshift reads or writes are typed; the rest is kept.
+Jobs and Kubeflow PyTorchJobs there. Volcano is not built here (its module is not served by
+this machine's Go module proxy), so nothing runs its Jobs and kwok plays no pods for them.
+When the real training operator runs (engines.py, the default of `dev cluster up`), its own
+PyTorchJob CRD replaces the structural one and it creates the pods; without it, nothing runs
+PyTorchJobs either. Only the fields Tideshift reads or writes are typed; the rest is kept.
 """
 
 from __future__ import annotations
