@@ -301,6 +301,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"no dev cluster in {args.state_dir}")
         return 1
     print(f"Kubernetes {state.get('k8s_version')} at {state.get('server')}")
+    engines = state.get("engines") or {}
+    if engines:
+        print("engines: " + ", ".join(f"{name} {version}" for name, version in engines.items()))
     records = state_processes(state)
     for record in records:
         condition = "running" if record_alive(record) else "STOPPED"

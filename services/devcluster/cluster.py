@@ -35,6 +35,7 @@ from tideshift.services.devcluster.crds import install_crds
 from tideshift.services.devcluster.credentials import write_pki
 from tideshift.services.devcluster.engine_manifests import EngineManifestError
 from tideshift.services.devcluster.engines import (
+    ENGINES,
     EngineContext,
     default_engines_dir,
     prepare_engines,
@@ -311,6 +312,11 @@ class LocalCluster:
             "kubeconfig": str(self.kubeconfig_path),
             "ports": self._ports,
             "processes": [asdict(record) for record in self._records],
+            "engines": {
+                record.name: ENGINES[record.name].version
+                for record in self._records
+                if record.name in ENGINES
+            },
         }
         tmp = self.state_dir / f"{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(state, indent=2))

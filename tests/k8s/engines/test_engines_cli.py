@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tideshift.services.devcluster.engines import ENGINE_NAMES
+from tideshift.services.devcluster.engines import ENGINE_NAMES, ENGINES
 from tideshift.services.devcluster.processes import load_state, pid_alive, state_processes
 
 pytestmark = pytest.mark.k8s
@@ -41,6 +41,7 @@ def test_up_starts_the_engines_and_down_stops_them(
         status = _tideshift("dev", "cluster", "status", *common)
         assert status.returncode == 0, status.stdout
         assert all(name in status.stdout for name in ENGINE_NAMES)
+        assert f"kueue {ENGINES['kueue'].version}" in status.stdout
     finally:
         down = _tideshift("dev", "cluster", "down", *common)
     assert down.returncode == 0, down.stderr
