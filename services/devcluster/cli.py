@@ -158,8 +158,7 @@ def _add_up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--no-crds",
         action="store_true",
-        help="do not install the structural Volcano Job and PyTorchJob CRDs "
-        "(engines still install their own)",
+        help="do not install the Volcano Job and PyTorchJob CRDs",
     )
     engines = ", ".join(f"{name} ({ENGINES[name].version})" for name in ENGINE_NAMES)
     up.add_argument(
