@@ -337,8 +337,15 @@ def _ensure_cert_check_file(cert_pem: bytes) -> None:
     """The training operator's rotator waits for this file to exist (any content will do)."""
     if TRAINING_OPERATOR_CERT_CHECK.exists():
         return
-    TRAINING_OPERATOR_CERT_CHECK.parent.mkdir(parents=True, exist_ok=True)
-    TRAINING_OPERATOR_CERT_CHECK.write_bytes(cert_pem)
+    try:
+        TRAINING_OPERATOR_CERT_CHECK.parent.mkdir(parents=True, exist_ok=True)
+        TRAINING_OPERATOR_CERT_CHECK.write_bytes(cert_pem)
+    except OSError as error:
+        raise manifests.EngineManifestError(
+            f"the training operator needs a file at {TRAINING_OPERATOR_CERT_CHECK} "
+            f"(its cert rotator checks that path): {error}; create it or leave the operator "
+            "out with `--without training-operator`"
+        ) from error
 
 
 def _kueue_launch(
