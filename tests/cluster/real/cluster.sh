@@ -36,6 +36,9 @@ read -r BIN_DIR REAL_BIN_DIR < <(bash "$HERE/build.sh" --print-dirs)
 IMAGES="${TIDESHIFT_REAL_IMAGES:-localhost/tideshift:dev localhost/tideshift-predictor:dev}"
 PAUSE_IMAGE="localhost/tideshift-real-pause:1"
 COREDNS_IMAGE="localhost/tideshift-real-coredns:v1.15.0"
+# The chart's bundled NATS from the nats-server binary the venv installs (a static Go binary).
+NATS_SERVER="$REPO/.venv/bin/nats-server"
+NATS_IMAGE="localhost/tideshift-real-nats:$("$NATS_SERVER" --version 2>/dev/null | sed -n 's/^nats-server: v//p')"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$REPO/tests/image/containers.conf}"
 
 CP_NS="$PFX-cp"
@@ -85,20 +88,18 @@ install_debs() {
     --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# An image FROM scratch holding one static binary (the sandbox's pause, CoreDNS).
-scratch_image() { # image binary entrypoint-args...
-  local image=$1 binary=$2 dir
-  shift 2
-  local stamp
-  stamp=$(sha256sum "$binary" | cut -c1-16)
+# An image FROM scratch holding one static binary, /usr/local/bin/<name> on PATH, as its
+# entrypoint (the sandbox's pause, CoreDNS, NATS for the chart's bundled server).
+scratch_image() { # image binary
+  local image=$1 binary=$2 dir name stamp
+  name=$(basename "$binary")
+  stamp="$(sha256sum "$binary" | cut -c1-16)-2" # -2: the binary under /usr/local/bin
   [[ "$(podman image inspect --format '{{index .Labels "tideshift.binary"}}' "$image" 2>/dev/null)" == "$stamp" ]] &&
     return
   dir=$(mktemp -d)
-  cp "$binary" "$dir/entry"
-  local args
-  args=$(printf '"%s", ' "/entry" "$@")
-  printf 'FROM scratch\nCOPY entry /entry\nLABEL tideshift.binary=%s\nENTRYPOINT [%s]\n' \
-    "$stamp" "${args%, }" >"$dir/Containerfile"
+  cp "$binary" "$dir/$name"
+  printf 'FROM scratch\nCOPY %s /usr/local/bin/%s\nENV PATH=/usr/local/bin\nLABEL tideshift.binary=%s\nENTRYPOINT ["/usr/local/bin/%s"]\n' \
+    "$name" "$name" "$stamp" "$name" >"$dir/Containerfile"
   podman build --quiet -t "$image" -f "$dir/Containerfile" "$dir" >/dev/null
   rm -rf "$dir"
 }
@@ -518,7 +519,9 @@ up() {
   local image archives=() i t0=$SECONDS
   scratch_image "$PAUSE_IMAGE" "$REAL_BIN_DIR/pause"
   scratch_image "$COREDNS_IMAGE" "$REAL_BIN_DIR/coredns"
-  for image in "$PAUSE_IMAGE" "$COREDNS_IMAGE" $IMAGES; do
+  [[ -x "$NATS_SERVER" ]] || die "$NATS_SERVER missing: make install"
+  scratch_image "$NATS_IMAGE" "$NATS_SERVER"
+  for image in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$NATS_IMAGE" $IMAGES; do
     archives+=("$(image_archive "$image")")
   done
   log "binaries and image archives ready ($((SECONDS - t0)) s)"
@@ -637,5 +640,6 @@ up) up ;;
 down) down ;;
 status) status ;;
 kubeconfig) echo "$STATE/kubeconfig" ;;
-*) echo "usage: bash tests/cluster/real/cluster.sh up [--nodes N] | down | status | kubeconfig" >&2; exit 2 ;;
+nats-image) echo "$NATS_IMAGE" ;;
+*) echo "usage: bash tests/cluster/real/cluster.sh up [--nodes N] | down | status | kubeconfig | nats-image" >&2; exit 2 ;;
 esac
