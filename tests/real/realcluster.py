@@ -144,3 +144,6 @@ def real_cluster() -> Iterator[RealCluster]:
         after = host_network_state()
         changed = {key: (before[key], after[key]) for key in before if before[key] != after[key]}
         assert not changed, f"the host's network changed: {changed}"
+        assert not kubeconfig.parent.exists(), f"down left its state dir {kubeconfig.parent}"
+        cgroups = sorted(Path("/sys/fs/cgroup").glob(f"*/{PREFIX}-n*"))
+        assert not cgroups, f"down left cgroups: {cgroups}"
