@@ -119,7 +119,11 @@ def real_cluster() -> Iterator[RealCluster]:
     _script(env, "down", timeout=DOWN_TIMEOUT_S)
     before = host_network_state()
     started = time.monotonic()
-    up = _script(env, "up", "--nodes", str(NODES), timeout=UP_TIMEOUT_S)
+    try:
+        up = _script(env, "up", "--nodes", str(NODES), timeout=UP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _script(env, "down", timeout=DOWN_TIMEOUT_S)
+        pytest.fail(f"cluster.sh up took more than {UP_TIMEOUT_S:.0f} s")
     up_s = time.monotonic() - started
     if up.returncode != 0:
         _script(env, "down", timeout=DOWN_TIMEOUT_S)

@@ -527,6 +527,8 @@ up() {
   log "binaries and image archives ready ($((SECONDS - t0)) s)"
   mkdir -p "$STATE/logs"
   trap 'status=$?; if ((status)); then failed; fi' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
   make_pki
   make_network
   log "network namespaces $CP_NS and $(node_ns 0)..$(node_ns $((NODES - 1)))"
@@ -547,7 +549,7 @@ up() {
   coredns
   kubectl -n kube-system rollout status deployment/coredns --timeout=120s >/dev/null
   echo "$NODES" >"$STATE/nodes"
-  trap - EXIT
+  trap - EXIT INT TERM
   log "up: export KUBECONFIG=$STATE/kubeconfig"
 }
 
