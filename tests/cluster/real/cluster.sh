@@ -526,6 +526,7 @@ up() {
   done
   log "binaries and image archives ready ($((SECONDS - t0)) s)"
   mkdir -p "$STATE/logs"
+  exec {OUT}>&1 {ERR}>&2
   trap 'status=$?; if ((status)); then failed; fi' EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
@@ -554,6 +555,8 @@ up() {
 }
 
 failed() {
+  # The trap may fire inside a command whose output goes to /dev/null (wait_for's probes).
+  exec 1>&"$OUT" 2>&"$ERR"
   echo "real/cluster.sh: up failed; last lines of each log:" >&2
   local f
   for f in "$STATE"/logs/*.log; do
