@@ -216,7 +216,7 @@ def planner_targets(world: WorldShape, *, speed: float) -> dict[str, Any]:
             )
             for job in world.jobs
         ],
-        "overcommit_margin": world.lend_margin,
+        "lend_margin": world.lend_margin,
     }
 
 

@@ -71,6 +71,34 @@ def shared_settings_class() -> Any:
     return ServiceSettings
 
 
+def lending_settings_class() -> Any:
+    from tideshift.services.common.settings import LendingSettings
+
+    return LendingSettings
+
+
+def lending_fields() -> set[str]:
+    """The lending section's settings: one top-level `lending` value each, rendered into every
+    service whose settings lend (planner and executor), so the two cannot disagree."""
+    return set(lending_settings_class().model_fields) - set(shared_settings_class().model_fields)
+
+
+def lends(service: str) -> bool:
+    """Whether the service reads the lending section (its settings extend `LendingSettings`)."""
+    model = settings_class(service)
+    return model is not None and issubclass(model, lending_settings_class())
+
+
+def _moved_to_lending(config: Schema) -> None:
+    """A lending service's config: the lending settings are `lending`'s, not its own; their old
+    names fail with a message saying where they went."""
+    for name in lending_fields():
+        config["properties"].pop(name, None)
+    for old, new in lending_settings_class().renamed.items():
+        moved = f"moved: set lending.{new} (one value for planner and executor)"
+        config["properties"][old] = {"description": moved, "const": moved}
+
+
 def _inline_refs(node: Any, definitions: Schema) -> Any:
     """Replace pydantic's `$ref`s into `$defs` by copies: the block is embedded elsewhere."""
     if isinstance(node, dict):
@@ -242,6 +270,8 @@ def service_schema(service: str) -> Schema:
                 module_name, attribute = registry.split(":")
                 names = getattr(importlib.import_module(module_name), attribute)
                 config["properties"][name]["enum"] = sorted(names)
+        if lends(service):
+            _moved_to_lending(config)
     properties: Schema = {
         "enabled": BOOLEAN,
         "replicas": integer(minimum=0),
@@ -292,6 +322,12 @@ def build_schema() -> Schema:
                 shared,
                 fields=set(shared.model_fields),
                 description="settings shared by every service",
+            ),
+            "lending": settings_schema(
+                lending_settings_class(),
+                fields=lending_fields(),
+                description="lending idle serving reservation to batch trainers: rendered "
+                "into both the planner and the executor",
             ),
             "podSecurityContext": FREE_OBJECT,
             "securityContext": FREE_OBJECT,

@@ -20,11 +20,12 @@ from tests.unit.chart.chart_support import (
     load_schema_builder,
     render,
 )
-from tideshift.services.common.settings import ServiceSettings
+from tideshift.services.common.settings import LendingSettings, ServiceSettings
 
 BUILDER = load_schema_builder()
 VALUES: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 SHARED_FIELDS = set(ServiceSettings.model_fields) - BUILDER.CHART_MANAGED_SETTINGS
+LENDING_FIELDS = BUILDER.lending_fields()
 
 
 def settings_of(service: str) -> type[ServiceSettings]:
@@ -50,6 +51,17 @@ def test_shared_config_lists_every_shared_setting_with_its_default() -> None:
         assert as_setting(ServiceSettings, name, value) == default_of(ServiceSettings, name), name
 
 
+def test_lending_lists_every_lending_setting_with_its_default() -> None:
+    assert set(VALUES["lending"]) == LENDING_FIELDS
+    for name, value in VALUES["lending"].items():
+        assert as_setting(LendingSettings, name, value) == default_of(LendingSettings, name), name
+
+
+def test_planner_and_executor_lend() -> None:
+    # The template renders `lending` into these two by name.
+    assert [service for service in SERVICES if BUILDER.lends(service)] == ["planner", "executor"]
+
+
 def test_health_port_default_is_the_services_default() -> None:
     assert VALUES["healthPort"] == default_of(ServiceSettings, "health_port")
 
@@ -57,7 +69,7 @@ def test_health_port_default_is_the_services_default() -> None:
 @pytest.mark.parametrize("service", SERVICES)
 def test_service_config_lists_every_own_setting_with_its_default(service: str) -> None:
     model = settings_of(service)
-    own_fields = set(model.model_fields) - set(ServiceSettings.model_fields)
+    own_fields = set(model.model_fields) - set(ServiceSettings.model_fields) - LENDING_FIELDS
     documented = set(VALUES[service]["config"])
     assert documented - own_fields == set(), f"values.yaml {service}.config: unknown settings"
     assert own_fields - documented == set(), f"values.yaml {service}.config: undocumented"
@@ -95,6 +107,8 @@ def test_rendered_environment_parses_into_the_default_settings(
         if name in BUILDER.CHART_MANAGED_SETTINGS - {"health_port"}:
             continue
         assert getattr(settings, name) == default_of(model, name), f"{service}.{name}"
+    lent = {f"TIDESHIFT_{name.upper()}" for name in LENDING_FIELDS}
+    assert lent <= set(literal) if BUILDER.lends(service) else not lent & set(literal)
     # Secrets and the pod name arrive through valueFrom, never as literal values.
     assert isinstance(env["TIDESHIFT_NATS_URL"], dict)
     assert isinstance(env["TIDESHIFT_INSTANCE"], dict)
@@ -127,3 +141,13 @@ def test_structured_settings_reach_the_services_as_json(
     assert settings.serving[0].max_replicas == 20
     assert settings.training[0].gang_min == 2
     assert settings.training[0].max_trainers == 16
+
+
+def test_one_lending_margin_reaches_planner_and_executor(tmp_path: Path) -> None:
+    objects = render(tmp_path, {"lending": {"lend_margin": 0.25}})
+    for deployment in by_kind(objects, "Deployment").values():
+        env = container_env(deployment)
+        if BUILDER.lends(component(deployment)):
+            assert env["TIDESHIFT_LEND_MARGIN"] == "0.25", component(deployment)
+        else:
+            assert "TIDESHIFT_LEND_MARGIN" not in env, component(deployment)

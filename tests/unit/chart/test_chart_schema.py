@@ -89,6 +89,22 @@ BAD_VALUES = [
         ["/planner/config/policy", "tideshift", "edl"],
         id="unknown-policy",
     ),
+    pytest.param(
+        {"planner": {"config": {"overcommit_margin": 0.2}}},
+        ["/planner/config/overcommit_margin", "moved: set lending.lend_margin"],
+        id="planner-margin-moved",
+    ),
+    pytest.param(
+        {"executor": {"config": {"batch_margin": 0.2}}},
+        ["/executor/config/batch_margin", "moved: set lending.lend_margin"],
+        id="executor-margin-moved",
+    ),
+    pytest.param(
+        {"executor": {"config": {"lend_margin": 0.2}}},
+        ["/executor/config", "additional properties", "'lend_margin'"],
+        id="lend-margin-is-chart-wide",
+    ),
+    pytest.param({"lending": {"lend_margin": 1.5}}, ["/lending/lend_margin"], id="lend-margin"),
     pytest.param({"healthPort": 70000}, ["/healthPort", "maximum"], id="port"),
     pytest.param(
         {"nats": {"url": "http://nats:4222"}}, ["/nats/url", "http://nats:4222"], id="nats-scheme"
@@ -131,6 +147,7 @@ def test_schema_accepts_a_full_set_of_non_default_values(tmp_path: Path) -> None
             "imagePullSecrets": [{"name": "regcred"}],
             "healthPort": 9000,
             "config": {"log_level": "DEBUG", "max_message_bytes": 2048},
+            "lending": {"lend_margin": 0.2},
             "podDisruptionBudget": {"enabled": False},
             "metrics": {"service": {"enabled": False}},
             "priorityClassName": "system-cluster-critical",

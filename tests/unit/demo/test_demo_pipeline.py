@@ -24,7 +24,7 @@ def test_planner_targets_describe_the_world() -> None:
         assert target.max_trainers == job.max_trainers
         assert target.batch == job.batch
     assert [t.name for t in targets["training"] if t.batch] == ["ctr-lend"]
-    assert targets["overcommit_margin"] == world.lend_margin
+    assert targets["lend_margin"] == world.lend_margin
     # the sim names parameter servers <job>-ps<n>; trainers <job>-t<n> must not match
     markers = targets["training"][0].companion_markers
     assert any(m in "ctr-a-ps7" for m in markers)

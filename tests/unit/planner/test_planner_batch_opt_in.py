@@ -1,7 +1,7 @@
 """Opting a training job into batch capacity, end to end in the planner: the annotation
 `tideshift.io/batch` (or `batch: true` in the planner's settings) -> WorkloadChanged's training
 policy -> the planner's targets -> PlanInputs -> a plan on serving's idle reservation, with
-the planner's `overcommit_margin`."""
+the planner's `lend_margin`."""
 
 from __future__ import annotations
 
@@ -141,9 +141,9 @@ def test_an_annotated_job_is_planned_on_what_serving_reserves_but_does_not_use()
     assert "batch capacity" in reason
 
 
-def test_the_planners_overcommit_margin_is_what_it_never_lends() -> None:
+def test_the_planners_lend_margin_is_what_it_never_lends() -> None:
     now = NOW
-    state = state_at(now, settings(overcommit_margin=0.5))
+    state = state_at(now, settings(lend_margin=0.5))
     at = datetime.fromtimestamp(now, tz=UTC)
     state.apply_workload(
         workload_event("added", nightly_workload({"tideshift.io/batch": "true"}), observed_at=at),

@@ -17,17 +17,22 @@ from tideshift.services.planner.settings import PlannerSettings
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "tideshift"
 DEFAULTS = pol.PolicyConfig()
+# Nested tunables set under another name: the lending margin is the lending section's, the one
+# the executor advertises with.
+SETTING_OF = {"overcommit_margin": "lend_margin"}
 
 
 def tunables(config: Any = DEFAULTS, prefix: str = "") -> dict[str, Any]:
-    """Every tunable of a policy config, a nested config's as `<field>_<its field>`."""
+    """Every tunable of a policy config under its setting's name (a nested config's as
+    `<field>_<its field>` unless `SETTING_OF` names it)."""
     found: dict[str, Any] = {}
     for spec in dataclasses.fields(config):
         value = getattr(config, spec.name)
         if dataclasses.is_dataclass(value):
             found |= tunables(value, f"{prefix}{spec.name}_")
         else:
-            found[f"{prefix}{spec.name}"] = value
+            path = f"{prefix}{spec.name}"
+            found[SETTING_OF.get(path, path)] = value
     return found
 
 
@@ -53,7 +58,7 @@ def test_every_tunable_is_settable_by_flag_and_environment(
 ) -> None:
     monkeypatch.setenv("TIDESHIFT_RELEASE_HORIZON_S", "120")
     settings = PlannerSettings(
-        _cli_parse_args=["--miss-tolerance", "0.2", "--overcommit-margin", "0.3"],  # type: ignore[call-arg]
+        _cli_parse_args=["--miss-tolerance", "0.2", "--lend-margin", "0.3"],  # type: ignore[call-arg]
         health_port=-1,
     )
     config = settings.policy_config()
@@ -68,9 +73,13 @@ def test_a_tunable_out_of_the_policys_bounds_is_refused() -> None:
 
 
 def test_the_chart_documents_every_tunable_with_its_default() -> None:
-    values = yaml.safe_load((CHART / "values.yaml").read_text())["planner"]["config"]
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    properties = schema["properties"]["planner"]["properties"]["config"]["properties"]
+    chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # The lending margin is chart-wide (`lending`): the planner and the executor read one value.
+    values = chart_values["planner"]["config"] | chart_values["lending"]
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    properties = (
+        schema["planner"]["properties"]["config"]["properties"] | schema["lending"]["properties"]
+    )
     for name, default in tunables().items():
         assert values[name] == default, name
         assert properties[name]["description"], name

@@ -94,7 +94,7 @@ def test_executor_results_set_what_a_target_wants_and_a_refusal_forgets_it() -> 
 
 
 def test_the_settings_tunables_reach_the_policy() -> None:
-    state = new_state(miss_tolerance=0.3, overcommit_margin=0.2)
+    state = new_state(miss_tolerance=0.3, lend_margin=0.2)
     config = state.inputs(NOW).config
     assert config.miss_tolerance == 0.3
     assert config.overcommit.margin == 0.2
