@@ -36,6 +36,7 @@ from tideshift.services.executor.core.decision import (
     decide,
     screen,
 )
+from tideshift.services.executor.core.fight import FightPolicy, FightRecord, Judgement, judge, wrote
 
 log = logging.getLogger("tideshift.executor")
 
@@ -56,10 +57,26 @@ PHASES = Histogram(
 )
 
 
+FIGHTS = Counter(
+    "tideshift_executor_fights_total",
+    "Targets held because another writer changed their replicas against the plan too often",
+)
+HELD = Counter(
+    "tideshift_executor_held_commands_total",
+    "Commands not written because their target is held in a fight with another writer",
+)
+OVERRIDES = Counter(
+    "tideshift_executor_overrides_total",
+    "Times a target was found changed by another writer since Tideshift last wrote it",
+)
+
 REFUSED_REASON = "TideshiftRefused"  # a command for a target that did not join Tideshift
 FAILED_REASON = "TideshiftScaleFailed"  # a command the cluster would not carry out
 SCALED_REASON = "TideshiftScaled"  # Normal: the count written, and the plan's reason
 WOULD_SCALE_REASON = "TideshiftWouldScale"  # Normal, observe mode: what it would have written
+FIGHT_REASON = "TideshiftFight"  # Warning: another writer keeps undoing the plan; held
+RESUMED_REASON = "TideshiftResumed"  # Normal: the other writer went quiet; writing again
+HELD_PREFIX = "held in a fight"  # how a held command's result message begins
 
 
 class EventRecorder(Protocol):
@@ -106,6 +123,48 @@ def record_key(target: WorkloadRef) -> str:
     return ".".join(encode_token(part) for part in (target.namespace, target.kind, target.name))
 
 
+def fight_key(target: WorkloadRef) -> str:
+    """The target's fight record, in the records' bucket (four tokens: never a record's key)."""
+    return f"fight.{record_key(target)}"
+
+
+class FightStore(Protocol):
+    """Each target's FightRecord, shared by every executor."""
+
+    async def get(self, target: WorkloadRef) -> FightRecord: ...
+
+    async def put(self, target: WorkloadRef, record: FightRecord) -> None: ...
+
+
+class KVFightStore:
+    """FightRecords in the records' KV bucket; `tideshift scale --resume` deletes one."""
+
+    def __init__(self, kv: TypedKV) -> None:
+        self.kv = kv
+
+    async def get(self, target: WorkloadRef) -> FightRecord:
+        return await self.kv.get(fight_key(target), FightRecord) or FightRecord()
+
+    async def put(self, target: WorkloadRef, record: FightRecord) -> None:
+        if record == FightRecord():
+            await self.kv.delete(fight_key(target))
+        else:
+            await self.kv.put(fight_key(target), record)
+
+
+@dataclass
+class MemoryFightStore:
+    """FightRecords in this process (tests, the demo)."""
+
+    kept: dict[WorkloadRef, FightRecord] = field(default_factory=dict)
+
+    async def get(self, target: WorkloadRef) -> FightRecord:
+        return self.kept.get(target, FightRecord())
+
+    async def put(self, target: WorkloadRef, record: FightRecord) -> None:
+        self.kept[target] = record
+
+
 class RecordStore:
     """AppliedRecords in a KV bucket, written by compare-and-set on the revision read."""
 
@@ -146,6 +205,9 @@ class Executor:
     events: EventRecorder | None = None
     # Runs before replicas are lowered (target, new count): marks the pods to delete first.
     before_scale_down: Callable[[WorkloadRef, int], Awaitable[object]] | None = None
+    # Where fights with other writers are tracked (none: never detected, always written).
+    fights: FightStore | None = None
+    fight_policy: FightPolicy = field(default_factory=FightPolicy)
 
     def result_for(
         self,
@@ -207,7 +269,55 @@ class Executor:
             return None
         if decision.action == "noop":
             return self._unchanged(command, state, decision.message)
-        return await self._apply(command, state, decision, claim=claim, claimed=claimed)
+        fight = await self._judge_fight(command, state)
+        if isinstance(fight, ScaleResult):
+            return fight
+        return await self._apply(
+            command, state, decision, claim=claim, claimed=claimed, fight=fight
+        )
+
+    async def _judge_fight(
+        self, command: ScaleCommand, state: ScaleState
+    ) -> ScaleResult | FightRecord | None:
+        """The result of a command not written because its target is in a fight, or the
+        target's fight record to go ahead with (None: fights are not tracked). A fight's
+        start and end leave an Event on the target."""
+        if self.fights is None:
+            return None
+        target = command.target
+        with PHASES.labels("fight").time():
+            record = await self.fights.get(target)
+        now = self.clock.now()
+        judgement = judge(record, seen=state.replicas, now=now, policy=self.fight_policy)
+        await self._keep_fight(target, record, judgement)
+        if judgement.writes:
+            return judgement.record
+        HELD.inc()
+        # The claim stays unapplied: a replay of this command is screened again, not skipped.
+        return self.result_for(
+            command,
+            "rejected",
+            previous=state.replicas,
+            current=state.replicas,
+            message=f"{HELD_PREFIX}: {judgement.message}",
+        )
+
+    async def _keep_fight(
+        self, target: WorkloadRef, before: FightRecord, judgement: Judgement
+    ) -> None:
+        """Store the fight record when it changed; tell the owner of a hold or a resume."""
+        after = judgement.record
+        if judgement.overridden:
+            OVERRIDES.inc()
+        if after != before and self.fights is not None:
+            await self.fights.put(target, after)
+        if judgement.verdict == "hold":
+            FIGHTS.inc()
+            log.warning("%s: %s", target, judgement.message)
+            await self.warn(target, FIGHT_REASON, judgement.message)
+        elif judgement.verdict == "resume":
+            log.info("%s: %s", target, judgement.message)
+            await self._tell(target, RESUMED_REASON, judgement.message, "Normal")
 
     async def _admitted_state(self, command: ScaleCommand) -> ScaleState | ScaleResult:
         """The target's scale, or the rejection of a command the executor must not act on."""
@@ -290,8 +400,10 @@ class Executor:
         *,
         claim: AppliedRecord,
         claimed: int,
+        fight: FightRecord | None = None,
     ) -> ScaleResult:
-        """Write the claimed scale, then mark the claim applied."""
+        """Write the claimed scale, then mark the claim applied (and, when fights are
+        tracked, remember the count written: a change from it is another writer's)."""
         target = command.target
         if self.before_scale_down is not None and decision.replicas < state.replicas:
             with PHASES.labels("scale_down_marks").time():
@@ -301,6 +413,8 @@ class Executor:
                 after = await self.port.set_scale(target, decision.replicas)
         except KeyError:
             return self.result_for(command, "rejected", message=f"{target} not found")
+        if self.fights is not None and fight is not None and fight.written != after.replicas:
+            await self.fights.put(target, wrote(fight, after.replicas))
         done = claim.model_copy(update={"applied": True})
         with PHASES.labels("mark_applied").time():
             recorded = await self.records.put(target, done, claimed)

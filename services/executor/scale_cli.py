@@ -13,6 +13,11 @@ With cluster access (`--kubeconfig` or `$KUBECONFIG`) the target is read first: 
 not join Tideshift (no `tideshift.io/role` label) is refused here with the executor's own
 words, before anything is pinned or sent. A target the executor lists in `managed_targets`
 is unknown here: `--no-check` sends it anyway.
+
+`tideshift scale --resume KIND/NAME` ends a fight at once: a target whose replicas another
+writer kept changing against the plan is held by the executors (a TideshiftFight Warning
+Event on it) until that writer is quiet for a while; `--resume` forgets the fight, and the
+next command for the target is written.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from tideshift.events import (
+    EXECUTOR_RECORDS_BUCKET,
     PINS_BUCKET,
     SCALE_COMMAND,
     SCALE_RESULT,
@@ -42,6 +48,7 @@ from tideshift.services.cluster.core.kinds import ALIASES, normalise_kind
 from tideshift.services.cluster.port import ClusterError, UnsupportedTarget
 from tideshift.services.common.bus import Bus, provision
 from tideshift.services.executor.core.decision import Admission
+from tideshift.services.executor.executor import fight_key
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -65,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--release", action="store_true", help="remove the override: the planner resumes control"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="end a fight: the executors write this target again at once (it was held because "
+        "another writer kept changing its replicas)",
     )
     parser.add_argument("--reason", default="manual override", help="recorded with the command")
     nats_arguments(parser)
@@ -147,6 +160,12 @@ async def release(bus: Bus, target: WorkloadRef, *, bucket: str = PINS_BUCKET) -
     await kv.delete(pin_key(target))
 
 
+async def resume(bus: Bus, target: WorkloadRef, *, bucket: str = EXECUTOR_RECORDS_BUCKET) -> None:
+    """Forget the target's fight: the executors write it again from the next command."""
+    kv = await bus.kv(bucket)
+    await kv.delete(fight_key(target))
+
+
 def render(result: ScaleResult) -> str:
     change = f"{result.previous} -> {result.current}" if result.previous is not None else "-"
     dry = " (dry run)" if result.dry_run else ""
@@ -213,7 +232,7 @@ async def managed_refusal(kubeconfig: str, context: str | None, target: Workload
 async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
     # Reconnect chatter is for services' logs; this command reports failures itself.
     logging.getLogger("tideshift.bus").setLevel(logging.ERROR)
-    if args.check and args.kubeconfig and not args.release:
+    if args.check and args.kubeconfig and not (args.release or args.resume):
         refusal = await managed_refusal(args.kubeconfig, args.context, target)
         if refusal is not None:
             print(f"tideshift scale: {refusal}; nothing sent", file=sys.stderr)
@@ -234,6 +253,10 @@ async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
         if args.release:
             await release(bus, target)
             print(f"{target}: released; the planner resumes control")
+            return 0
+        if args.resume:
+            await resume(bus, target)
+            print(f"{target}: resumed; the executors write it again from the next command")
             return 0
         until = datetime.now(UTC) + args.duration if args.duration is not None else None
         await pin(bus, target, args.replicas, until=until, reason=args.reason)
@@ -259,9 +282,12 @@ async def _run(args: argparse.Namespace, target: WorkloadRef) -> int:
 def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
-    if args.release:
+    if args.release and args.resume:
+        parser.error("--resume: not with --release")
+    if args.release or args.resume:
         if args.replicas is not None or args.duration is not None:
-            parser.error("--release: takes no --replicas or --for")
+            flag = "--release" if args.release else "--resume"
+            parser.error(f"{flag}: takes no --replicas or --for")
     elif args.replicas is None:
         parser.error("--replicas: required (or --release)")
     elif args.replicas < 0:

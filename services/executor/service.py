@@ -40,6 +40,7 @@ from tideshift.services.executor.executor import (
     FAILED_REASON,
     EventRecorder,
     Executor,
+    KVFightStore,
     RecordStore,
     ScaleWriter,
 )
@@ -185,9 +186,10 @@ async def build_executor(
         if settings.compaction and writer is not None
         else None
     )
+    records = await bus.kv(settings.record_bucket)
     return Executor(
         port,
-        RecordStore(await bus.kv(settings.record_bucket)),
+        RecordStore(records),
         name=name,
         max_step=settings.max_step,
         dry_run=settings.dry_run,
@@ -196,6 +198,8 @@ async def build_executor(
         admission=settings.admission(),
         events=port,
         before_scale_down=before_scale_down,
+        fights=KVFightStore(records) if settings.fight_detection else None,
+        fight_policy=settings.fight_policy(),
     )
 
 

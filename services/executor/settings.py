@@ -14,6 +14,7 @@ from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.common.bus.streams import HISTORY_STREAM, StreamSpec
 from tideshift.services.common.settings import LendingSettings
 from tideshift.services.executor.core.decision import Admission
+from tideshift.services.executor.core.fight import FightPolicy
 
 # Non-batch usage per node (cAdvisor series relabelled with `node`); trainers that borrow
 # batch resources run in the training namespace and are left out.
@@ -115,6 +116,27 @@ class ExecutorSettings(LendingSettings):
         default=HISTORY_STREAM.max_msgs, ge=1000, description="its message limit, likewise"
     )
 
+    fight_detection: bool = Field(
+        default=True,
+        description="stop writing a target whose replicas another writer (kubectl, a GitOps "
+        "controller, another autoscaler) keeps changing against the plan; a TideshiftFight "
+        "Warning Event says so",
+    )
+    fight_max_overrides: int = Field(
+        default=3,
+        ge=1,
+        description="changes by another writer, within fight_window_seconds, that make a fight",
+    )
+    fight_window_seconds: float = Field(
+        default=600.0, gt=0, description="the window in which those changes are counted"
+    )
+    fight_quiet_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="a held target is written again once the other writer left it alone this "
+        "long (or at once: `tideshift scale --resume`)",
+    )
+
     @field_validator("managed_targets")
     @classmethod
     def _target_refs(cls, values: list[str]) -> list[str]:
@@ -138,6 +160,13 @@ class ExecutorSettings(LendingSettings):
             managed_only=self.managed_only,
             listed=frozenset(WorkloadRef.parse(value) for value in self.managed_targets),
             namespaces=frozenset(self.allowed_namespaces),
+        )
+
+    def fight_policy(self) -> FightPolicy:
+        return FightPolicy(
+            max_overrides=self.fight_max_overrides,
+            window_s=self.fight_window_seconds,
+            quiet_s=self.fight_quiet_seconds,
         )
 
     @model_validator(mode="after")

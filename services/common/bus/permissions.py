@@ -224,12 +224,16 @@ def _operator_role() -> Role:
     s, b = subjects, buckets
     return _service(
         "operator",
-        "`tideshift scale`: publishes a scale command and pins, waits for its result; "
+        "`tideshift scale`: publishes a scale command and pins, waits for its result, "
+        "ends a fight (`--resume`); "
         "`tideshift explain`/`status` read the decision history, leases and snapshot",
         [
             _all(s.SCALE_COMMAND),
             _letters("tideshift-scale-cli"),
             *_kv_write(b.PINS_BUCKET),
+            # `--resume`: deletes a fight's record, and no other key of the executors' bucket
+            f"{API}.STREAM.INFO.KV_{b.EXECUTOR_RECORDS_BUCKET}",
+            f"$KV.{b.EXECUTOR_RECORDS_BUCKET}.fight.>",
             *_history_reading(),
             *_kv_read(b.LEASES_BUCKET),
             *_kv_read(b.SNAPSHOT_BUCKET),
