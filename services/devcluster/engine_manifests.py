@@ -48,12 +48,16 @@ def load_documents(path: Path) -> list[Manifest]:
 def load_crds(directory: Path, *, only: Iterable[str] | None = None) -> list[Manifest]:
     """The CRDs in `directory` (`only`: their metadata names), sorted by file name."""
     wanted = set(only) if only is not None else None
-    crds = [
-        document
-        for path in sorted(directory.glob("*.yaml"))
-        for document in load_documents(path)
-        if document.get("kind") == "CustomResourceDefinition"
-    ]
+    crds = []
+    for path in sorted(directory.glob("*.yaml")):
+        for document in load_documents(path):
+            if document.get("kind") != "CustomResourceDefinition":
+                continue
+            if not isinstance(document.get("metadata"), dict) or not document["metadata"].get(
+                "name"
+            ):
+                raise EngineManifestError(f"a CustomResourceDefinition in {path} has no name")
+            crds.append(document)
     if wanted is not None:
         crds = [crd for crd in crds if crd["metadata"]["name"] in wanted]
         missing = wanted - {crd["metadata"]["name"] for crd in crds}

@@ -4,11 +4,13 @@ launcher agree, and a missing binary or CRD says what to run."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tideshift.services.devcluster import cli
+from tideshift.services.devcluster.cluster import ClusterOptions, ClusterStartError, LocalCluster
 from tideshift.services.devcluster.engine_manifests import (
     EngineManifestError,
     load_crds,
@@ -27,6 +29,8 @@ from tideshift.services.devcluster.engines import (
     require_engines,
     stale_engine_files,
 )
+from tideshift.services.devcluster.nodes import default_nodes
+from tideshift.services.devcluster.processes import load_state, pid_alive, state_processes
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "cluster" / "build_engines.sh"
 
@@ -159,3 +163,35 @@ def test_a_crd_directory_without_crds_is_an_error(tmp_path: Path) -> None:
         load_crds(tmp_path)
     with pytest.raises(EngineManifestError, match="not found"):
         load_crds(tmp_path, only=["pytorchjobs.kubeflow.org"])
+    (tmp_path / "y.yaml").write_text("kind: CustomResourceDefinition\n")
+    with pytest.raises(EngineManifestError, match=r"y\.yaml has no name"):
+        load_crds(tmp_path)
+
+
+def test_an_engine_that_exits_at_start_is_named_with_its_log_and_nothing_is_left_running(
+    k8s_bin_dir: Path, engines_dir: Path, tmp_path: Path
+) -> None:
+    fake = tmp_path / "engines"
+    (fake / "manifests" / ".stamps").mkdir(parents=True)
+    shutil.copytree(engines_dir / "manifests" / "kuberay", fake / "manifests" / "kuberay")
+    shutil.copy(engines_dir / "manifests" / ".stamps" / "kuberay", fake / "manifests" / ".stamps")
+    _fake_engine(fake, "kuberay", crds=False)
+    binary = fake / "bin" / ENGINES["kuberay"].binary
+    binary.write_text("#!/bin/sh\necho 'refusing to start: a test' >&2\nexit 3\n")
+    state_dir = tmp_path / "state"
+    options = ClusterOptions(
+        bin_dir=k8s_bin_dir,
+        state_dir=state_dir,
+        nodes=default_nodes(1, gpu_nodes=0),
+        engines=["kuberay"],
+        engines_dir=fake,
+        workload_crds=False,
+        storage=False,
+        start_timeout=180.0,
+    )
+    with pytest.raises(ClusterStartError, match="kuberay exited with code 3") as raised:
+        LocalCluster(options).start()
+    assert "refusing to start: a test" in str(raised.value)
+    records = state_processes(load_state(state_dir) or {})
+    assert "kuberay" in {record.name for record in records}
+    assert not any(pid_alive(record.pid) for record in records)
