@@ -17,7 +17,6 @@ BIN_DIR="$(bash "$REPO/tests/cluster/build.sh" --print-bin-dir)"
 IMAGE="${TIDESHIFT_IMAGE:-localhost/tideshift:dev}"
 PREDICTOR_IMAGE="${TIDESHIFT_PREDICTOR_IMAGE:-localhost/tideshift-predictor:dev}"
 PAUSE_IMAGE="localhost/tideshift-real-pause:1"
-KUBECTL="$BIN_DIR/kubectl"
 HELM="$BIN_DIR/helm"
 
 log() { printf '[real_node.sh %s] %s\n' "$(date +%T)" "$*"; }
@@ -54,13 +53,13 @@ planner: {config: {tick_seconds: 1}}
 EOF
   "$HELM" install tideshift "$REPO/charts/tideshift" -f "$values" --wait --timeout 5m
   rm -f "$values"
-  "$KUBECTL" get pods -o wide
+  "${KUBECTL[@]}" get pods -o wide
 }
 
-replicas_are() { [[ "$("$KUBECTL" get deployment web -o jsonpath='{.spec.replicas}')" == "$1" ]]; }
+replicas_are() { [[ "$("${KUBECTL[@]}" get deployment web -o jsonpath='{.spec.replicas}')" == "$1" ]]; }
 
 scale_demo() { # a labelled Deployment of 5 real pods; 150 rps at 100 a replica needs 2
-  "$KUBECTL" apply -f - <<EOF
+  "${KUBECTL[@]}" apply -f - <<EOF
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -80,13 +79,21 @@ spec:
       containers: [{name: web, image: "$PAUSE_IMAGE", imagePullPolicy: Never}]
 EOF
   wait_for 120 "web scaled to 2 by the executor's pod" replicas_are 2
-  "$KUBECTL" get events --field-selector involvedObject.name=web,reason=TideshiftScaled
+  "${KUBECTL[@]}" get events --field-selector involvedObject.name=web,reason=TideshiftScaled
+}
+
+use_cluster() { # kubectl's and helm's caches and settings in the cluster's state dir
+  KUBECONFIG=$("${CLUSTER[@]}" kubeconfig)
+  local state
+  state=$(dirname "$KUBECONFIG")
+  KUBECTL=("$BIN_DIR/kubectl" --cache-dir "$state/kube-cache")
+  export KUBECONFIG HELM_CACHE_HOME="$state/helm/cache" HELM_CONFIG_HOME="$state/helm/config" \
+    HELM_DATA_HOME="$state/helm/data"
 }
 
 up() {
   "${CLUSTER[@]}" up "$@"
-  KUBECONFIG=$("${CLUSTER[@]}" kubeconfig)
-  export KUBECONFIG
+  use_cluster
   log "helm install: the chart's services as pods"
   install_chart
   scale_demo
@@ -94,8 +101,7 @@ up() {
 }
 
 down() {
-  KUBECONFIG=$("${CLUSTER[@]}" kubeconfig)
-  export KUBECONFIG
+  use_cluster
   if [[ -f "$KUBECONFIG" ]]; then
     "$HELM" uninstall tideshift --wait --timeout 60s >/dev/null 2>&1 || true
   fi

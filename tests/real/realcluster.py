@@ -69,7 +69,13 @@ class RealCluster:
         self, *args: str, stdin: str | None = None, timeout: float = 120.0, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [str(self.kubectl_bin), "--kubeconfig", str(self.kubeconfig), *args],
+            [
+                str(self.kubectl_bin),
+                f"--kubeconfig={self.kubeconfig}",
+                # in the state dir (down removes it), not ~/.kube/cache
+                f"--cache-dir={self.kubeconfig.parent / 'kube-cache'}",
+                *args,
+            ],
             input=stdin,
             capture_output=True,
             text=True,

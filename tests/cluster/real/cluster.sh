@@ -57,7 +57,8 @@ TUNABLES=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops
 STARTED=$SECONDS
 log() { printf '[real/cluster.sh %4ds] %s\n' "$((SECONDS - STARTED))" "$*"; }
 die() { echo "real/cluster.sh: $*" >&2; exit 1; }
-kubectl() { "$BIN_DIR/kubectl" --kubeconfig "$STATE/kubeconfig" "$@"; }
+# Its discovery cache in the state dir, not ~/.kube/cache.
+kubectl() { "$BIN_DIR/kubectl" --kubeconfig "$STATE/kubeconfig" --cache-dir "$STATE/kube-cache" "$@"; }
 
 node_ns() { echo "$PFX-n$1"; }
 node_ip() { echo "$NET.$((10 + $1))"; }
@@ -68,7 +69,9 @@ wait_for() { # seconds description command...
   local seconds=$1 what=$2
   local deadline=$((SECONDS + seconds))
   shift 2
-  until "$@" >/dev/null 2>&1; do
+  # A subshell: a trap (INT/TERM during up) then runs with the script's own stdout/stderr,
+  # not the probe's /dev/null.
+  until ("$@") >/dev/null 2>&1; do
     ((SECONDS < deadline)) || die "timed out after $seconds s waiting for $what"
     sleep 0.5
   done
@@ -526,7 +529,6 @@ up() {
   done
   log "binaries and image archives ready ($((SECONDS - t0)) s)"
   mkdir -p "$STATE/logs"
-  exec {OUT}>&1 {ERR}>&2
   trap 'status=$?; if ((status)); then failed; fi' EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
@@ -555,8 +557,6 @@ up() {
 }
 
 failed() {
-  # The trap may fire inside a command whose output goes to /dev/null (wait_for's probes).
-  exec 1>&"$OUT" 2>&"$ERR"
   echo "real/cluster.sh: up failed; last lines of each log:" >&2
   local f
   for f in "$STATE"/logs/*.log; do
