@@ -184,19 +184,12 @@ def planner_targets(world: WorldShape, *, speed: float) -> dict[str, Any]:
     gib = 2.0**30
     return {
         "serving": [
-            planner_settings.ServingTarget(
+            planner_settings.ServingTarget.of(
+                spec,
                 namespace=serving.namespace,
                 name=serving.name,
                 cpu=serving.cpu,
                 memory=serving.memory_gib * gib,
-                capacity_rps=spec.capacity_rps,
-                target_utilization=spec.target_utilization,
-                min_replicas=spec.min_replicas,
-                max_replicas=spec.max_replicas,
-                lead_time_s=spec.lead_time_seconds,
-                margin_s=spec.margin_seconds,
-                stabilization_s=spec.stabilization_seconds,
-                quantile=spec.quantile,
             )
         ],
         "training": [

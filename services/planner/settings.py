@@ -5,16 +5,13 @@ nothing; imports no service but the planner's pure modules."""
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticUndefined
 
 from tideshift.events import PINS_BUCKET, RISE_HISTORY_BUCKET, SNAPSHOT_BUCKET
-from tideshift.events.models import (
-    DEFAULT_RESTART_COST_S,
-    DEFAULT_SPEEDUP_EXPONENT,
-    MAX_RESTART_COST_S,
-)
+from tideshift.events.models import ServingPolicy, TrainingPolicy
 from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.common.settings import LendingSettings
 from tideshift.services.planner import core as pol
@@ -35,8 +32,61 @@ def _tunable(name: str) -> Any:
     )
 
 
+_Spec = TypeVar("_Spec", bound=BaseModel)
+# Each target field that is a workload spec's -> that spec field (the settings keep their own
+# names, `_s` for seconds and trainers for replicas).
+SERVING_SPEC_NAMES = {
+    "capacity_rps": "capacity_rps",
+    "min_replicas": "min_replicas",
+    "max_replicas": "max_replicas",
+    "lead_time_s": "lead_time_seconds",
+    "margin_s": "margin_seconds",
+    "stabilization_s": "stabilization_seconds",
+    "quantile": "quantile",
+    "target_utilization": "target_utilization",
+}
+TRAINING_SPEC_NAMES = {
+    "min_trainers": "min_replicas",
+    "max_trainers": "max_replicas",
+    "gang_min": "gang_min",
+    "priority": "priority",
+    "weight": "weight",
+    "restart_cost_s": "restart_cost_seconds",
+    "speedup_exponent": "speedup_exponent",
+    "batch": "batch",
+}
+
+
+def _from_spec(spec: type[BaseModel], name: str, **override: Any) -> Any:
+    """A target's field as the workload spec's field `name`: its default, bounds and meaning
+    (a target names some fields its own way; `override` changes what the target needs
+    otherwise, e.g. a default)."""
+    info = spec.model_fields[name]
+    bounds = {
+        key: getattr(constraint, key)
+        for constraint in info.metadata
+        for key in ("gt", "ge", "lt", "le")
+        if hasattr(constraint, key)
+    }
+    return Field(**{"default": info.default, "description": info.description, **bounds, **override})
+
+
+def _serving(field: str, **override: Any) -> Any:
+    return _from_spec(ServingPolicy, SERVING_SPEC_NAMES[field], **override)
+
+
+def _training(field: str, **override: Any) -> Any:
+    return _from_spec(TrainingPolicy, TRAINING_SPEC_NAMES[field], **override)
+
+
+def _spec_of(spec: type[_Spec], target: BaseModel, names: dict[str, str]) -> _Spec:
+    """The spec a target's fields describe (`names`: target field -> spec field)."""
+    return spec.model_validate({names[field]: getattr(target, field) for field in names})
+
+
 class ServingTarget(BaseModel):
-    """A serving workload the planner sizes from its forecast."""
+    """A serving workload the planner sizes from its forecast: the serving workload spec
+    (`ServingPolicy`: its defaults, bounds and meaning) under the settings' names."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -46,38 +96,41 @@ class ServingTarget(BaseModel):
     cpu: float = Field(ge=0, description="per-replica cpu request, cores")
     memory: float = Field(0.0, ge=0, description="per-replica memory request, bytes")
     gpu: int = Field(0, ge=0)
-    capacity_rps: float = Field(gt=0, description="req/s one replica serves at target utilisation")
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(1000, ge=1)
-    lead_time_s: float = Field(60.0, ge=0, description="pod start-up until ready")
-    margin_s: float = Field(60.0, ge=0)
-    stabilization_s: float = Field(300.0, ge=0)
-    quantile: float = Field(pol.DEFAULT_SERVING_QUANTILE, gt=0, lt=1)
-    target_utilization: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="fraction of its cpu request a replica uses while serving capacity_rps; "
-        "batch jobs may borrow the rest (1: nothing of a busy replica is lent)",
-    )
+    capacity_rps: float = _serving("capacity_rps")
+    min_replicas: int = _serving("min_replicas")
+    max_replicas: int = _serving("max_replicas")
+    lead_time_s: float = _serving("lead_time_s")
+    margin_s: float = _serving("margin_s")
+    stabilization_s: float = _serving("stabilization_s")
+    quantile: float = _serving("quantile")
+    target_utilization: float = _serving("target_utilization")
+
+    @model_validator(mode="after")
+    def _a_valid_spec(self) -> ServingTarget:
+        self.spec()  # the spec's own checks (bounds in order)
+        return self
+
+    def spec(self) -> ServingPolicy:
+        return _spec_of(ServingPolicy, self, SERVING_SPEC_NAMES)
+
+    @classmethod
+    def of(cls, spec: ServingPolicy, **target: Any) -> ServingTarget:
+        """The target a spec describes; `target`: its identity and requests."""
+        fields = {field: getattr(spec, name) for field, name in SERVING_SPEC_NAMES.items()}
+        return cls(**target, **fields)
 
     def workload(self) -> pol.ServingWorkload:
-        return pol.ServingWorkload(
-            target=pol.Target(self.namespace, self.kind, self.name),
-            replica_requests=(self.cpu, self.memory, float(self.gpu)),
-            capacity_rps=self.capacity_rps,
-            min_replicas=self.min_replicas,
-            max_replicas=self.max_replicas,
-            lead_time_s=self.lead_time_s,
-            margin_s=self.margin_s,
-            stabilization_s=self.stabilization_s,
-            quantile=self.quantile,
-            target_utilization=self.target_utilization,
+        return pol.ServingWorkload.of(
+            pol.Target(self.namespace, self.kind, self.name),
+            (self.cpu, self.memory, float(self.gpu)),
+            self.spec(),
         )
 
 
 class TrainingTarget(BaseModel):
-    """An elastic training job the planner resizes within [min, max] trainers."""
+    """An elastic training job the planner resizes within [min, max] trainers: the training
+    workload spec (`TrainingPolicy`: its defaults, bounds and meaning) under the settings'
+    names."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -87,50 +140,41 @@ class TrainingTarget(BaseModel):
     cpu: float = Field(ge=0, description="per-trainer cpu request, cores")
     memory: float = Field(0.0, ge=0)
     gpu: int = Field(0, ge=0)
-    min_trainers: int = Field(1, ge=1)
-    max_trainers: int = Field(ge=1)
-    gang_min: int | None = Field(None, ge=1)
-    priority: int = 0
-    weight: float = Field(1.0, gt=0)
+    min_trainers: int = _training("min_trainers")
+    # Required here: a job listed in the settings has no bound of its own to fall back on.
+    max_trainers: int = _training(
+        "max_trainers", default=PydanticUndefined, description="most trainers"
+    )
+    gang_min: int | None = _training("gang_min")
+    priority: int = _training("priority")
+    weight: float = _training("weight")
     companion_markers: tuple[str, ...] = DEFAULT_COMPANION_MARKERS
-    restart_cost_s: float = Field(
-        DEFAULT_RESTART_COST_S,
-        ge=0,
-        le=MAX_RESTART_COST_S,
-        description="seconds without progress each time its trainers change (checkpoint, re-form)",
-    )
-    speedup_exponent: float = Field(
-        DEFAULT_SPEEDUP_EXPONENT, gt=0, le=1, description="throughput grows as trainers ** this"
-    )
-    batch: bool = Field(
-        False,
-        description="trainers request tideshift.io/batch-cpu / batch-memory (cpu, memory: "
-        "what one borrows) and run on serving's idle reservation, shrunk first",
-    )
+    restart_cost_s: float | None = _training("restart_cost_s")
+    speedup_exponent: float | None = _training("speedup_exponent")
+    batch: bool = _training("batch")
 
     @model_validator(mode="after")
-    def _batch_borrows_no_gpu(self) -> TrainingTarget:
+    def _a_valid_spec(self) -> TrainingTarget:
+        self.spec()  # the spec's own checks (bounds in order)
         if self.batch and self.gpu > 0:
             raise ValueError(f"{self.name}: batch: GPUs are not lent, expected gpu 0")
         return self
+
+    def spec(self) -> TrainingPolicy:
+        return _spec_of(TrainingPolicy, self, TRAINING_SPEC_NAMES)
 
     @property
     def target(self) -> pol.Target:
         return pol.Target(self.namespace, self.kind, self.name)
 
     def job(self, submitted_at: float) -> pol.TrainingJob:
-        return pol.TrainingJob(
-            target=self.target,
-            trainer_requests=(self.cpu, self.memory, float(self.gpu)),
+        return pol.TrainingJob.of(
+            self.target,
+            (self.cpu, self.memory, float(self.gpu)),
+            self.spec(),
             min_trainers=self.min_trainers,
             max_trainers=self.max_trainers,
-            gang_min=self.gang_min,
-            priority=self.priority,
-            weight=self.weight,
             submitted_at=submitted_at,
-            batch=self.batch,
-            speedup_exponent=self.speedup_exponent,
-            restart_cost_s=self.restart_cost_s,
         )
 
 

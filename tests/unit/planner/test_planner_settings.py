@@ -10,10 +10,18 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
+from tideshift.events.models import ServingPolicy, TrainingPolicy
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.service import main
-from tideshift.services.planner.settings import PlannerSettings
+from tideshift.services.planner.settings import (
+    SERVING_SPEC_NAMES,
+    TRAINING_SPEC_NAMES,
+    PlannerSettings,
+    ServingTarget,
+    TrainingTarget,
+)
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "tideshift"
 DEFAULTS = pol.PolicyConfig()
@@ -83,3 +91,52 @@ def test_the_chart_documents_every_tunable_with_its_default() -> None:
     for name, default in tunables().items():
         assert values[name] == default, name
         assert properties[name]["description"], name
+
+
+@pytest.mark.parametrize(
+    ("target", "spec", "names"),
+    [
+        (ServingTarget, ServingPolicy, SERVING_SPEC_NAMES),
+        (TrainingTarget, TrainingPolicy, TRAINING_SPEC_NAMES),
+    ],
+)
+def test_a_targets_spec_fields_are_the_workload_specs(
+    target: type[BaseModel], spec: type[BaseModel], names: dict[str, str]
+) -> None:
+    """Defaults, bounds and meaning come from the one workload spec (max_trainers excepted:
+    a listed job has no bound of its own, so it is required)."""
+    for field, spec_field in names.items():
+        mine, theirs = target.model_fields[field], spec.model_fields[spec_field]
+        assert mine.metadata == theirs.metadata, field  # the bounds
+        if field != "max_trainers":
+            assert mine.default == theirs.default, field
+            assert mine.description == theirs.description, field
+
+
+def test_targets_build_through_the_specs() -> None:
+    serving = ServingTarget(
+        namespace="shop", name="web", cpu=0.5, capacity_rps=40, margin_s=30, target_utilization=0.8
+    )
+    assert serving.workload() == pol.ServingWorkload.of(
+        pol.Target("shop", "Deployment", "web"),
+        (0.5, 0.0, 0.0),
+        ServingPolicy(capacity_rps=40, margin_seconds=30, target_utilization=0.8),
+    )
+    training = TrainingTarget(namespace="ml", name="ctr", cpu=4, max_trainers=8, gang_min=2)
+    job = training.job(3.0)
+    assert job == pol.TrainingJob.of(
+        pol.Target("ml", "PyTorchJob", "ctr"),
+        (4.0, 0.0, 0.0),
+        TrainingPolicy(max_replicas=8, gang_min=2),
+        min_trainers=1,
+        max_trainers=8,
+        submitted_at=3.0,
+    )
+    assert (job.restart_cost_s, job.speedup_exponent) == TrainingPolicy().work_model
+
+
+def test_a_target_with_its_bounds_out_of_order_is_refused() -> None:
+    with pytest.raises(ValueError, match="min-replicas 5 above max-replicas 2"):
+        ServingTarget(
+            namespace="shop", name="web", cpu=1, capacity_rps=10, min_replicas=5, max_replicas=2
+        )
