@@ -3,10 +3,11 @@ shape), its labelled serving workloads (their annotations' policy, replaying the
 history from a trace file) and its labelled training jobs (one job each, running throughout).
 
 What the scenario cannot know from the cluster is chosen here and said in the docstring of
-each field below: replicas are sized at 100 % of `capacity-rps` (the annotation's meaning:
-what one replica serves at its target), a replica is ready `lead-time-seconds` after it is
-bound, training jobs run without parameter servers and never finish (their work done is
-compared), and serving keeps the scheduler's priority over training.
+each field below: a replica serves `capacity-rps` at its `target-utilization` (the
+annotation's meaning), so `capacity-rps / target-utilization` at 100 %; a replica is ready
+`lead-time-seconds` after it is bound, training jobs run without parameter servers and never
+finish (their work done is compared), and serving keeps the scheduler's priority over
+training.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from tideshift.events import WorkloadChanged, WorkloadRef
 from tideshift.services.cluster.port import Node
-from tideshift.services.simulator.scenario import Scenario
+from tideshift.services.simulator.scenario import Scenario, ServingSpec
 
 GIB = 2**30
 
@@ -53,14 +54,10 @@ def serving_spec(workload: WorkloadChanged, name: str, replay: Replay) -> dict[s
         "name": name,
         "namespace": workload.workload.namespace,
         "replica": {"cpu": requests.cpu, "memory_gib": requests.memory / GIB, "gpu": requests.gpu},
-        "capacity_rps": policy.capacity_rps,
-        "target_utilization": 1.0,
-        "min_replicas": policy.min_replicas,
-        "max_replicas": max(policy.max_replicas, policy.min_replicas, 1),
+        # The workload spec as it is (margin, target utilisation and all), under the
+        # scenario's names; a replica is ready its lead time after it is bound.
+        **ServingSpec.fields_of(policy),
         "startup_delay_s": policy.lead_time_seconds,
-        "lead_time_s": policy.lead_time_seconds,
-        "stabilization_s": policy.stabilization_seconds,
-        "quantile": policy.quantile,
         "traffic": {"kind": "trace", "path": replay.path, "start_s": replay.start_s},
     }
 

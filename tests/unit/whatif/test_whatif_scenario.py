@@ -76,6 +76,24 @@ def test_nodes_group_by_shape_and_workloads_keep_their_annotations_policy() -> N
     assert scenario.plan_interval_s == 60
 
 
+def test_a_serving_workload_keeps_its_margin_and_target_utilisation() -> None:
+    web = serving("shop", "web", margin_seconds=15, target_utilization=0.8)
+    scenario = build_scenario(
+        name="whatif",
+        nodes=[node("a", 8)],
+        workloads=[web],
+        replays={web.workload: Replay("traces/web.csv", 0.0)},
+        duration_s=3600,
+        step_s=60,
+        history_s=0,
+        model=None,
+    )
+    (spec,) = scenario.serving
+    assert (spec.margin_s, spec.target_utilization) == (15, 0.8)
+    assert spec.capacity_rps == 40 / 0.8  # at 100 %: what the replica serves at its target
+    assert spec.policy() == web.serving  # planned as the labelled workload would be
+
+
 def test_workloads_sharing_a_name_across_namespaces_get_distinct_names() -> None:
     shop, blog = serving("shop", "web"), serving("blog", "web")
     scenario = build_scenario(
