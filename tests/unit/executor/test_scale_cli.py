@@ -24,6 +24,8 @@ def test_durations(text: str, seconds: float) -> None:
         (["deploy/web", "--replicas", "3", "--for", "0m"], "--for: expected a duration > 0"),
         (["deploy/web"], "--replicas: required (or --release)"),
         (["deploy/web", "--release", "--replicas", "2"], "--release: takes no --replicas"),
+        (["deploy/web", "--resume", "--replicas", "2"], "--resume: takes no --replicas"),
+        (["deploy/web", "--resume", "--release"], "--resume: not with --release"),
         (["pod/web", "--replicas", "2"], "unknown kind 'pod'"),
     ],
 )
