@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # finder: they see `tideshift` through this tree of symlinks to events/, services/, loadgen/.
 LINT_ROOT := $(VENV)/lint-root
 
-.PHONY: demo test test-fast docs lint install system-deps k8s-binaries image image-deps image-base
+.PHONY: demo test test-fast test-real docs lint install system-deps k8s-binaries image image-deps image-base
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,7 @@ system-deps:
 k8s-binaries:
 	bash tests/cluster/build.sh
 	bash tests/cluster/build_engines.sh
+	bash tests/cluster/real/build.sh
 
 # The services image, built with podman (which builds the Dockerfile itself) where there is no
 # Docker: `make image`. With Docker: `docker build -t tideshift:dev .`, and for the predictor
@@ -86,8 +87,8 @@ image-base: image-deps
 
 # Layers stay in podman's store: a rebuild after a source change redoes only the app wheel.
 image: $(if $(filter $(LOCAL_BASE),$(BASE_IMAGE)),image-base,image-deps)
-	podman build --quiet $(CA_MOUNT) --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
-	podman build --quiet $(CA_MOUNT) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	podman build --quiet --network=host $(CA_MOUNT) --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
+	podman build --quiet --network=host $(CA_MOUNT) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	  --build-arg EXTRAS=forecast -t $(PREDICTOR_IMAGE) .
 	@podman image ls --filter reference=$(IMAGE) --filter reference=$(PREDICTOR_IMAGE)
 
@@ -113,6 +114,11 @@ test: $(STAMP) system-deps k8s-binaries image
 	$(MAKE) --no-print-directory lint || status=1; \
 	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -ra --ignore=tests/benchmarks || status=1; \
 	exit $$status
+
+# The real-cluster tier alone: real nodes (kubelet, containerd, kube-proxy, CoreDNS) in network
+# namespaces the run creates; `make test` runs it too.
+test-real: $(STAMP) system-deps k8s-binaries image
+	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -ra -m real tests/real
 
 # Unit tests and the services on the in-memory bus with a test clock: minutes, no servers.
 test-fast: $(STAMP)
