@@ -16,8 +16,9 @@ from pydantic import ValidationError
 
 from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.planner.core.baselines import POLICIES
+from tideshift.services.simulator.oracle import ORACLE
 from tideshift.services.simulator.report import format_table, plot, plot_jct
-from tideshift.services.simulator.run import PolicyResult, run_policy
+from tideshift.services.simulator.run import PolicyResult, compare_to_oracle, run_policy
 from tideshift.services.simulator.scenario import (
     MAX_DURATION_S,
     Scenario,
@@ -25,6 +26,9 @@ from tideshift.services.simulator.scenario import (
     load_scenario,
     trace_dir_override,
 )
+
+# The policies `simulate` runs: the planner's registry and the clairvoyant bound (oracle.py).
+SIM_POLICIES = (*POLICIES, ORACLE)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         dest="policies",
         metavar="NAME",
-        help=f"policy to run (repeatable; default all: {', '.join(POLICIES)})",
+        help=f"policy to run (repeatable; default all: {', '.join(SIM_POLICIES)}); the "
+        f"{ORACLE} bound runs with any choice, for the fractions of its figures",
+    )
+    parser.add_argument(
+        "--no-oracle",
+        action="store_true",
+        help=f"do not run the {ORACLE} bound unless asked for with --policy (no fractions)",
     )
     parser.add_argument("--out", type=Path, help="directory for one PNG plot per policy")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -90,15 +100,24 @@ def _plot_jct(
         say(f"job completion time CDF: {path}")
 
 
+def _policies(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The policies to run, in order: those asked for (default all) and the oracle bound
+    unless --no-oracle."""
+    policies = list(dict.fromkeys(args.policies or SIM_POLICIES))
+    for name in policies:
+        if name not in SIM_POLICIES:
+            parser.error(
+                f"--policy: unknown policy {name!r}; expected one of {', '.join(SIM_POLICIES)}"
+            )
+    if ORACLE not in policies and not args.no_oracle:
+        policies.append(ORACLE)
+    return policies
+
+
 def main(argv: Sequence[str]) -> int:
     parser = _parser()
     args = parser.parse_args(list(argv))
-    policies = args.policies or list(POLICIES)
-    for name in policies:
-        if name not in POLICIES:
-            parser.error(
-                f"--policy: unknown policy {name!r}; expected one of {', '.join(POLICIES)}"
-            )
+    policies = _policies(parser, args)
     if args.duration is not None and not 0 < args.duration <= MAX_DURATION_S:
         parser.error(f"--duration: expected seconds > 0 and <= {MAX_DURATION_S:.0f}")
     if args.out is not None:
@@ -129,6 +148,7 @@ def main(argv: Sequence[str]) -> int:
         results.append(result)
         if args.out is not None:
             progress(f"{name}: plot {plot(result, scenario, args.out)}")
+    compare_to_oracle(results)
     _plot_jct(results, scenario, args.out, progress)
     if args.json:
         document = {"policies": {r.name: r.summary() for r in results}}

@@ -38,8 +38,36 @@ def format_table(results: Sequence[PolicyResult]) -> str:
             f"{r.training_share_of_spare:>7.1%} {r.pending_mean_s:>9.1f} {r.pending_p95_s:>9.1f} "
             f"{r.trainer_churn:>6d} {f'{r.jobs_started}/{r.jobs_total}':>9} {r.wall_s:>6.1f}"
         )
-    tables = [_measures_table(results), *_headroom_table(results), *_jobs_table(results)]
+    tables = [
+        _measures_table(results),
+        *_oracle_table(results),
+        *_headroom_table(results),
+        *_jobs_table(results),
+    ]
     return "\n\n".join(["\n".join(lines), *tables])
+
+
+def _oracle_table(results: Sequence[PolicyResult]) -> list[str]:
+    """Each policy's training work, serving replica-hours and churn as fractions of the
+    clairvoyant bound's (`oracle.py`), when it ran."""
+    if not any(r.vs_oracle for r in results):
+        return []
+    header = (
+        f"{'policy':<10} {'work/oracle':>11} {'serve rep-h':>11} {'rep-h/oracle':>12} "
+        f"{'churn/oracle':>12}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        cells = [
+            f"{r.vs_oracle.get(key, float('nan')):>{width}.2f}"
+            for key, width in (
+                ("training_work_vs_oracle", 11),
+                ("serving_replica_hours_vs_oracle", 12),
+                ("churn_vs_oracle", 12),
+            )
+        ]
+        lines.append(f"{r.name:<10} {cells[0]} {r.serving_replica_h:>11.1f} {cells[1]} {cells[2]}")
+    return ["\n".join(lines)]
 
 
 def _headroom_table(results: Sequence[PolicyResult]) -> list[str]:

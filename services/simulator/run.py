@@ -31,6 +31,10 @@ shares):
 * training share of spare: training requests / (allocatable - what serving needs at target
   utilisation for the actual demand - other pods), cpu, time-integrated.
 
+Policies: the planner's registry (`planner/core/baselines.py`) and `oracle`, the clairvoyant
+bound (`oracle.py`: the planner with the true future and no headroom); `compare_to_oracle`
+gives each result its figures as fractions of the oracle's.
+
 Forecasts: `oracle` reads the true future demand; `model` runs the predictor's registry model
 (default `portfolio`) as the predictor service does (`forecasters.py`).
 """
@@ -46,13 +50,14 @@ import numpy as np
 
 from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.cluster.port import WorkloadRef
-from tideshift.services.core.constants import EPS
+from tideshift.services.core.constants import EPS, HOUR_S
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.baselines import Policy, make_policy
 from tideshift.services.simulator.core import measures as msr
 from tideshift.services.simulator.core.training import JobProgress, WorkModel
 from tideshift.services.simulator.forecasters import make_forecaster
 from tideshift.services.simulator.lending import LendingCluster, serving_busy
+from tideshift.services.simulator.oracle import ORACLE, oracle_policy, versus_oracle
 from tideshift.services.simulator.scenario import JobGroup, Scenario
 from tideshift.services.simulator.world import (
     cluster_plan_inputs,
@@ -110,6 +115,14 @@ class PolicyResult:
     weighted_work: float = 0.0
     series: dict[str, Any] = field(default_factory=dict)
     churn_causes: dict[str, int] = field(default_factory=dict)
+    # Serving replicas bound (held) x hours, all serving workloads.
+    serving_replica_h: float = 0.0
+    # This policy's figures as fractions of the oracle's in the same run (`oracle.py`).
+    vs_oracle: dict[str, float] = field(default_factory=dict)
+
+    def figures(self) -> tuple[float, float, float]:
+        """(training work, serving replica-hours, trainer churn): what `vs_oracle` compares."""
+        return (self.training_work, self.serving_replica_h, float(self.trainer_churn))
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -130,6 +143,8 @@ class PolicyResult:
             "over_provisioning": self.over_provisioning,
             "cpu_shares": {k: round(v, 4) for k, v in self.cpu_shares.items()},
             "jobs": msr.job_times(self.job_outcomes, self.end_s),
+            "serving_replica_hours": round(self.serving_replica_h, 2),
+            **{key: round(value, 4) for key, value in self.vs_oracle.items()},
         }
 
 
@@ -148,10 +163,21 @@ class _Run:
             )
             for spec, profile in zip(scenario.serving, profiles, strict=True)
         }
-        self.policy: Policy[Any] = make_policy(name, serving_peak=self.peak)
+        self.serving = tuple(serving_workload(spec) for spec in scenario.serving)
+        self.policy: Policy[Any] = (
+            oracle_policy(
+                self.serving,
+                profiles,
+                [spec.startup_delay_s for spec in scenario.serving],
+                plan_every_s=scenario.plan_interval_s,
+                step_s=scenario.step_s,
+                horizon_s=scenario.forecaster.horizon_s,
+            )
+            if name == ORACLE
+            else make_policy(name, serving_peak=self.peak)
+        )
         self.state = self.policy.initial_state()
         self.forecasters = [make_forecaster(scenario, profile) for profile in profiles]
-        self.serving = tuple(serving_workload(spec) for spec in scenario.serving)
         self.serving_refs = [w.target for w in self.serving]
         self.cluster = self._start_cluster()
         self.arrivals = job_arrivals(scenario)
@@ -161,9 +187,10 @@ class _Run:
         alloc = self.cluster.allocatable_total()
         self.alloc = alloc
         self.alloc_vector = np.array([alloc.cpu, alloc.memory, float(alloc.gpu)])
-        # Only Tideshift lends serving's idle reservation; the baselines run every job on
-        # requests, so the same run shows what overcommit adds.
-        self.lends_batch = name == "tideshift"
+        # Only Tideshift (and its clairvoyant bound) lends serving's idle reservation; the
+        # baselines run every job on requests, so the same run shows what overcommit adds.
+        self.lends_batch = name in ("tideshift", ORACLE)
+        self.serving_replica_s = 0.0
         training = scenario.training
         self.work_model = WorkModel(training.speedup_exponent, training.restart_cost_s)
         self.accounts = msr.Accountant()
@@ -269,10 +296,12 @@ class _Run:
             for spec, demand in zip(self.scenario.serving, demands, strict=True)
         )
         training_cpu = self._progress_jobs(now)
+        serving_bound = [cluster.bound_count(ref) for ref in self.serving_refs]
         serving_cpu = sum(
-            cluster.bound_count(ref) * spec.replica.cpu
-            for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
+            count * spec.replica.cpu
+            for spec, count in zip(self.scenario.serving, serving_bound, strict=True)
         )
+        self.serving_replica_s += sum(serving_bound) * step
         lent_cpu = cluster.lent_cpu() if cluster.batch_use else 0.0
         serving_used = self._serving_used_cpu(demands)
         self.measures.add(
@@ -382,6 +411,7 @@ class _Run:
             ),
             series=self.series,
             churn_causes=dict(self.churn.counts),
+            serving_replica_h=self.serving_replica_s / HOUR_S,
         )
 
 
@@ -402,3 +432,10 @@ def run_policy(
             last_progress = time.perf_counter()
             progress(f"{policy_name}: {now / scenario.duration_s:5.1%} of simulated time")
     return run.result(time.perf_counter() - started_wall)
+
+
+def compare_to_oracle(results: Sequence[PolicyResult]) -> None:
+    """Set each result's `vs_oracle` from the oracle's result among them (none without)."""
+    fractions = versus_oracle({r.name: r.figures() for r in results})
+    for r in results:
+        r.vs_oracle = fractions.get(r.name, {})

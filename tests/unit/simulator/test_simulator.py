@@ -126,7 +126,8 @@ def test_simulate_json_has_exactly_the_documented_keys(
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"policies"}
-    assert set(result["policies"]) == {"tideshift", "hpa"}
+    # The clairvoyant bound runs beside any choice, for the fractions of its figures.
+    assert set(result["policies"]) == {"tideshift", "hpa", "oracle"}
     for metrics in result["policies"].values():
         assert set(metrics) == {
             "utilization",
@@ -146,6 +147,10 @@ def test_simulate_json_has_exactly_the_documented_keys(
             "over_provisioning",
             "cpu_shares",
             "jobs",
+            "serving_replica_hours",
+            "training_work_vs_oracle",
+            "serving_replica_hours_vs_oracle",
+            "churn_vs_oracle",
         }
         assert set(metrics["over_provisioning"]) == {"web"}
         assert set(metrics["cpu_shares"]) == {"training", "serving_reserved", "serving_used"}
@@ -158,6 +163,7 @@ def test_simulate_json_has_exactly_the_documented_keys(
         assert metrics["serving_starved_minutes"] == 0
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "small-hpa.png",
+        "small-oracle.png",
         "small-tideshift.png",
     ]
     tideshift = result["policies"]["tideshift"]
