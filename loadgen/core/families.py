@@ -156,6 +156,70 @@ def _steep_daily(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     return result
 
 
+def _jittered_spikes(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A mild day curve plus short spikes (3-8x) at Poisson times: no schedule to learn."""
+    rate = _daily_shape(t, rng, ratio=(1.2, 2.0))
+    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    for _ in range(int(rng.poisson(rng.uniform(8.0, 20.0) * span / DAY_S))):
+        start = t[0] + rng.uniform(0.0, span)
+        inside = (t >= start) & (t < start + rng.uniform(60.0, 900.0))
+        rate = np.where(inside, rate * rng.uniform(3.0, 8.0), rate)
+    return rate
+
+
+def _drifting_schedule(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """Spikes on a schedule whose period drifts (each gap 0.85-1.15x the last, within
+    1-4 h): a recurrence fitted on the past lands further off each time."""
+    rate = _daily_shape(t, rng, ratio=(1.2, 2.0))
+    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    period = rng.uniform(HOUR_S, 3 * HOUR_S)
+    start = t[0] + rng.uniform(0.0, period)
+    while start < t[0] + span:
+        inside = (t >= start) & (t < start + rng.uniform(120.0, 600.0))
+        rate = np.where(inside, rate * rng.uniform(3.0, 6.0), rate)
+        period = float(np.clip(period * rng.uniform(0.85, 1.15), HOUR_S, 4 * HOUR_S))
+        start += period
+    return rate
+
+
+def _noise_bursts(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A day curve, calm most of the time, with episodes of 20-90 min of heavy noise
+    (log-normal, sigma 0.5-1) a few times a day."""
+    rate = _daily_shape(t, rng, ratio=(1.5, 3.0))
+    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    sigma = np.zeros(t.shape[0])
+    for _ in range(int(rng.poisson(4.0 * span / DAY_S))):
+        start = t[0] + rng.uniform(0.0, span)
+        inside = (t >= start) & (t < start + rng.uniform(1200.0, 5400.0))
+        sigma = np.where(inside, rng.uniform(0.5, 1.0), sigma)
+    noise = np.exp(rng.normal(0.0, 1.0, t.shape[0]) * sigma - sigma**2 / 2)
+    result: FloatArray = rate * noise
+    return result
+
+
+def _step_changes(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A flat level that steps (0.4x-2.5x) a few times a day, with no daily cycle."""
+    rate = np.ones(t.shape[0])
+    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    for _ in range(int(rng.poisson(3.0 * span / DAY_S))):
+        at = t[0] + rng.uniform(0.0, span)
+        rate = rate * np.where(t >= at, math.exp(rng.uniform(-0.9, 0.9)), 1.0)
+    result: FloatArray = rate / float(np.mean(rate))
+    return result
+
+
+def _missing_data(t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """A daily curve with gaps of 10-120 min at zero, a few a day: a collector outage as a
+    counting trace records it (no rows counted; NASA's log ends that way), so the planner
+    sees demand vanish and come back at its level."""
+    rate = _daily_shape(t, rng, ratio=(2.0, 5.0))
+    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    for _ in range(int(rng.poisson(2.0 * span / DAY_S))):
+        start = t[0] + rng.uniform(0.0, span)
+        rate = np.where((t >= start) & (t < start + rng.uniform(600.0, 7200.0)), 0.0, rate)
+    return rate
+
+
 @dataclass(frozen=True)
 class _Family:
     shape: Callable[[FloatArray, np.random.Generator], FloatArray]
@@ -164,21 +228,52 @@ class _Family:
     # Extra-Poisson noise: the count is Poisson(rate * Gamma(k, 1/k)); None = plain Poisson.
     gamma_shape: float | None
     summary: str
+    # Whether Tideshift's serving rules were tuned on this family's scenarios (issue 26's
+    # shipped families) or it is held out, for out-of-sample evaluation only (issue 39).
+    tuned: bool = False
 
 
 FAMILIES: dict[str, _Family] = {
     "daily_drift": _Family(_daily_drift, (200, 5000), None, "daily cycle, growth or decline"),
     "weekly": _Family(_weekly, (200, 5000), None, "daily and weekly cycles with drift"),
-    "flash_crowds": _Family(_flash_crowds, (100, 2000), None, "surges of random size and time"),
+    "flash_crowds": _Family(
+        _flash_crowds, (100, 2000), None, "surges of random size and time", tuned=True
+    ),
     "bursty_low": _Family(_bursty, (1, 10), 2.0, "bursty noise at a few requests a minute"),
     "bursty_high": _Family(_bursty, (5000, 50000), 20.0, "bursty noise at high counts"),
     "level_shifts": _Family(_level_shifts, (200, 5000), None, "the level steps up or down"),
     "holidays": _Family(_holidays, (200, 5000), None, "weekly cycle with quiet holidays"),
     "periodic_spikes": _Family(
-        _periodic_spikes, (100, 2000), None, "spikes of a few minutes at 3-6x every 1-3 h"
+        _periodic_spikes,
+        (100, 2000),
+        None,
+        "spikes of a few minutes at 3-6x every 1-3 h",
+        tuned=True,
     ),
-    "steep_daily": _Family(_steep_daily, (200, 5000), None, "noisy, with a steep daily peak"),
+    "steep_daily": _Family(
+        _steep_daily, (200, 5000), None, "noisy, with a steep daily peak", tuned=True
+    ),
+    "jittered_spikes": _Family(
+        _jittered_spikes, (100, 2000), None, "short 3-8x spikes at random times, no schedule"
+    ),
+    "drifting_schedule": _Family(
+        _drifting_schedule, (100, 2000), None, "spikes on a schedule whose period drifts"
+    ),
+    "noise_bursts": _Family(
+        _noise_bursts, (200, 5000), None, "calm day curve with episodes of heavy noise"
+    ),
+    "step_changes": _Family(
+        _step_changes, (200, 5000), None, "flat level stepping 0.4-2.5x, no daily cycle"
+    ),
+    "missing_data": _Family(
+        _missing_data, (200, 5000), None, "daily curve with gaps of zero counts (outages)"
+    ),
 }
+
+
+def held_out() -> list[str]:
+    """The families no serving rule was tuned on (out-of-sample evaluation)."""
+    return [name for name, family in FAMILIES.items() if not family.tuned]
 
 
 def family_names() -> list[str]:

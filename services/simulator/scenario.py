@@ -4,6 +4,7 @@ A scenario (YAML), all times in simulated seconds, memory in GiB:
 
 ```yaml
 name: day-night                # free text
+evaluation: tuned              # or held-out: kept out of tuning (the goals benchmark's split)
 duration_s: 86400              # simulated time
 step_s: 5                      # cluster step; metrics integrate over it
 plan_interval_s: 10            # how often `tideshift` plans (baselines keep their own cadence)
@@ -391,6 +392,9 @@ class ForecasterSpec(_Model):
 class Scenario(_Model):
     name: str = "scenario"
     description: str = ""
+    # Whether the planner's serving rules were tuned on this scenario ("tuned") or it is kept
+    # for out-of-sample evaluation ("held-out"); the goals benchmark reports them apart.
+    evaluation: Literal["tuned", "held-out"] = "tuned"
     duration_s: float = Field(gt=0, le=MAX_DURATION_S)
     step_s: float = Field(5.0, ge=MIN_STEP_S)
     plan_interval_s: float = Field(10.0, gt=0)

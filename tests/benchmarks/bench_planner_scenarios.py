@@ -7,7 +7,15 @@ finite job stream among them) x every policy, in one run, and issue 26's goals p
 * trainer churn <= edl's;
 * over-provisioning (mean ready capacity / demand, worst serving workload) <= 1.5;
 * with finite jobs (`work:`): mean JCT <= edl's and >= 1.5x shorter than static's (Lyra's
-  1.48x), mean queueing likewise (unfinished jobs count up to the end of the run).
+  1.48x), mean queueing likewise (unfinished jobs count up to the end of the run);
+* against the clairvoyant bound (issue 39, `services/simulator/oracle.py`, run beside the
+  others): training work >= 0.90 of the oracle's, trainer churn <= 1.2x the oracle's.
+
+At the end, per scenario, tuned and held-out apart (each scenario's `evaluation:`; the
+held-out ones are `heldout-*.yaml`): tideshift's shortfall minutes, work / oracle, churn /
+oracle and serving replica-hours / oracle's (the over-provisioning against the reachable
+minimum: the oracle holds exactly what the demand needs in whole replicas, never short), with
+EDL-like's work and churn / oracle beside them.
 
 `--sweep Q1,Q2,...` also runs tideshift at each headroom quantile (every serving workload's
 `quantile` and the priced rise's, `rise_quantile`) on each scenario, prints shortfall minutes,
@@ -16,6 +24,8 @@ DIR/<scenario>-quantile-sweep.png (needs --out): the trade-off curve, not a poin
 
 Run: .venv/bin/python tests/benchmarks/bench_planner_scenarios.py [--out DIR] [--only NAME]
      [--duration S] [--sweep 0.9,0.95,0.98,0.99,0.995] [--jobs N]
+Full run (every scenario, two days each, all policies and the oracle: hours on two cores):
+     nice .venv/bin/python tests/benchmarks/bench_planner_scenarios.py --jobs 2
 Runtime: about 1 ms per simulated step per policy on a quiet core, so a two-day scenario at
 10 s steps is about 20 s per policy quiet and several minutes on a loaded machine; all
 scenarios x 4 policies is tens of minutes (it prints each scenario's and its own wall time).
@@ -40,13 +50,17 @@ from tideshift.services.planner.core import Decision, PlanInputs, PlanState
 from tideshift.services.planner.core.baselines import POLICIES, TideshiftPolicy
 from tideshift.services.simulator.cli import load_profiles
 from tideshift.services.simulator.core import measures as msr
+from tideshift.services.simulator.oracle import ORACLE
 from tideshift.services.simulator.report import format_table, plot, plot_jct, save_figure
-from tideshift.services.simulator.run import PolicyResult, run_policy
+from tideshift.services.simulator.run import PolicyResult, compare_to_oracle, run_policy
 from tideshift.services.simulator.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "loadgen" / "scenarios"
 NAMES = tuple(sorted(path.stem for path in SCENARIOS.glob("*.yaml")))
 LYRA_RATIO = 1.5
+# The policies run on each scenario: the registry's and the clairvoyant bound.
+BENCH_POLICIES = (*POLICIES, ORACLE)
+ORACLE_WORK, ORACLE_CHURN = 0.90, 1.2
 
 
 def _verdict(met: bool) -> str:
@@ -74,6 +88,13 @@ def goals(results: dict[str, PolicyResult]) -> list[tuple[str, str, bool]]:
         ),
         ("over-provisioning <= 1.5", over, max(means, default=0.0) <= 1.5),
     ]
+    if ours.vs_oracle:
+        work = ours.vs_oracle["training_work_vs_oracle"]
+        churn = ours.vs_oracle["churn_vs_oracle"]
+        rows += [
+            (f"work >= {ORACLE_WORK:.2f} oracle", f"{work:.3f}", work >= ORACLE_WORK),
+            (f"churn <= {ORACLE_CHURN:.1f}x oracle", f"{churn:.2f}", churn <= ORACLE_CHURN),
+        ]
     if any(o.finished_at is not None for r in results.values() for o in r.job_outcomes):
         for key, label in (("jct_s", "mean JCT"), ("queueing_s", "mean queueing")):
             mine, theirs, base = (
@@ -193,6 +214,31 @@ def report(
     return rows
 
 
+def oracle_table(versus: dict[str, dict[str, PolicyResult]], duration: float | None) -> str:
+    """Per scenario, tuned and held-out apart: tideshift's shortfall and its figures against
+    the oracle's, EDL-like's beside them."""
+    header = (
+        f"{'scenario':<28} {'short min':>9} {'work/oracle':>11} {'churn/oracle':>12} "
+        f"{'rep-h/oracle':>12} {'edl work/or':>11} {'edl churn/or':>12} {'oracle short':>12}"
+    )
+    lines = ["\n## tideshift against the oracle bound, per scenario"]
+    for kind in ("tuned", "held-out"):
+        names = [n for n in sorted(versus) if _scenario(n, duration)[0].evaluation == kind]
+        lines += [f"\n### {kind}", header, "-" * len(header)]
+        for name in names:
+            ours, edl = versus[name]["tideshift"], versus[name]["edl"]
+            oracle = versus[name][ORACLE]
+            lines.append(
+                f"{name:<28} {ours.shortfall_minutes:>9d} "
+                f"{ours.vs_oracle['training_work_vs_oracle']:>11.3f} "
+                f"{ours.vs_oracle['churn_vs_oracle']:>12.2f} "
+                f"{ours.vs_oracle['serving_replica_hours_vs_oracle']:>12.2f} "
+                f"{edl.vs_oracle['training_work_vs_oracle']:>11.3f} "
+                f"{edl.vs_oracle['churn_vs_oracle']:>12.2f} {oracle.shortfall_minutes:>12d}"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] = ()) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, help="also write the PNG plots here")
@@ -207,19 +253,22 @@ def main(argv: Sequence[str] = ()) -> int:
     names = args.only or NAMES
     # The shortest scenarios first: a run cut short has shown the most scenarios.
     tasks = sorted(
-        ((name, policy) for name in names for policy in POLICIES),
+        ((name, policy) for name in names for policy in BENCH_POLICIES),
         key=lambda task: load_scenario(SCENARIOS / f"{task[0]}.yaml").duration_s,
     )
     summary = {}
+    versus: dict[str, dict[str, PolicyResult]] = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         runs = {pool.submit(run_one, *task, args.duration, args.out): task for task in tasks}
         done: dict[str, dict[str, PolicyResult]] = {name: {} for name in names}
         for finished in as_completed(runs):  # each scenario printed once its runs are done
             name, policy = runs[finished]
             done[name][policy] = finished.result()
-            if len(done[name]) == len(POLICIES):
-                results = {policy: done[name][policy] for policy in POLICIES}
+            if len(done[name]) == len(BENCH_POLICIES):
+                results = {policy: done[name][policy] for policy in BENCH_POLICIES}
+                compare_to_oracle(list(results.values()))
                 summary[name] = report(name, results, args.duration, args.out)
+                versus[name] = results
     quantiles = [float(q) for q in args.sweep.split(",")] if args.sweep else []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for name in names if quantiles else ():
@@ -230,6 +279,7 @@ def main(argv: Sequence[str] = ()) -> int:
     for name in names:
         for goal, numbers, met in summary[name]:
             print(f"{name:<24} {goal:<40} {numbers:<45} {_verdict(met)}")
+    print(oracle_table(versus, args.duration))
     print(f"\nbenchmark runtime: {time.perf_counter() - started:.0f} s wall")
     return 0
 
