@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tideshift.loadgen.core import families
 from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.simulator import cli as simulate
 from tideshift.services.simulator.cli import load_profiles
 from tideshift.services.simulator.oracle import ORACLE, TruthForecaster, ratio
 from tideshift.services.simulator.run import compare_to_oracle, run_policy
-from tideshift.services.simulator.scenario import Scenario, parse_scenario
+from tideshift.services.simulator.scenario import Scenario, load_scenario, parse_scenario
 
 BASE = """
 name: {name}
@@ -117,3 +118,18 @@ def test_truth_forecaster_reads_the_future_at_every_step() -> None:
     (truth,) = values
     assert truth[0] == profiles[0].rate(890.0) and truth[1] == profiles[0].rate(900.0)
     assert ratio(0.0, 0.0) == 1.0 and ratio(2.0, 4.0) == 0.5
+
+
+def test_held_out_scenarios_and_families_are_marked() -> None:
+    shipped = Path(__file__).resolve().parents[3] / "loadgen" / "scenarios"
+    marks = {path.stem: load_scenario(path).evaluation for path in shipped.glob("*.yaml")}
+    held = {name for name, mark in marks.items() if mark == "held-out"}
+    assert held == {name for name in marks if name.startswith("heldout-")}
+    assert len(held) >= 7 and "family-periodic-spikes" not in held
+    assert {"jittered_spikes", "drifting_schedule", "noise_bursts", "missing_data"} <= set(
+        families.held_out()
+    )
+    assert "periodic_spikes" not in families.held_out()
+    for name in families.held_out():
+        series = families.generate(name, seed=1, duration_s=2 * 86_400.0, interval_s=60.0)
+        assert series.counts.shape == (2 * 1440,) and float(series.counts.max()) > 0
