@@ -16,7 +16,13 @@ from datetime import UTC, datetime
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from tideshift.events.models import DemandObserved, ForecastIssued, ForecastPoint, WorkloadRef
+from tideshift.events.models import (
+    QUANTILE_LEVELS,
+    DemandObserved,
+    ForecastIssued,
+    ForecastPoint,
+    WorkloadRef,
+)
 from tideshift.services.common.clock import Clock
 from tideshift.services.predictor.core.forecasting import WorkloadModel
 from tideshift.services.predictor.core.models import Forecast
@@ -204,13 +210,10 @@ class WorkloadForecaster:
 
 def _points(forecast: Forecast) -> tuple[ForecastPoint, ...]:
     return tuple(
-        ForecastPoint(
-            at=datetime.fromtimestamp(float(at), tz=UTC),
-            point=float(forecast.point[index]),
-            q50=float(forecast.quantiles[0.5][index]),
-            q90=float(forecast.quantiles[0.9][index]),
-            q95=float(forecast.quantiles[0.95][index]),
-            q99=float(forecast.quantiles[0.99][index]),
+        ForecastPoint.of(
+            datetime.fromtimestamp(float(at), tz=UTC),
+            float(forecast.point[index]),
+            {level: float(forecast.quantiles[level][index]) for level in QUANTILE_LEVELS},
         )
         for index, at in enumerate(forecast.timestamps)
     )

@@ -20,6 +20,7 @@ from tideshift.events import (
     ScaleResult,
     WorkloadChanged,
 )
+from tideshift.events.models import QUANTILE_LEVELS
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.inputs import ClusterTable, plan_inputs
 from tideshift.services.planner.core.targets import TargetBook, Targets
@@ -121,15 +122,11 @@ class PlanTrigger:
 def forecast_of(event: ForecastIssued) -> pol.Forecast:
     """The policy's view of a forecast event."""
     times = tuple(point.at.timestamp() for point in event.points)
+    per_point = [point.quantiles() for point in event.points]
     return pol.Forecast(
         issued_at=event.issued_at.timestamp(),
         times=times,
-        quantiles={
-            0.5: tuple(p.q50 for p in event.points),
-            0.9: tuple(p.q90 for p in event.points),
-            0.95: tuple(p.q95 for p in event.points),
-            0.99: tuple(p.q99 for p in event.points),
-        },
+        quantiles={level: tuple(q[level] for q in per_point) for level in QUANTILE_LEVELS},
     )
 
 

@@ -1,6 +1,7 @@
 """Forecasting models: decide expected demand and its quantiles. No I/O, clocks or asyncio."""
 
-from tideshift.services.predictor.core.models.base import QUANTILE_LEVELS, Forecast, Forecaster
+from tideshift.events.models import QUANTILE_LEVELS
+from tideshift.services.predictor.core.models.base import Forecast, Forecaster
 from tideshift.services.predictor.core.models.registry import (
     DEFAULT_MODEL,
     MODELS,

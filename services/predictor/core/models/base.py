@@ -19,9 +19,6 @@ FloatArray = NDArray[np.float64]
 # workload's memory; float32's 7 digits are far finer than any error's noise.
 StoredArray = NDArray[np.float32]
 
-# Quantile levels every forecast carries; the planner reads q0.95 by default.
-QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
-
 SECONDS_PER_DAY = 86_400.0
 SECONDS_PER_WEEK = 7 * SECONDS_PER_DAY
 

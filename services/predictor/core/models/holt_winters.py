@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy.stats import norm
 from statsmodels.tsa.holtwinters import ExponentialSmoothing
 
+from tideshift.events.models import QUANTILE_LEVELS
 from tideshift.services.predictor.core.models.base import (
-    QUANTILE_LEVELS,
     SECONDS_PER_DAY,
     FloatArray,
     Forecast,

@@ -18,8 +18,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict, Field
 
+from tideshift.events.models import QUANTILE_LEVELS
 from tideshift.services.predictor.core.models.base import (
-    QUANTILE_LEVELS,
     SECONDS_PER_DAY,
     FloatArray,
     Forecast,

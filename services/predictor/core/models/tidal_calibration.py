@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.signal import lfilter
 
-from tideshift.services.predictor.core.models.base import QUANTILE_LEVELS, FloatArray, StoredArray
+from tideshift.events.models import QUANTILE_LEVELS
+from tideshift.services.predictor.core.models.base import FloatArray, StoredArray
 
 NDIntArray = np.ndarray[tuple[int], np.dtype[np.int64]]
 NDBoolArray = np.ndarray[tuple[int], np.dtype[np.bool_]]
