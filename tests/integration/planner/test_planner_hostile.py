@@ -150,7 +150,9 @@ async def test_a_target_the_policy_cannot_plan_is_skipped_and_the_others_planned
 ) -> None:
     commands, plans = commands_and_plans
     good = ServingTarget(namespace=long_ns, name="good", cpu=1.0, capacity_rps=100.0)
-    bad = ServingTarget(namespace=long_ns, name="bad", cpu=1.0, capacity_rps=5e-324)
+    # settings now refuse such a rate; a target that still gets one (model_copy skips validation)
+    # must be skipped by the planning loop, not stop it
+    bad = good.model_copy(update={"name": "bad", "capacity_rps": 5e-324})
     settings = settings_for(unique, serving=[good, bad], training=[])
     await bus.publish(NODE_CHANGED.at(name=f"n-{unique}"), node(f"n-{unique}", 16.0))
     async with running(bus, settings, f"a-{unique}") as planner:
