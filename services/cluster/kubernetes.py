@@ -46,6 +46,7 @@ from tideshift.services.cluster.core.conversions import (
     pod_from_object,
     workload_from_object,
 )
+from tideshift.services.cluster.core.kinds import MAY_BE_UNGRANTED
 from tideshift.services.cluster.informer import (
     Informer,
     InformerGroup,
@@ -241,9 +242,10 @@ class KubernetesClusterPort:
             try:
                 informer.relist("list")
             except ApiException as error:
-                if error.status != 404:
+                ungranted = error.status == 403 and informer.resource in MAY_BE_UNGRANTED
+                if error.status != 404 and not ungranted:
                     raise
-                log.info("%s is not served by this cluster: not watched", informer.resource)
+                log.info("%s is not served or granted here: not watched", informer.resource)
             listed.extend(informer.cache.values())
         return listed
 

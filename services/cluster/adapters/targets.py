@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, JsonObject, KubeHttp
-from tideshift.services.cluster.core.kinds import PYTORCH_JOB, VOLCANO_JOB
+from tideshift.services.cluster.core.engines import kueue_hold, workers_to_delete
+from tideshift.services.cluster.core.kinds import PYTORCH_JOB, RAY_CLUSTER, VOLCANO_JOB
 from tideshift.services.cluster.port import ROLE_LABEL, ScaleState, UnsupportedTarget, WorkloadRef
 
 log = logging.getLogger("tideshift.cluster.adapters")
@@ -26,6 +27,7 @@ log = logging.getLogger("tideshift.cluster.adapters")
 MIN_REPLICAS_ANNOTATION = "tideshift.io/min-replicas"
 MAX_REPLICAS_ANNOTATION = "tideshift.io/max-replicas"
 SCALE_TASK_ANNOTATION = "tideshift.io/scale-task"  # Volcano: which task's replicas to scale
+SCALE_GROUP_ANNOTATION = "tideshift.io/scale-group"  # RayCluster: which worker group to scale
 DEFAULT_VOLCANO_TASK = "worker"
 
 
@@ -103,6 +105,9 @@ class TargetAdapter:
 
     def read(self, http: KubeHttp, target: WorkloadRef) -> Observed:
         obj = http.get(self.path(target))
+        hold = kueue_hold(obj)
+        if hold is not None:
+            raise UnsupportedTarget(hold)
         metadata = obj.get("metadata") or {}
         role = (metadata.get("labels") or {}).get(ROLE_LABEL)
         state = replace(self.observe(target, obj), role=role if isinstance(role, str) else None)
@@ -289,6 +294,95 @@ class PyTorchJobAdapter(TargetAdapter):
         return {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": replicas}}}}
 
 
+class RayClusterAdapter(TargetAdapter):
+    """KubeRay `ray.io/v1` RayCluster: one worker group's `replicas` within its own
+    `minReplicas`/`maxReplicas`.
+
+    The group is named by the annotation `tideshift.io/scale-group`, else the only group.
+    Shrinking, Tideshift names the workers that go (`scaleStrategy.workersToDelete`): those
+    not running first, then the youngest; KubeRay deletes exactly those.
+    """
+
+    kind = RAY_CLUSTER
+    api_prefix = "/apis/ray.io/v1"
+    plural = "rayclusters"
+
+    @staticmethod
+    def group_index(obj: JsonObject) -> int:
+        groups = (obj.get("spec") or {}).get("workerGroupSpecs") or []
+        names = [str(group.get("groupName", "")) for group in groups]
+        wanted = ((obj.get("metadata") or {}).get("annotations") or {}).get(SCALE_GROUP_ANNOTATION)
+        if wanted is not None:
+            if wanted not in names:
+                raise UnsupportedTarget(
+                    f"{SCALE_GROUP_ANNOTATION}={wanted!r} names no worker group (groups: {names})"
+                )
+            return names.index(wanted)
+        if len(names) == 1:
+            return 0
+        raise UnsupportedTarget(
+            f"RayCluster has worker groups {names}: name the one to scale with "
+            f"{SCALE_GROUP_ANNOTATION}"
+        )
+
+    def _group(self, obj: JsonObject) -> JsonObject:
+        group: JsonObject = ((obj.get("spec") or {}).get("workerGroupSpecs") or [])[
+            self.group_index(obj)
+        ]
+        return group
+
+    def observe(self, target: WorkloadRef, obj: JsonObject) -> ScaleState:
+        group = self._group(obj)
+        own_min = int(group.get("minReplicas") or 0)
+        low, high = combine_bounds(own_min, _int_or_none(group.get("maxReplicas")), obj)
+        name = group.get("groupName")
+        statuses = (obj.get("status") or {}).get("workerGroupStatuses") or {}
+        ready = (obj.get("status") or {}).get("readyWorkerReplicas")
+        if isinstance(statuses, dict) and name in statuses:
+            ready = (statuses[name] or {}).get("readyReplicas", ready)
+        return ScaleState(
+            target=target,
+            replicas=int(group.get("replicas", 0)),
+            ready_replicas=int(ready or 0),
+            min_replicas=low,
+            max_replicas=high,
+        )
+
+    def pod_spec(self, obj: JsonObject) -> JsonObject:
+        return (self._group(obj).get("template") or {}).get("spec") or {}
+
+    def scaled(self, obj: JsonObject, replicas: int) -> JsonObject:
+        return self.scaled_deleting(obj, replicas, [])
+
+    def scaled_deleting(self, obj: JsonObject, replicas: int, victims: list[str]) -> JsonObject:
+        # A merge patch replaces lists whole: send every group, with this one changed.
+        groups = [dict(group) for group in (obj.get("spec") or {}).get("workerGroupSpecs") or []]
+        index = self.group_index(obj)
+        groups[index]["replicas"] = replicas
+        strategy = dict(groups[index].get("scaleStrategy") or {})
+        strategy["workersToDelete"] = victims
+        groups[index]["scaleStrategy"] = strategy
+        return {"spec": {"workerGroupSpecs": groups}}
+
+    def write(self, http: KubeHttp, target: WorkloadRef, observed: Observed, replicas: int) -> None:
+        victims: list[str] = []
+        if replicas < observed.state.replicas:
+            group = str(self._group(observed.obj).get("groupName", ""))
+            selector = f"ray.io/cluster={target.name},ray.io/group={group}"
+            listed = http.get(
+                f"/api/v1/namespaces/{target.namespace}/pods", query=[("labelSelector", selector)]
+            )
+            live = [
+                pod
+                for pod in listed.get("items") or []
+                if not (pod.get("metadata") or {}).get("deletionTimestamp")
+            ]
+            victims = workers_to_delete(live, replicas)
+        patch = self.scaled_deleting(observed.obj, replicas, victims)
+        patch["metadata"] = {"resourceVersion": observed.resource_version}
+        http.json("PATCH", self.path(target), body=patch, content_type=MERGE_PATCH)
+
+
 def default_adapters() -> dict[str, TargetAdapter]:
     """The registry: qualified kind -> adapter. Explicit, no import-time registration."""
     adapters: list[TargetAdapter] = [
@@ -297,5 +391,6 @@ def default_adapters() -> dict[str, TargetAdapter]:
         BatchJobAdapter(),
         VolcanoJobAdapter(),
         PyTorchJobAdapter(),
+        RayClusterAdapter(),
     ]
     return {adapter.kind: adapter for adapter in adapters}

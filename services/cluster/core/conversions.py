@@ -21,6 +21,7 @@ from datetime import datetime
 from decimal import Decimal, DecimalException, InvalidOperation
 from typing import Any, Protocol, TypeVar, cast
 
+from tideshift.services.cluster.core.engines import kueue_hold
 from tideshift.services.cluster.core.kinds import PYTORCH_JOB, VOLCANO_JOB, qualified_kind
 from tideshift.services.cluster.core.overcommit import BATCH_CPU, BATCH_MEMORY
 from tideshift.services.cluster.port import (
@@ -250,6 +251,9 @@ def workload_from_object(adapter: ScaleShape, obj: dict[str, Any]) -> Workload:
     annotations = tuple(sorted((metadata.get("annotations") or {}).items()))
     uid, version = str(metadata.get("uid", "")), str(metadata.get("resourceVersion", ""))
     try:
+        hold = kueue_hold(obj)
+        if hold is not None:
+            raise UnsupportedTarget(hold)
         state = adapter.observe(ref, obj)
         pod_spec = adapter.pod_spec(obj)
         requests, batch_requests = pod_requests(pod_spec), pod_batch_requests(pod_spec)

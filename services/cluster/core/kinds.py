@@ -6,6 +6,7 @@ from __future__ import annotations
 
 VOLCANO_JOB = "Job.batch.volcano.sh"
 PYTORCH_JOB = "PyTorchJob.kubeflow.org"
+RAY_CLUSTER = "RayCluster.ray.io"
 
 # The served version used for each group-qualified kind Tideshift reads or scales.
 API_VERSION: dict[str, str] = {
@@ -14,7 +15,12 @@ API_VERSION: dict[str, str] = {
     "Job.batch": "batch/v1",
     VOLCANO_JOB: "batch.volcano.sh/v1alpha1",
     PYTORCH_JOB: "kubeflow.org/v1",
+    RAY_CLUSTER: "ray.io/v1",
 }
+
+# Kinds a service's role may not grant (the chart's roles do not name them yet): a 403 on
+# listing them is read like a 404, the kind is not watched, instead of failing the listing.
+MAY_BE_UNGRANTED: frozenset[str] = frozenset({RAY_CLUSTER})
 
 # Names accepted on the command line (case-insensitive), kubectl's short names included.
 ALIASES: dict[str, str] = {
@@ -32,6 +38,9 @@ ALIASES: dict[str, str] = {
     "pytorchjob": PYTORCH_JOB,
     "pytorchjobs": PYTORCH_JOB,
     "pytorchjob.kubeflow.org": PYTORCH_JOB,
+    "raycluster": RAY_CLUSTER,
+    "rayclusters": RAY_CLUSTER,
+    "raycluster.ray.io": RAY_CLUSTER,
     "vcjob": VOLCANO_JOB,
     "vcjobs": VOLCANO_JOB,
     "vj": VOLCANO_JOB,
