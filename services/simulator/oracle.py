@@ -12,9 +12,12 @@ What it knows and does, per plan:
   ends, so serving is never short (shortfall 0 by construction, `tests/unit/simulator/
   test_oracle.py`);
 * no headroom: the rises the planner learns from observed demand are forgotten before every
-  plan (no priced rise, no panic window), scale-down is not held by a stabilisation window or
-  the release horizon; the replicas are whole, at the workload's target utilisation, within
-  its min and max replicas;
+  plan (no priced rise, no panic window) and scale-down is not held by a stabilisation
+  window; the replicas are whole, at the workload's target utilisation, within its min and
+  max replicas. One rule stays, because it is a payback, not a margin: serving releases room
+  only when the true demand does not come back for it within the release horizon
+  (`release_horizon_s`, the horizon trainers' growth must pay its restart over), since room
+  released and taken back minutes later costs trainers two restarts and buys nothing;
 * training gets the rest through the planner's own decisions (services/planner/core/: tiers,
   weighted dominant-resource fair shares, gangs, placement, the restart payback that decides
   whether moving trainers pays, batch trainers on serving's idle reservation), which read the
@@ -105,7 +108,6 @@ class OraclePolicy:
             forecasts={
                 target: forecaster.forecast(now) for target, forecaster in self.forecasters.items()
             },
-            config=replace(inputs.config, release_horizon_s=0.0),
         )
         # No learned rise, no panic window: the future is known, so no margin is priced.
         clean = replace(state, serving_misses={})

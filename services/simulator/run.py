@@ -117,8 +117,17 @@ class PolicyResult:
     churn_causes: dict[str, int] = field(default_factory=dict)
     # Serving replicas bound (held) x hours, all serving workloads.
     serving_replica_h: float = 0.0
+    # The reachable minimum of it: at every step the whole replicas the demand then needs at
+    # the target utilisation, within min and max replicas (no policy holds less unshort).
+    serving_minimum_replica_h: float = 0.0
     # This policy's figures as fractions of the oracle's in the same run (`oracle.py`).
     vs_oracle: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def over_minimum(self) -> float:
+        """Serving replica-hours over the reachable minimum's (1: never more than needed)."""
+        minimum = self.serving_minimum_replica_h
+        return self.serving_replica_h / minimum if minimum > 0 else 1.0
 
     def figures(self) -> tuple[float, float, float]:
         """(training work, serving replica-hours, trainer churn): what `vs_oracle` compares."""
@@ -144,6 +153,7 @@ class PolicyResult:
             "cpu_shares": {k: round(v, 4) for k, v in self.cpu_shares.items()},
             "jobs": msr.job_times(self.job_outcomes, self.end_s),
             "serving_replica_hours": round(self.serving_replica_h, 2),
+            "serving_replica_hours_vs_minimum": round(self.over_minimum, 4),
             **{key: round(value, 4) for key, value in self.vs_oracle.items()},
         }
 
@@ -191,6 +201,7 @@ class _Run:
         # baselines run every job on requests, so the same run shows what overcommit adds.
         self.lends_batch = name in ("tideshift", ORACLE)
         self.serving_replica_s = 0.0
+        self.serving_minimum_s = 0.0
         training = scenario.training
         self.work_model = WorkModel(training.speedup_exponent, training.restart_cost_s)
         self.accounts = msr.Accountant()
@@ -291,10 +302,14 @@ class _Run:
             cluster.ready_count(ref) * spec.capacity_rps
             for spec, ref in zip(self.scenario.serving, self.serving_refs, strict=True)
         )
-        serving_need_cpu = sum(
-            serving_need(spec, demand) * spec.replica.cpu
+        needs = [
+            serving_need(spec, demand)
             for spec, demand in zip(self.scenario.serving, demands, strict=True)
+        ]
+        serving_need_cpu = sum(
+            need * spec.replica.cpu for spec, need in zip(self.scenario.serving, needs, strict=True)
         )
+        self.serving_minimum_s += sum(needs) * step
         training_cpu = self._progress_jobs(now)
         serving_bound = [cluster.bound_count(ref) for ref in self.serving_refs]
         serving_cpu = sum(
@@ -412,6 +427,7 @@ class _Run:
             series=self.series,
             churn_causes=dict(self.churn.counts),
             serving_replica_h=self.serving_replica_s / HOUR_S,
+            serving_minimum_replica_h=self.serving_minimum_s / HOUR_S,
         )
 
 

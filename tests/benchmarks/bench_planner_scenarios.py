@@ -13,9 +13,10 @@ finite job stream among them) x every policy, in one run, and issue 26's goals p
 
 At the end, per scenario, tuned and held-out apart (each scenario's `evaluation:`; the
 held-out ones are `heldout-*.yaml`): tideshift's shortfall minutes, work / oracle, churn /
-oracle and serving replica-hours / oracle's (the over-provisioning against the reachable
-minimum: the oracle holds exactly what the demand needs in whole replicas, never short), with
-EDL-like's work and churn / oracle beside them.
+oracle, serving replica-hours / oracle's, and the over-provisioning against the reachable
+minimum (serving replica-hours / the whole replicas each step's demand needs at the target
+utilisation), with EDL-like's work and churn / oracle and the oracle's own over-provisioning
+beside them.
 
 `--sweep Q1,Q2,...` also runs tideshift at each headroom quantile (every serving workload's
 `quantile` and the priced rise's, `rise_quantile`) on each scenario, prints shortfall minutes,
@@ -219,7 +220,8 @@ def oracle_table(versus: dict[str, dict[str, PolicyResult]], duration: float | N
     the oracle's, EDL-like's beside them."""
     header = (
         f"{'scenario':<28} {'short min':>9} {'work/oracle':>11} {'churn/oracle':>12} "
-        f"{'rep-h/oracle':>12} {'edl work/or':>11} {'edl churn/or':>12} {'oracle short':>12}"
+        f"{'rep-h/oracle':>12} {'over min':>8} {'edl work/or':>11} {'edl churn/or':>12} "
+        f"{'oracle short':>12} {'oracle over min':>15}"
     )
     lines = ["\n## tideshift against the oracle bound, per scenario"]
     for kind in ("tuned", "held-out"):
@@ -233,8 +235,10 @@ def oracle_table(versus: dict[str, dict[str, PolicyResult]], duration: float | N
                 f"{ours.vs_oracle['training_work_vs_oracle']:>11.3f} "
                 f"{ours.vs_oracle['churn_vs_oracle']:>12.2f} "
                 f"{ours.vs_oracle['serving_replica_hours_vs_oracle']:>12.2f} "
+                f"{ours.over_minimum:>8.2f} "
                 f"{edl.vs_oracle['training_work_vs_oracle']:>11.3f} "
-                f"{edl.vs_oracle['churn_vs_oracle']:>12.2f} {oracle.shortfall_minutes:>12d}"
+                f"{edl.vs_oracle['churn_vs_oracle']:>12.2f} {oracle.shortfall_minutes:>12d} "
+                f"{oracle.over_minimum:>15.2f}"
             )
     return "\n".join(lines)
 

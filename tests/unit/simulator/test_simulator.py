@@ -148,6 +148,7 @@ def test_simulate_json_has_exactly_the_documented_keys(
             "cpu_shares",
             "jobs",
             "serving_replica_hours",
+            "serving_replica_hours_vs_minimum",
             "training_work_vs_oracle",
             "serving_replica_hours_vs_oracle",
             "churn_vs_oracle",
