@@ -89,8 +89,10 @@ def test_every_policy_is_reported_against_the_oracle() -> None:
     assert edl.vs_oracle["serving_replica_hours_vs_oracle"] == pytest.approx(
         edl.serving_replica_h / oracle.serving_replica_h
     )
-    # Never short, the oracle holds at least the reachable minimum; EDL-like's HPA more.
-    assert 1.0 <= oracle.over_minimum < edl.over_minimum
+    # Never short, the oracle holds at least the reachable minimum (more: it looks a lead
+    # time ahead and keeps room that comes back within the release horizon).
+    assert oracle.over_minimum >= 1.0
+    assert edl.shortfall_minutes > 0  # EDL-like's HPA reacts after the steps
     assert oracle.shortfall_minutes == 0
 
 
