@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
+from pydantic import ValidationError
 
 from tests.integration.planner.test_planner_service import (
     Collector,
@@ -145,37 +146,12 @@ async def test_the_longest_legal_names_work_through_every_subject_and_key(
         assert planner.state.table.view().allocatable[:, 0].max() == 32.0
 
 
-async def test_a_target_the_policy_cannot_plan_is_skipped_and_the_others_planned(
-    bus: Bus, unique: str, long_ns: str, commands_and_plans: tuple[Collector, Collector]
-) -> None:
-    commands, plans = commands_and_plans
-    good = ServingTarget(namespace=long_ns, name="good", cpu=1.0, capacity_rps=100.0)
-    # settings now refuse such a rate; a target that still gets one (model_copy skips validation)
-    # must be skipped by the planning loop, not stop it
-    bad = good.model_copy(update={"name": "bad", "capacity_rps": 5e-324})
-    settings = settings_for(unique, serving=[good, bad], training=[])
-    await bus.publish(NODE_CHANGED.at(name=f"n-{unique}"), node(f"n-{unique}", 16.0))
-    async with running(bus, settings, f"a-{unique}") as planner:
-        for name in ("good", "bad"):
-            issued = forecast(unique, 500.0).model_copy(
-                update={"workload": WorkloadRef(kind="Deployment", namespace=long_ns, name=name)}
-            )
-            await bus.publish(FORECAST.at(namespace=long_ns, workload=name), issued)
-        await eventually(lambda: any(c.target.name == "good" for c in commands.items))
-
-        def skipped() -> list[str]:
-            return [
-                t.reason
-                for p in plans.items
-                if isinstance(p, PlanDecided)
-                for t in p.targets
-                if t.skipped and t.target.name == "bad"
-            ]
-
-        await eventually(lambda: bool(skipped()))
-        assert skipped()[-1].startswith("skipped: cannot be planned (OverflowError")
-        assert not any(c.target.name == "bad" for c in commands.items)
-        assert planner.readiness() == []
+def test_a_rate_the_policy_cannot_plan_is_refused_naming_the_field() -> None:
+    """A capacity so small that replicas overflow used to reach the planning loop (which skips a
+    target whose plan raises: tests/unit/planner/test_planner_isolation.py); the serving spec's
+    bounds now refuse it when settings (or annotations) are read, naming the field."""
+    with pytest.raises(ValidationError, match=r"capacity_rps\n.*greater than or equal to 0.001"):
+        ServingTarget(namespace="ns", name="bad", cpu=1.0, capacity_rps=5e-324)
 
 
 async def test_readyz_reports_degraded_while_no_plan_succeeds(
