@@ -13,7 +13,9 @@ Pods are resolved to the workload that scales them: Pod -> ReplicaSet -> Deploym
 (`batch.volcano.sh`), Kubeflow PyTorchJob; any other controller is reported as it is.
 
 On scale targets (see `tideshift.services.cluster.adapters.targets`): `tideshift.io/min-replicas`,
-`tideshift.io/max-replicas`, and for Volcano Jobs `tideshift.io/scale-task`.
+`tideshift.io/max-replicas`, for Volcano Jobs `tideshift.io/scale-task`, for KubeRay
+RayClusters `tideshift.io/scale-group`. A job queued in Kueue and suspended (not admitted) is
+never scaled: reads of it raise `UnsupportedTarget` with the reason (`cluster.core.engines`).
 """
 
 from __future__ import annotations
