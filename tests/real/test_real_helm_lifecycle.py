@@ -138,7 +138,14 @@ def _assert_all_ready(cluster: RealCluster, namespace: str) -> list[str]:
 
 def _leftovers(cluster: RealCluster, namespace: str) -> list[str]:
     items = cluster.json("get", NAMESPACED_KINDS, "-n", namespace)["items"]
-    left = {f"{i['kind']}/{i['metadata']['name']}" for i in items} - NAMESPACE_DEFAULTS
+    # Helm never deletes hook objects on uninstall: the chart's test pod (hook-delete-policy
+    # before-hook-creation) outlives the release; it is checked and removed by the caller.
+    hooks = {
+        f"{i['kind']}/{i['metadata']['name']}"
+        for i in items
+        if "helm.sh/hook" in (i["metadata"].get("annotations") or {})
+    }
+    left = {f"{i['kind']}/{i['metadata']['name']}" for i in items} - NAMESPACE_DEFAULTS - hooks
     for item in cluster.json("get", CLUSTER_KINDS)["items"]:
         meta = item["metadata"]
         labels = meta.get("labels") or {}
@@ -218,6 +225,15 @@ def _executor_mode(cluster: RealCluster, namespace: str) -> str:
 def _uninstall(cluster: RealCluster, helm: Helm) -> float:
     started = time.monotonic()
     helm("uninstall", RELEASE, "--wait", f"--timeout={READY_TIMEOUT_S}s")
+    # The one object helm leaves by design: the `helm test` pod (a hook); see _leftovers.
+    hooks = cluster.json("get", "pods", "-n", helm.namespace)["items"]
+    hook_pods = sorted(
+        p["metadata"]["name"]
+        for p in hooks
+        if "helm.sh/hook" in (p["metadata"].get("annotations") or {})
+    )
+    assert hook_pods == [f"{RELEASE}-test-pipeline"], hook_pods
+    cluster.kubectl("delete", "pod", *hook_pods, "-n", helm.namespace, "--wait=true", timeout=120)
     _assert_nothing_left(cluster, helm.namespace)
     return time.monotonic() - started
 
