@@ -8,13 +8,12 @@ docs/operations/reliability-table.md."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+from tests.fixtures.support import eventually
+from tests.integration.cluster.tasks import collect, running
 from tideshift import events
 from tideshift.events import DEAD_LETTER, SCALE_COMMAND, SCALE_RESULT, ScaleCommand, WorkloadRef
 from tideshift.services.cluster.port import Node, Resources
@@ -41,32 +40,6 @@ def newer(raw: bytes, *, version: int | None = None, extra: dict[str, Any] | Non
         body["type"] = body["type"].replace(".v1", f".v{version}")
     body["data"].update(extra or {})
     return json.dumps(body).encode()
-
-
-@contextlib.asynccontextmanager
-async def running(*coroutines: Any) -> AsyncIterator[None]:
-    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
-    try:
-        yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-async def collect(iterator: AsyncIterator[Any], into: list[Any]) -> None:
-    async for item in iterator:
-        into.append(item.data)
-
-
-async def eventually(check: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_an_unknown_event_version_is_dead_lettered_with_a_reason_and_the_consumer_goes_on(
@@ -99,7 +72,7 @@ async def test_an_unknown_event_version_is_dead_lettered_with_a_reason_and_the_c
         for key, raw in sent.items():
             await bus.js.publish(subject.value, raw, headers={"Nats-Msg-Id": f"{unique}-{key}"})
         await bus.publish_durable(subject, command(ref, 3, "ok"))
-        await eventually(lambda: len(results) >= 1, "the readable command's result")
+        await eventually(lambda: len(results) >= 1, WAIT, message="the readable command's result")
     assert [(r.idempotency_key, r.outcome, r.current) for r in results] == [("ok", "applied", 3)]
     assert cluster.workload(ref).replicas == 3
 

@@ -9,14 +9,14 @@ TideshiftFight Warning Event, held results), and `tideshift scale --resume` ends
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from tests.fixtures.support import eventually
+from tests.integration.cluster.tasks import collect, running
 from tideshift.events import SCALE_COMMAND, SCALE_RESULT, ScaleCommand, WorkloadRef
 from tideshift.services.cluster.port import Node, Resources, ScaleState
 from tideshift.services.cluster.sim import SimCluster, SimClusterPort, SimWorkload
@@ -89,32 +89,6 @@ def command(ref: WorkloadRef, n: int, clock: FastClock) -> ScaleCommand:
     )
 
 
-@contextlib.asynccontextmanager
-async def running(*coroutines: Any) -> AsyncIterator[None]:
-    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
-    try:
-        yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-async def eventually(check: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def collect(iterator: AsyncIterator[Any], into: list[Any]) -> None:
-    async for item in iterator:
-        into.append(item.data)
-
-
 async def executors(
     buses: list[Bus], port: SimClusterPort, bucket: str, clock: FastClock
 ) -> list[Executor]:
@@ -168,7 +142,9 @@ async def test_a_hostile_writer_for_five_minutes_gets_bounded_writes_and_a_repor
                 )
                 sent += 1
                 await clock.sleep(COMMAND_EVERY_S)
-            await eventually(lambda: len(results) >= sent, "a result for every command")
+            await eventually(
+                lambda: len(results) >= sent, WAIT, message="a result for every command"
+            )
     finally:
         await second.close()
     fought_s = clock.now() - began
