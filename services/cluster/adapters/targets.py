@@ -189,6 +189,34 @@ class BatchJobAdapter(TargetAdapter):
         return {"spec": {"parallelism": replicas}}
 
 
+def named_index(
+    obj: JsonObject,
+    names: list[str],
+    annotation: str,
+    *,
+    noun: tuple[str, str],
+    owner: str,
+    default: str | None = None,
+) -> int:
+    """Which of an object's parts (Volcano tasks, KubeRay worker groups) to scale: the one
+    `annotation` names, else `default`, else the only one. `noun` is the part's name
+    (singular, plural) in the errors."""
+    wanted = ((obj.get("metadata") or {}).get("annotations") or {}).get(annotation)
+    if wanted is not None:
+        if wanted not in names:
+            raise UnsupportedTarget(
+                f"{annotation}={wanted!r} names no {noun[0]} ({noun[1]}: {names})"
+            )
+        return names.index(wanted)
+    if default is not None and default in names:
+        return names.index(default)
+    if len(names) == 1:
+        return 0
+    raise UnsupportedTarget(
+        f"{owner} has {noun[1]} {names}: name the one to scale with {annotation}"
+    )
+
+
 class VolcanoJobAdapter(TargetAdapter):
     """Volcano `batch.volcano.sh/v1alpha1` Job: one task's `replicas`.
 
@@ -206,19 +234,13 @@ class VolcanoJobAdapter(TargetAdapter):
     def task_index(obj: JsonObject) -> int:
         tasks = (obj.get("spec") or {}).get("tasks") or []
         names = [str(task.get("name", "")) for task in tasks]
-        wanted = ((obj.get("metadata") or {}).get("annotations") or {}).get(SCALE_TASK_ANNOTATION)
-        if wanted is not None:
-            if wanted not in names:
-                raise UnsupportedTarget(
-                    f"{SCALE_TASK_ANNOTATION}={wanted!r} names no task (tasks: {names})"
-                )
-            return names.index(wanted)
-        if DEFAULT_VOLCANO_TASK in names:
-            return names.index(DEFAULT_VOLCANO_TASK)
-        if len(names) == 1:
-            return 0
-        raise UnsupportedTarget(
-            f"Volcano job has tasks {names}: name the one to scale with {SCALE_TASK_ANNOTATION}"
+        return named_index(
+            obj,
+            names,
+            SCALE_TASK_ANNOTATION,
+            noun=("task", "tasks"),
+            owner="Volcano job",
+            default=DEFAULT_VOLCANO_TASK,
         )
 
     def observe(self, target: WorkloadRef, obj: JsonObject) -> ScaleState:
@@ -311,18 +333,12 @@ class RayClusterAdapter(TargetAdapter):
     def group_index(obj: JsonObject) -> int:
         groups = (obj.get("spec") or {}).get("workerGroupSpecs") or []
         names = [str(group.get("groupName", "")) for group in groups]
-        wanted = ((obj.get("metadata") or {}).get("annotations") or {}).get(SCALE_GROUP_ANNOTATION)
-        if wanted is not None:
-            if wanted not in names:
-                raise UnsupportedTarget(
-                    f"{SCALE_GROUP_ANNOTATION}={wanted!r} names no worker group (groups: {names})"
-                )
-            return names.index(wanted)
-        if len(names) == 1:
-            return 0
-        raise UnsupportedTarget(
-            f"RayCluster has worker groups {names}: name the one to scale with "
-            f"{SCALE_GROUP_ANNOTATION}"
+        return named_index(
+            obj,
+            names,
+            SCALE_GROUP_ANNOTATION,
+            noun=("worker group", "worker groups"),
+            owner="RayCluster",
         )
 
     def _group(self, obj: JsonObject) -> JsonObject:
