@@ -24,7 +24,8 @@ HELM_VERSION="v3.22.0"
 # Bump when the way a binary is built changes, so stamped binaries get rebuilt.
 RECIPE=1
 
-CACHE_ROOT="${TIDESHIFT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tideshift}"
+# shellcheck source=tests/cluster/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BIN_DIR="${TIDESHIFT_K8S_BIN_DIR:-$CACHE_ROOT/k8s-$K8S_VERSION/bin}"
 
 if [[ "${1:-}" == "--print-bin-dir" ]]; then
@@ -47,14 +48,6 @@ STAGING_VERSION="v0.$K8S_MINOR.$K8S_PATCH"
 STARTED=$SECONDS
 log() { printf '[build.sh %4ds] %s\n' "$((SECONDS - STARTED))" "$*"; }
 
-stamp_of() { # name version
-  echo "$1 $2 recipe=$RECIPE"
-}
-is_current() { # name version
-  [[ -x "$BIN_DIR/$1" && -f "$BIN_DIR/.stamps/$1" ]] &&
-    [[ "$(cat "$BIN_DIR/.stamps/$1")" == "$(stamp_of "$1" "$2")" ]]
-}
-
 declare -A WANT=(
   [etcd]="$ETCD_VERSION"
   [kube-apiserver]="$K8S_VERSION"
@@ -72,46 +65,23 @@ if [[ "${TIDESHIFT_BUILD_KUBELET:-}" == 1 ]]; then
 fi
 missing=()
 for name in "${NAMES[@]}"; do
-  is_current "$name" "${WANT[$name]}" || missing+=("$name")
+  is_current "$BIN_DIR" "$name" "${WANT[$name]}" || missing+=("$name")
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "Kubernetes $K8S_VERSION binaries are up to date in $BIN_DIR"
   exit 0
 fi
 
-command -v go >/dev/null || { echo "build.sh: 'go' is not on PATH (Go >= 1.26 is needed)" >&2; exit 1; }
-
-export GOMODCACHE="$CACHE_ROOT/go/mod"
-export GOCACHE="$CACHE_ROOT/go/build"
-export GOTOOLCHAIN=local
-export GOFLAGS="-mod=mod -modcacherw -buildvcs=false"
-export CGO_ENABLED=0
+go_env build.sh 1.26
 WORK_ROOT="$CACHE_ROOT/go/work/k8s-$K8S_VERSION"
-mkdir -p "$GOMODCACHE" "$GOCACHE" "$WORK_ROOT" "$BIN_DIR/.stamps"
-
+mkdir -p "$WORK_ROOT" "$BIN_DIR/.stamps"
 # Two builds at once (a person and `make test`) would only fight over the same caches.
-exec 9>"$CACHE_ROOT/go/build.lock"
-if command -v flock >/dev/null && ! flock -n 9; then
-  log "another build.sh holds $CACHE_ROOT/go/build.lock; waiting for it"
-  flock 9
-fi
-
-# Holding the lock, any leftover partial dir is from an interrupted run.
-rm -rf "$BIN_DIR"/.partial.*
-STAGE_DIR="$(mktemp -d "$BIN_DIR/.partial.XXXXXX")"
-trap 'rm -rf "$STAGE_DIR"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+take_lock "$CACHE_ROOT/go/build.lock"
+make_stage_dir "$BIN_DIR"
 
 log "Go: $(go version); caches under $CACHE_ROOT/go"
 log "to build: ${missing[*]} (a cold build takes 10-25 min on 2 cores)"
 
-install_binary() { # name version built-file
-  mv -f "$3" "$BIN_DIR/$1"
-  stamp_of "$1" "$2" >"$BIN_DIR/.stamps/$1.tmp"
-  mv -f "$BIN_DIR/.stamps/$1.tmp" "$BIN_DIR/.stamps/$1"
-  log "installed $1 $2"
-}
 needs() { # name...
   local name
   for name in "$@"; do
@@ -137,7 +107,7 @@ EOF
   (cd "$dir" && go build -trimpath -ldflags "$LDFLAGS_STRIP" -o "$STAGE_DIR/etcd" go.etcd.io/etcd/server/v3)
   "$STAGE_DIR/etcd" --version | grep -q "etcd Version: ${ETCD_VERSION#v}" ||
     { echo "build.sh: etcd reports the wrong version:" >&2; "$STAGE_DIR/etcd" --version >&2; exit 1; }
-  install_binary etcd "$ETCD_VERSION" "$STAGE_DIR/etcd"
+  install_binary "$BIN_DIR" etcd "$ETCD_VERSION" "$STAGE_DIR/etcd"
 fi
 
 # Kubernetes: k8s.io/kubernetes requires its staging modules at v0.0.0 with replaces to
@@ -193,7 +163,7 @@ if [[ ${#K8S_CMDS[@]} -gt 0 ]]; then
     if [[ "$name" == kubectl ]]; then reported="$("$STAGE_DIR/$name" version --client 2>&1 || true)"; fi
     [[ "$reported" == *"$K8S_VERSION"* ]] ||
       { echo "build.sh: $name reports '$reported', expected $K8S_VERSION" >&2; exit 1; }
-    install_binary "$name" "$K8S_VERSION" "$STAGE_DIR/$name"
+    install_binary "$BIN_DIR" "$name" "$K8S_VERSION" "$STAGE_DIR/$name"
   done
 fi
 
@@ -201,7 +171,7 @@ fi
 go_install() { # name package version extra-ldflags
   log "building $1 $3"
   GOBIN="$STAGE_DIR" go install -trimpath -ldflags "$LDFLAGS_STRIP $4" "$2@$3"
-  install_binary "$1" "$3" "$STAGE_DIR/$1"
+  install_binary "$BIN_DIR" "$1" "$3" "$STAGE_DIR/$1"
 }
 if needs kwok; then
   go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" ""

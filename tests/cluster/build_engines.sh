@@ -24,7 +24,8 @@ KUBERAY_VERSION="v1.5.0"
 # Bump when the way a binary or a manifest set is produced changes, so stamped ones get redone.
 RECIPE=1
 
-CACHE_ROOT="${TIDESHIFT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tideshift}"
+# shellcheck source=tests/cluster/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ENGINES_DIR="${TIDESHIFT_ENGINES_DIR:-$CACHE_ROOT/engines}"
 BIN_DIR="$ENGINES_DIR/bin"
 MANIFEST_DIR="$ENGINES_DIR/manifests"
@@ -61,17 +62,11 @@ declare -A VERSION=(
 # A flag each binary's --help must list: proof that the right program was built.
 declare -A HELP_FLAG=([kueue]=-config [training-operator]=-enable-scheme [kuberay]=-metrics-addr)
 
-stamp_of() { # name version
-  echo "$1 $2 recipe=$RECIPE"
-}
 binary_current() { # engine
-  local binary="${BINARY[$1]}"
-  [[ -x "$BIN_DIR/$binary" && -f "$BIN_DIR/.stamps/$binary" ]] &&
-    [[ "$(cat "$BIN_DIR/.stamps/$binary")" == "$(stamp_of "$binary" "${VERSION[$1]}")" ]]
+  is_current "$BIN_DIR" "${BINARY[$1]}" "${VERSION[$1]}"
 }
 manifests_current() { # engine
-  [[ -d "$MANIFEST_DIR/$1" && -f "$MANIFEST_DIR/.stamps/$1" ]] &&
-    [[ "$(cat "$MANIFEST_DIR/.stamps/$1")" == "$(stamp_of "$1" "${VERSION[$1]}")" ]]
+  [[ -d "$MANIFEST_DIR/$1" ]] && stamped "$MANIFEST_DIR/.stamps/$1" "$1" "${VERSION[$1]}"
 }
 
 missing=()
@@ -86,32 +81,12 @@ if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0
 fi
 
-command -v go >/dev/null || {
-  echo "build_engines.sh: 'go' is not on PATH (Go >= 1.25 is needed)" >&2
-  exit 1
-}
-
-export GOMODCACHE="$CACHE_ROOT/go/mod"
-export GOCACHE="$CACHE_ROOT/go/build"
-export GOTOOLCHAIN=local
-export GOFLAGS="-mod=mod -modcacherw -buildvcs=false"
-export CGO_ENABLED=0
+go_env build_engines.sh 1.25
 WORK_DIR="$CACHE_ROOT/go/work/engines"
-mkdir -p "$GOMODCACHE" "$GOCACHE" "$WORK_DIR" "$BIN_DIR/.stamps" "$MANIFEST_DIR/.stamps"
-
+mkdir -p "$WORK_DIR" "$BIN_DIR/.stamps" "$MANIFEST_DIR/.stamps"
 # Its own lock: build.sh may run at the same time (Go's caches are safe to share).
-exec 9>"$CACHE_ROOT/go/engines.lock"
-if command -v flock >/dev/null && ! flock -n 9; then
-  log "another build_engines.sh holds $CACHE_ROOT/go/engines.lock; waiting for it"
-  flock 9
-fi
-
-# Holding the lock, any leftover partial dir is from an interrupted run.
-rm -rf "$ENGINES_DIR"/.partial.*
-STAGE_DIR="$(mktemp -d "$ENGINES_DIR/.partial.XXXXXX")"
-trap 'rm -rf "$STAGE_DIR"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+take_lock "$CACHE_ROOT/go/engines.lock"
+make_stage_dir "$ENGINES_DIR"
 
 log "Go: $(go version); caches under $CACHE_ROOT/go"
 log "to build: ${missing[*]} (a cold build takes 10-30 min on 2 cores)"
@@ -165,8 +140,7 @@ for engine in "${missing[@]}"; do
     [[ -d "$MANIFEST_DIR/$engine" ]] && mv "$MANIFEST_DIR/$engine" "$MANIFEST_DIR/$engine.old"
     mv "$STAGE_DIR/manifests-$engine" "$MANIFEST_DIR/$engine"
     rm -rf "$MANIFEST_DIR/$engine.old"
-    stamp_of "$engine" "$version" >"$MANIFEST_DIR/.stamps/$engine.tmp"
-    mv -f "$MANIFEST_DIR/.stamps/$engine.tmp" "$MANIFEST_DIR/.stamps/$engine"
+    write_stamp "$MANIFEST_DIR/.stamps/$engine" "$engine" "$version"
     log "copied $engine $version CRDs and webhook manifests to $MANIFEST_DIR/$engine"
   fi
   if ! binary_current "$engine"; then
@@ -184,10 +158,7 @@ for engine in "${missing[@]}"; do
       echo "$help" | head -n 20 >&2
       exit 1
     }
-    mv -f "$built" "$BIN_DIR/$binary"
-    stamp_of "$binary" "$version" >"$BIN_DIR/.stamps/$binary.tmp"
-    mv -f "$BIN_DIR/.stamps/$binary.tmp" "$BIN_DIR/.stamps/$binary"
-    log "installed $binary $version"
+    install_binary "$BIN_DIR" "$binary" "$version" "$built"
   fi
 done
 

@@ -13,7 +13,8 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-CACHE_ROOT="${TIDESHIFT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tideshift}"
+# shellcheck source=tests/cluster/lib.sh
+source "$REPO/tests/cluster/lib.sh"
 K8S_BIN_DIR="$(bash "$REPO/tests/cluster/build.sh" --print-bin-dir)"
 K8S_VERSION="${TIDESHIFT_K8S_VERSION:-v1.36.3}"
 COREDNS_VERSION="v1.15.0"
@@ -35,18 +36,6 @@ log() { printf '[real/build.sh %4ds] %s\n' "$((SECONDS - STARTED))" "$*"; }
 # 1. the kubelet: build.sh already knows how.
 TIDESHIFT_BUILD_KUBELET=1 bash "$REPO/tests/cluster/build.sh"
 
-stamp_of() { echo "$1 $2 recipe=$RECIPE"; }
-is_current() { # dir name version
-  [[ -x "$1/$2" && -f "$1/.stamps/$2" && "$(cat "$1/.stamps/$2")" == "$(stamp_of "$2" "$3")" ]]
-}
-install_binary() { # dir name version built-file
-  mkdir -p "$1/.stamps"
-  mv -f "$4" "$1/$2"
-  stamp_of "$2" "$3" >"$1/.stamps/$2.tmp"
-  mv -f "$1/.stamps/$2.tmp" "$1/.stamps/$2"
-  log "installed $2 $3"
-}
-
 need_proxy=1 need_coredns=1 need_pause=1
 is_current "$K8S_BIN_DIR" kube-proxy "$K8S_VERSION" && need_proxy=0
 is_current "$REAL_BIN_DIR" coredns "$COREDNS_VERSION" && need_coredns=0
@@ -56,19 +45,10 @@ if ((need_proxy + need_coredns + need_pause == 0)); then
   exit 0
 fi
 
-export GOMODCACHE="$CACHE_ROOT/go/mod"
-export GOCACHE="$CACHE_ROOT/go/build"
-export GOTOOLCHAIN=local
-export GOFLAGS="-mod=mod -modcacherw -buildvcs=false"
-export CGO_ENABLED=0
-mkdir -p "$GOMODCACHE" "$GOCACHE" "$REAL_BIN_DIR/.stamps"
-exec 9>"$CACHE_ROOT/go/build.lock"
-if command -v flock >/dev/null && ! flock -n 9; then
-  log "another build holds $CACHE_ROOT/go/build.lock; waiting for it"
-  flock 9
-fi
-STAGE_DIR="$(mktemp -d "$REAL_BIN_DIR/.partial.XXXXXX")"
-trap 'rm -rf "$STAGE_DIR"' EXIT
+go_env real/build.sh 1.26
+mkdir -p "$REAL_BIN_DIR/.stamps"
+take_lock "$CACHE_ROOT/go/build.lock"
+make_stage_dir "$REAL_BIN_DIR"
 
 # 2. kube-proxy in build.sh's wrapper module (it wrote go.mod when it built the kubelet).
 if ((need_proxy)); then
