@@ -40,7 +40,7 @@ from tideshift.services.cluster.core.conversions import (
     direct_owner,
     same_content,
 )
-from tideshift.services.cluster.core.kinds import MAY_BE_UNGRANTED
+from tideshift.services.cluster.core.kinds import unwatchable
 from tideshift.services.cluster.port import ChangeType, ClusterChange, WorkloadRef
 from tideshift.services.common.retry import Backoff, exponential
 
@@ -237,9 +237,7 @@ class Informer(Generic[Obj]):
         any list: no Volcano, no training operator) is said once and looked for again now and
         then; anything else is counted and logged each time."""
         self.watching = False
-        status = status_of(error)
-        unserved = status == 404 or (status == 403 and self.resource in MAY_BE_UNGRANTED)
-        if unserved and not self.resource_version:
+        if unwatchable(status_of(error), self.resource) and not self.resource_version:
             if failures == 1:
                 log.info("%s is not served by this cluster; checking again later", self.resource)
             stop.wait(self.tuning.backoff_max_seconds)

@@ -48,7 +48,7 @@ from tideshift.services.cluster.core.conversions import (
     pod_from_object,
     workload_from_object,
 )
-from tideshift.services.cluster.core.kinds import MAY_BE_UNGRANTED
+from tideshift.services.cluster.core.kinds import unwatchable
 from tideshift.services.cluster.informer import (
     Informer,
     InformerGroup,
@@ -244,8 +244,7 @@ class KubernetesClusterPort:
             try:
                 informer.relist("list")
             except ApiException as error:
-                ungranted = error.status == 403 and informer.resource in MAY_BE_UNGRANTED
-                if error.status != 404 and not ungranted:
+                if not unwatchable(error.status, informer.resource):
                     raise
                 log.info("%s is not served or granted here: not watched", informer.resource)
             listed.extend(informer.cache.values())

@@ -18,9 +18,16 @@ API_VERSION: dict[str, str] = {
     RAY_CLUSTER: "ray.io/v1",
 }
 
-# Kinds a service's role may not grant (the chart's roles do not name them yet): a 403 on
+# Kinds a service's role may not grant (a role from before Tideshift scaled them): a 403 on
 # listing them is read like a 404, the kind is not watched, instead of failing the listing.
 MAY_BE_UNGRANTED: frozenset[str] = frozenset({RAY_CLUSTER})
+
+
+def unwatchable(status: int | None, kind: str) -> bool:
+    """Whether listing `kind` failed because there is nothing here to watch: the cluster does
+    not serve it (404), or the role does not grant a kind it may lack (403)."""
+    return status == 404 or (status == 403 and kind in MAY_BE_UNGRANTED)
+
 
 # Names accepted on the command line (case-insensitive), kubectl's short names included.
 ALIASES: dict[str, str] = {
