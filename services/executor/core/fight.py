@@ -60,10 +60,6 @@ class FightRecord(BaseModel):
         default=None, description="when the other writer last changed the count while held"
     )
 
-    @property
-    def held(self) -> bool:
-        return self.held_since is not None
-
 
 Verdict = Literal["write", "hold", "held", "resume"]
 
