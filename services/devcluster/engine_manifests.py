@@ -42,7 +42,11 @@ def load_documents(path: Path) -> list[Manifest]:
         text = path.read_text()
     except OSError as error:
         raise EngineManifestError(f"cannot read {path}: {error}") from error
-    return [document for document in yaml.safe_load_all(text) if isinstance(document, dict)]
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as error:
+        raise EngineManifestError(f"{path} is not valid YAML: {error}") from error
+    return [document for document in documents if isinstance(document, dict)]
 
 
 def load_crds(directory: Path, *, only: Iterable[str] | None = None) -> list[Manifest]:
@@ -57,6 +61,11 @@ def load_crds(directory: Path, *, only: Iterable[str] | None = None) -> list[Man
                 "name"
             ):
                 raise EngineManifestError(f"a CustomResourceDefinition in {path} has no name")
+            if not isinstance(document.get("spec"), dict):
+                raise EngineManifestError(
+                    f"CustomResourceDefinition {document['metadata']['name']} in {path}: "
+                    "spec must be a mapping"
+                )
             crds.append(document)
     if wanted is not None:
         crds = [crd for crd in crds if crd["metadata"]["name"] in wanted]
@@ -109,9 +118,24 @@ def loopback_webhooks(
 
 
 def webhook_configuration(documents: Sequence[Manifest], kind: str, source: Path) -> Manifest:
+    """The first `kind` in `documents`, checked for the fields loopback_webhooks reads."""
     for document in documents:
-        if document.get("kind") == kind:
-            return document
+        if document.get("kind") != kind:
+            continue
+        webhooks = document.get("webhooks", [])
+        if not isinstance(document.get("apiVersion"), str):
+            raise EngineManifestError(f"{kind} in {source}: apiVersion must be a string")
+        if not isinstance(webhooks, list) or not all(
+            isinstance(webhook, dict)
+            and isinstance(webhook.get("clientConfig", {}), dict)
+            and isinstance(webhook.get("clientConfig", {}).get("service", {}), dict)
+            for webhook in webhooks
+        ):
+            raise EngineManifestError(
+                f"{kind} in {source}: webhooks must be a list of mappings, each with a "
+                "clientConfig mapping (its service a mapping)"
+            )
+        return document
     raise EngineManifestError(f"no {kind} in {source}")
 
 

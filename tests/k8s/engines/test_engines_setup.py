@@ -15,6 +15,7 @@ from tideshift.services.devcluster.engine_manifests import (
     EngineManifestError,
     load_crds,
     loopback_webhooks,
+    webhook_configuration,
     with_conversion_webhook,
 )
 from tideshift.services.devcluster.engines import (
@@ -166,6 +167,24 @@ def test_a_crd_directory_without_crds_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "y.yaml").write_text("kind: CustomResourceDefinition\n")
     with pytest.raises(EngineManifestError, match=r"y\.yaml has no name"):
         load_crds(tmp_path)
+    (tmp_path / "y.yaml").write_text("kind: CustomResourceDefinition\nmetadata: {name: a.b}\n")
+    with pytest.raises(EngineManifestError, match=r"a\.b in .*y\.yaml: spec must be a mapping"):
+        load_crds(tmp_path)
+    (tmp_path / "y.yaml").write_text("kind: [\n")
+    with pytest.raises(EngineManifestError, match=r"y\.yaml is not valid YAML"):
+        load_crds(tmp_path)
+
+
+def test_a_webhook_configuration_of_the_wrong_shape_is_named(tmp_path: Path) -> None:
+    kind = "ValidatingWebhookConfiguration"
+    source = tmp_path / "manifests.yaml"
+    good = {"apiVersion": "v1", "kind": kind, "webhooks": [{"clientConfig": {"service": {}}}]}
+    assert webhook_configuration([good], kind, source) is good
+    with pytest.raises(EngineManifestError, match=r"manifests\.yaml: apiVersion must be"):
+        webhook_configuration([{**good, "apiVersion": None}], kind, source)
+    for webhooks in ("x", ["x"], [{"clientConfig": "x"}], [{"clientConfig": {"service": 1}}]):
+        with pytest.raises(EngineManifestError, match=f"{kind} in .*: webhooks must be a list"):
+            webhook_configuration([{**good, "webhooks": webhooks}], kind, source)
 
 
 def test_an_engine_that_exits_at_start_is_named_with_its_log_and_nothing_is_left_running(
