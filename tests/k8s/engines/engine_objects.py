@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.k8s.cluster_objects import pytorch_job
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, KubeHttp
 
 PYTORCHJOBS = "/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs"
@@ -63,28 +64,13 @@ def container(name: str, cpu: str = "100m") -> dict[str, Any]:
 
 
 def elastic_pytorch_job(name: str, *, workers: int, low: int, high: int) -> dict[str, Any]:
-    """An elastic PyTorchJob, workers only, as the training operator's webhook accepts it
-    (a container named `pytorch` with an image)."""
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name},
-        "spec": {
-            "elasticPolicy": {"minReplicas": low, "maxReplicas": high, "rdzvBackend": "c10d"},
-            "pytorchReplicaSpecs": {
-                "Worker": {
-                    "replicas": workers,
-                    "restartPolicy": "OnFailure",
-                    "template": {
-                        "spec": {
-                            "containers": [container("pytorch")],
-                            "terminationGracePeriodSeconds": 0,
-                        }
-                    },
-                }
-            },
-        },
-    }
+    """cluster_objects.pytorch_job as the training operator's webhook accepts it: its container
+    named `pytorch`, with an image."""
+    job = pytorch_job(name, workers=workers, low=low, high=high)
+    job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"] = [
+        container("pytorch")
+    ]
+    return job
 
 
 def ray_cluster(name: str, *, workers: int, low: int, high: int) -> dict[str, Any]:

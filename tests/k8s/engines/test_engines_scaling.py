@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -81,6 +81,23 @@ async def follow(check: Any, what: str) -> Any:
     return await asyncio.to_thread(eventually, check, timeout=FOLLOW_S, what=what)
 
 
+async def resize(
+    commands: Commands,
+    desired: int,
+    written: int,
+    workers: Callable[[int], bool],
+    engine: str,
+    outcome: str = "applied",
+) -> None:
+    """Sends `desired`, expects `outcome` with `written` as the size, and the engine to run
+    that many workers."""
+    result = await commands.send(desired)
+    assert (result.outcome, result.current) == (outcome, written), result.message
+    await follow(
+        lambda: workers(written), f"{engine} to run {written} workers after desired={desired}"
+    )
+
+
 async def test_executor_resizes_an_elastic_pytorchjob_and_the_training_operator_follows(
     engines_cluster: LocalCluster,
     engine_admin: KubeHttp,
@@ -104,14 +121,9 @@ async def test_executor_resizes_an_elastic_pytorchjob_and_the_training_operator_
         # (desired, written: clamped to elasticPolicy [1, 4], outcome)
         for desired, written, outcome in ((3, 3, "applied"), (9, 4, "applied"),
                                           (1, 1, "applied"), (0, 1, "noop")):  # fmt: skip
-            result = await commands.send(desired)
-            assert (result.outcome, result.current) == (outcome, written), result.message
+            await resize(commands, desired, written, workers, "the training operator", outcome)
             spec = (await asyncio.to_thread(http.get, f"{jobs}/elastic"))["spec"]
             assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == written
-            await follow(
-                lambda n=written: workers(n),
-                f"the training operator to run {written} workers after desired={desired}",
-            )
 
 
 async def test_executor_resizes_a_ray_worker_group_naming_the_workers_that_go(
@@ -140,9 +152,7 @@ async def test_executor_resizes_a_ray_worker_group_naming_the_workers_that_go(
         state = await port.get_scale(target)
         assert (state.replicas, state.min_replicas, state.max_replicas) == (2, 1, 5)
 
-        result = await commands.send(4)
-        assert (result.outcome, result.current) == ("applied", 4), result.message
-        await follow(lambda: workers(4), "KubeRay to grow the worker group to 4")
+        await resize(commands, 4, 4, workers, "KubeRay")
 
         # Shrinking, the adapter names the workers that go (which ones is the pure rule's,
         # tested in tests/unit/cluster/test_cluster_engines.py: on a loaded run kwok can report
@@ -160,12 +170,7 @@ async def test_executor_resizes_a_ray_worker_group_naming_the_workers_that_go(
 
         # Within the group's own bounds: 9 is written as 5, 0 as 1.
         for desired, written in ((9, 5), (0, 1)):
-            result = await commands.send(desired)
-            assert (result.outcome, result.current) == ("applied", written), result.message
-            await follow(
-                lambda n=written: workers(n),
-                f"KubeRay to run {written} workers after desired={desired}",
-            )
+            await resize(commands, desired, written, workers, "KubeRay")
 
 
 async def test_a_job_kueue_has_not_admitted_is_never_scaled(
