@@ -257,6 +257,9 @@ class Executor:
         decision = decide(command.desired, state, max_step=self.max_step)
         if self.observe or self.dry_run:
             return await self._unwritten(command, state, decision)
+        # Read before the claim, like the applied record: between the claim and the write the
+        # bus sees the fight record only when it changed (an override, a hold, a resume).
+        fought = await self._fight_record(target) if decision.action != "noop" else None
         claim = AppliedRecord(
             idempotency_key=command.idempotency_key,
             issued_at=clamp_issued_at(command.issued_at, utc_now(self.clock)),
@@ -269,24 +272,29 @@ class Executor:
             return None
         if decision.action == "noop":
             return self._unchanged(command, state, decision.message)
-        fight = await self._judge_fight(command, state)
+        fight = await self._judge_fight(command, state, fought)
         if isinstance(fight, ScaleResult):
             return fight
         return await self._apply(
             command, state, decision, claim=claim, claimed=claimed, fight=fight
         )
 
+    async def _fight_record(self, target: WorkloadRef) -> FightRecord | None:
+        """The target's fight record (None: fights are not tracked)."""
+        if self.fights is None:
+            return None
+        with PHASES.labels("fight").time():
+            return await self.fights.get(target)
+
     async def _judge_fight(
-        self, command: ScaleCommand, state: ScaleState
+        self, command: ScaleCommand, state: ScaleState, record: FightRecord | None
     ) -> ScaleResult | FightRecord | None:
         """The result of a command not written because its target is in a fight, or the
         target's fight record to go ahead with (None: fights are not tracked). A fight's
         start and end leave an Event on the target."""
-        if self.fights is None:
+        if record is None:
             return None
         target = command.target
-        with PHASES.labels("fight").time():
-            record = await self.fights.get(target)
         now = self.clock.now()
         judgement = judge(record, seen=state.replicas, now=now, policy=self.fight_policy)
         await self._keep_fight(target, record, judgement)

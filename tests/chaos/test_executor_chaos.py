@@ -95,9 +95,6 @@ class Harness:
             *("--instance", f"chaos-{self.started}", "--no-compaction"),
             # admission (managed-only) has its own tests; these scale an unlabelled `web`
             "--no-managed-only",
-            # the hold at the claim gates every bus round-trip after it, and fight detection
-            # reads its record there; fights have their own tests (test_fight_bounded.py)
-            "--no-fight-detection",
         ]
         process = subprocess.Popen(
             argv,
