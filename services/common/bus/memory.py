@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -49,7 +48,7 @@ from tideshift.services.common.bus.delivery import Delivery
 from tideshift.services.common.bus.drops import SlowConsumers
 from tideshift.services.common.bus.kv import Lease, TypedKV
 from tideshift.services.common.bus.port import BusPort
-from tideshift.services.common.bus.rpc import RequestFailed
+from tideshift.services.common.bus.rpc import RequestFailed, answer
 from tideshift.services.common.bus.streams import (
     HISTORY_STREAM,
     STREAMS,
@@ -57,7 +56,6 @@ from tideshift.services.common.bus.streams import (
 )
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
 
-log = logging.getLogger("tideshift.bus")
 T = TypeVar("T", bound=EventData)
 
 
@@ -552,7 +550,7 @@ class MemoryBus:
             raise RequestFailed(f"{subject}: NoRespondersError: no responders")
         responder = responders[next(self.broker._turns) % len(responders)]
         try:
-            return await asyncio.wait_for(_answer(responder, subject, payload), timeout)
+            return await asyncio.wait_for(answer(responder.handler, subject, payload), timeout)
         except TimeoutError as error:
             raise RequestFailed(f"{subject}: TimeoutError: {error}") from error
 
@@ -571,15 +569,6 @@ class MemoryBus:
                 self.broker.responders.remove(responder)
 
         return stop
-
-
-async def _answer(responder: _Responder, subject: str, payload: bytes) -> bytes:
-    """What `rpc.serve` answers: the handler's reply, or `error: ...` when it raised."""
-    try:
-        return await responder.handler(payload)
-    except Exception as error:
-        log.warning("request on %s failed: %s", subject, error)
-        return f"error: {error}".encode()
 
 
 def _implements_the_port(memory: MemoryBus, nats: Bus) -> tuple[BusPort, BusPort]:

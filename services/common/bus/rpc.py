@@ -40,19 +40,27 @@ async def serve(
     requester to time out.
     """
 
-    async def answer(msg: Msg) -> None:
-        try:
-            response = await handler(msg.data)
-        except Exception as error:  # one bad request must not stop the server
-            log.warning("request on %s failed: %s", msg.subject, error)
-            response = f"error: {error}".encode()
+    async def respond(msg: Msg) -> None:
+        response = await answer(handler, msg.subject, msg.data)
         if msg.reply:
             await msg.respond(response)
 
-    subscription = await connection.subscribe(subject, queue=queue or "", cb=answer)
+    subscription = await connection.subscribe(subject, queue=queue or "", cb=respond)
 
     async def stop() -> None:
         with contextlib.suppress(nats.errors.Error):
             await subscription.unsubscribe()
 
     return stop
+
+
+async def answer(
+    handler: Callable[[bytes], Awaitable[bytes]], subject: str, payload: bytes
+) -> bytes:
+    """The handler's reply, or `error: ...` when it raised (one bad request must not stop the
+    server, nor leave the requester to time out)."""
+    try:
+        return await handler(payload)
+    except Exception as error:
+        log.warning("request on %s failed: %s", subject, error)
+        return f"error: {error}".encode()
