@@ -3,16 +3,15 @@
     python docs/gen_reference.py           # (re)write the pages
     python docs/gen_reference.py --check   # exit 1 naming each page that differs from the code
 
-Everything is discovered, nothing is listed here: the settings are the pydantic-settings classes
-the service modules define (nested sections walked recursively, each field's description or
-attribute docstring); the annotations are read from the workload models' field metadata
-(`tideshift.io/...` in a field's alias or `json_schema_extra`) or, failing that, from the
-`*_ANNOTATIONS` maps of an `annotations` module; the commands are the argparse parsers the
-`tideshift` sub-commands build, caught as they parse `--help`; the metrics are the
-prometheus_client objects of every module that imports prometheus_client; the events are the
-AsyncAPI document `tideshift.events.asyncapi` builds; the Helm values are each chart's
-values.yaml (its `# --` comments) with the types of its values.schema.json. The output depends
-only on the code: no dates, paths of this machine or dictionary order of a run.
+Everything is discovered, nothing is listed here: the settings are the pydantic-settings classes the
+service modules define (nested sections walked recursively, each field's description or attribute
+docstring); the annotations are the workload models' annotated fields
+(`tideshift.events.models.annotation_fields`); the commands are the argparse parsers the `tideshift`
+sub-commands (`services/cli.py`'s registry) build, caught as they parse `--help`; the metrics are
+the prometheus_client objects of every module that imports prometheus_client; the events are the
+AsyncAPI document `tideshift.events.asyncapi` builds; the Helm values are each chart's values.yaml
+(its `# --` comments) with the types of its values.schema.json. The output depends only on the code:
+no dates, paths of this machine or dictionary order of a run.
 """
 
 from __future__ import annotations
@@ -329,19 +328,8 @@ def _settings_section(settings: type, bases: list[type], service: str) -> list[s
 
 
 def _service_registry() -> dict[str, str]:
-    """`tideshift run` names -> their modules, from the runner module's registry."""
-    runner = importlib.import_module("tideshift.services.runner")
-    for value in vars(runner).values():
-        if (
-            isinstance(value, dict)
-            and value
-            and all(
-                isinstance(key, str) and isinstance(item, str) and item.startswith("tideshift.")
-                for key, item in value.items()
-            )
-        ):
-            return dict(value)
-    return {}
+    """`tideshift run` names -> their modules (the runner's registry)."""
+    return dict(importlib.import_module("tideshift.services.runner").SERVICES)
 
 
 def _all_subclasses(klass: type) -> list[type]:
@@ -400,44 +388,22 @@ def _service_of(settings: type, by_module: Mapping[str, str]) -> str:
 # ---------------------------------------------------------------- annotations
 
 
-def _annotation_of(field: Any) -> str | None:
-    """The annotation a workload field is read from, wherever its metadata names it: a
-    `json_schema_extra` key mentioning "annotation", an alias, or a metadata object whose
-    class or attribute is named so."""
-    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    candidates = [value for key, value in sorted(extra.items()) if "annotation" in key]
-    candidates += [field.alias, field.validation_alias, field.serialization_alias]
-    for item in field.metadata:
-        if "annotation" in type(item).__name__.lower():
-            candidates += [getattr(item, name, None) for name in ("name", "annotation", "key")]
-            candidates.append(item if isinstance(item, str) else None)
-        candidates.append(getattr(item, "annotation", None))
-    for candidate in candidates:
-        if isinstance(candidate, str) and candidate and " " not in candidate:
-            if "/" in candidate:
-                return candidate if candidate.startswith("tideshift.io/") else None
-            if candidates.index(candidate) < len(extra) or "-" in candidate:
-                return "tideshift.io/" + candidate
-    return None
-
-
 def _annotations_from_models() -> list[list[str]]:
+    """Every workload spec field read from an annotation, as `events.models.annotation_fields`
+    (what the watcher's parser uses) finds them."""
     from pydantic import BaseModel
 
+    models = importlib.import_module("tideshift.events.models")
+    package = models.__name__.rsplit(".", 1)[0]
     rows = []
-    events = importlib.import_module("tideshift.events.models")
     for model in sorted(_all_subclasses(BaseModel), key=lambda c: (c.__module__, c.__qualname__)):
-        if not model.__module__.startswith(events.__name__.rsplit(".", 1)[0]):
+        if not model.__module__.startswith(package):
             continue
         docstrings = _field_docstrings(model)
-        for name, field in model.model_fields.items():
-            annotation = _annotation_of(field)
-            if annotation is None:
-                continue
+        for annotation, (name, expects) in models.annotation_fields(model).items():
+            field = model.model_fields[name]
             words = _description(model, name, field, docstrings)
-            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-            expects = extra.get("expected")
-            if isinstance(expects, str) and expects:
+            if expects:
                 words = f"{words}; expects {_cell(expects)}" if words else _cell(expects)
             rows.append(
                 [_code(annotation), _code(f"{model.__name__}.{name}"), _default(field), words]
@@ -488,43 +454,9 @@ def _comment(lines: list[str], node: ast.stmt) -> str:
     return _cell(" ".join(above))
 
 
-def _annotations_from_maps() -> list[list[str]]:
-    """The older layout: `<ROLE>_ANNOTATIONS` maps (annotation suffix -> policy field)."""
-    names = [name for name, _ in _source_modules() if name.rsplit(".", 1)[-1] == "annotations"]
-    events = importlib.import_module("tideshift.events")
-    rows = []
-    for module in _import_all(names):
-        prefix = getattr(module, "PREFIX", "tideshift.io/")
-        expected = getattr(module, "EXPECTED", {})
-        for attr, mapping in sorted(vars(module).items()):
-            if not (attr.endswith("_ANNOTATIONS") and isinstance(mapping, dict)):
-                continue
-            role = attr.removesuffix("_ANNOTATIONS").lower()
-            model = getattr(events, f"{role.capitalize()}Policy", None)
-            docs = _field_docstrings(model) if model else {}
-            for suffix, field_name in mapping.items():
-                field = model.model_fields.get(field_name) if model else None
-                words = _description(model, field_name, field, docs) if field else ""
-                if field_name in expected:
-                    expects = expected[field_name]
-                    words = f"{words}; expects {expects}" if words else expects
-                rows.append(
-                    [
-                        _code(prefix + suffix),
-                        _cell(role),
-                        _default(field) if field else "",
-                        _cell(words),
-                    ]
-                )
-    return rows
-
-
 def annotations_page() -> str:
     rows = _annotations_from_models()
     header = ["annotation", "spec field", "default", "description"]
-    if not rows:
-        rows = _annotations_from_maps()
-        header = ["annotation", "role", "default", "description"]
     listed = {row[0] for row in rows}
     others = [row for row in _declared_names() if row[0] not in listed]
     body = _table(header, rows)
@@ -617,11 +549,7 @@ def commands_page() -> str:
 
 def _commands_page() -> str:
     cli = importlib.import_module("tideshift.services.cli")
-    registry = next(
-        value
-        for value in vars(cli).values()
-        if isinstance(value, dict) and value and all(isinstance(v, tuple) for v in value.values())
-    )
+    registry = cli.SUBCOMMANDS
     rows = [[_code(f"tideshift {name}"), _cell(entry[1])] for name, entry in registry.items()]
     body = _table(["command", "what it does"], rows)
     resolve = cli._resolve
@@ -937,7 +865,7 @@ def index_page() -> str:
     return _page(
         "Reference",
         "These pages are generated from the code by `docs/gen_reference.py`, so they say what "
-        "the code does. `make lint` fails when one is stale; `make docs` rewrites them.",
+        "the code does. `tests/unit/docs` fails when one is stale; `make docs` rewrites them.",
         _table(["page", "what it lists"], rows),
     )
 
