@@ -35,7 +35,7 @@ __all__ = [
     "WorkloadRef",
 ]
 
-# Labels users put on pod templates (documented in the README).
+# Labels users put on pod templates (listed in docs/reference/annotations.md).
 ROLE_LABEL = "tideshift.io/role"  # serving | training | other (also read as an annotation)
 COMPANION_LABEL = "tideshift.io/companion"  # "true": a fixed helper of a job, not a trainer
 

@@ -1,10 +1,10 @@
 """`tideshift run trainer --job NAME`: the built-in example trainer, a logistic regression
-on the synthetic click log (model.py), written on the public SDK like any user's loop.
+on the synthetic click log (core/model.py), written on the public SDK like any user's loop.
 
-The job's dataset must be `clicks://` URIs (model.dataset_uris); see the README's training
-section for the same loop with a PaddlePaddle model. Exits 0 when the job finishes or after
-SIGTERM (the current batch finishes within --grace-seconds, the rest of the shard goes back
-to the queue).
+The job's dataset must be `clicks://` URIs (model.dataset_uris); see
+docs/guides/elastic-training.md for the same loop with a PaddlePaddle model. Exits 0 when the
+job finishes or after SIGTERM (the current batch finishes within --grace-seconds, the rest of
+the shard goes back to the queue).
 
 Its `/healthz`, `/readyz` and `/metrics` (TrainerHealth) run on a stdlib HTTP server in a
 daemon thread: the loop is synchronous SDK code, not a `runtime` service body. They are up

@@ -1,7 +1,7 @@
-"""`tideshift whatif` as the README shows it: three weeks of the NASA trace (x100) backfilled into
-a real Prometheus, a local control plane with four nodes (tests/fixtures/k8s.py's) holding a
-labelled serving Deployment and a training Job (tests/k8s/test_whatif_k8s.py), the last 14 days
-replayed at a one-minute step with the default forecasting model. Prints the command's output
+"""`tideshift whatif` as docs/guides/whatif.md shows it: three weeks of the NASA trace (x100)
+backfilled into a real Prometheus, a local control plane with four nodes (tests/fixtures/k8s.py's)
+holding a labelled serving Deployment and a training Job (tests/k8s/test_whatif_k8s.py), the last 14
+days replayed at a one-minute step with the default forecasting model. Prints the command's output
 and its wall time, and copies the Tideshift plot to docs/images/whatif-tideshift.png.
 
 Usage: .venv/bin/python tests/benchmarks/bench_whatif.py [--step 10m] [--model NAME] [--out PNG]

@@ -1,5 +1,6 @@
 """One line per chaos scenario: runs, faults injected, items checked, lost, doubled, and the
-time to recover (p50/max). Printed by each scenario and gathered in the README table."""
+time to recover (p50/max). Printed by each scenario and gathered in
+docs/operations/reliability-table.md."""
 
 from __future__ import annotations
 

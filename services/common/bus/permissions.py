@@ -333,7 +333,8 @@ def _event_subjects(rights: tuple[str, ...]) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table of who may publish and subscribe to which event subjects."""
+    """Who may publish and subscribe to which event subjects, as a markdown table (the page
+    docs/reference/bus-identities.md)."""
     lines = [
         "| identity | for | publishes | subscribes to | JetStream API |",
         "| --- | --- | --- | --- | --- |",

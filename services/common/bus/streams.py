@@ -171,7 +171,7 @@ async def read_kept(
 
 
 # The trainer's membership keys expire unless renewed: the bucket's age limit is the
-# membership TTL (`trainer.busport.MEMBER_TTL_SECONDS`; a test keeps the two equal).
+# membership TTL (`trainer.port.bus.MEMBER_TTL_SECONDS`; a test keeps the two equal).
 TRAINER_MEMBER_TTL_SECONDS = 6.0
 
 

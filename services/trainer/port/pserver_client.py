@@ -1,6 +1,6 @@
 """Talking to a job's parameter servers: initialise, pull, push a batch, ask status.
 
-Each pserver holds some pieces of the model (layout.py). A pull asks every pserver for its
+Each pserver holds some pieces of the model (core/layout.py). A pull asks every pserver for its
 pieces in requests of at most `max_piece_bytes`-ish size and reassembles the named arrays;
 a push cuts the batch's gradient into piece updates (dense rows or sparse rows) and sends
 each pserver its own, in parts when they exceed one message. A batch is applied once every

@@ -4,7 +4,7 @@ Waits for the job's spec and for the first trainer to publish the model's layout
 the lease of (job, index): a second pserver with the same index is a hot standby that takes
 over when the holder stops renewing. The leader serves initial values, parameter pulls,
 chunked gradient pushes and status over NATS request/reply, applies each (epoch, shard,
-batch) exactly once (pserver_state.py), and checkpoints pieces, optimiser slots and ledger
+batch) exactly once (core/pserver_state.py), and checkpoints pieces, optimiser slots and ledger
 together to the JetStream object store every few seconds, after initialisation and on
 SIGTERM. A restart loses at most the batches since the last checkpoint; the ledger forgets
 them too, so trainers resume there and the coordinator re-publishes finished shards it lost.

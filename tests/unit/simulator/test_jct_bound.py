@@ -62,8 +62,8 @@ def test_on_edl_training_only_no_policy_is_1_5x_shorter_than_static() -> None:
     assert bound.jobs_at_peak == 10
     assert bound.peak_rate == pytest.approx(10 * 41.2**0.8)
     assert bound.mean_jct_s == pytest.approx(881.7, abs=0.1)
-    # Static's measured mean JCT there is 1,147 s (docs/EVALUATION.md): 1.5x shorter would be
-    # 765 s, below what any policy reaches.
+    # Static's measured mean JCT there is 1,147 s (docs/evaluation/benchmarks.md): 1.5x shorter
+    # would be 765 s, below what any policy reaches.
     assert bound.mean_jct_s > 1147.0 / 1.5
     # Per core (a job's 10 parameter servers shared), 40 and 60 trainers differ by 1.2 %.
     assert bound.per_core[40] / bound.per_core[60] == pytest.approx(1.012, abs=0.001)
