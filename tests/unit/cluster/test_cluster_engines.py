@@ -133,7 +133,9 @@ def test_ray_group_must_be_named_when_there_are_several() -> None:
     adapter = RayClusterAdapter()
     with pytest.raises(UnsupportedTarget, match=r"tideshift\.io/scale-group"):
         adapter.observe(TARGET, ray([group("cpu", 2), group("gpu", 3)]))
-    with pytest.raises(UnsupportedTarget, match="names no worker group"):
+    with pytest.raises(
+        UnsupportedTarget, match=r"'tpu' names no worker group \(worker groups: \['cpu'\]\)"
+    ):
         adapter.observe(TARGET, ray([group("cpu", 2)], {"tideshift.io/scale-group": "tpu"}))
 
 
