@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.support import serving_web
 from tideshift.events import (
     FORECAST,
     NODE_CHANGED,
@@ -31,28 +32,14 @@ from tideshift.events import (
 )
 from tideshift.services.common.bus import Bus
 from tideshift.services.planner.service import Planner
-from tideshift.services.planner.settings import PlannerSettings, ServingTarget, TrainingTarget
+from tideshift.services.planner.settings import PlannerSettings, TrainingTarget
 
 GIB = 2**30
 
 
 def settings_for(unique: str, **overrides: Any) -> PlannerSettings:
     fields: dict[str, Any] = {
-        "serving": [
-            ServingTarget(
-                namespace=unique,
-                name="web",
-                cpu=1.0,
-                memory=GIB,
-                capacity_rps=100.0,
-                min_replicas=1,
-                max_replicas=16,
-                lead_time_s=30.0,
-                margin_s=30.0,
-                stabilization_s=300.0,
-                quantile=0.95,
-            )
-        ],
+        "serving": [serving_web(unique)],
         "training": [
             TrainingTarget(
                 namespace=unique, name="train", cpu=1.0, memory=GIB, min_trainers=2, max_trainers=20

@@ -9,34 +9,26 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.support import StandInPredictor, collect, eventually, node_changed, running
+from tests.fixtures.support import (
+    StandInPredictor,
+    collect,
+    eventually,
+    node_changed,
+    running,
+    serving_web,
+)
 from tideshift import events
 from tideshift.services.common.bus.memory import MemoryBroker, MemoryBus
 from tideshift.services.common.clock import ManualClock
 from tideshift.services.planner import service as planner_service
-from tideshift.services.planner.settings import PlannerSettings, ServingTarget
+from tideshift.services.planner.settings import PlannerSettings
 
 NS = "shop"
-GIB = 2.0**30
 
 
 def settings(**overrides: Any) -> PlannerSettings:
     fields: dict[str, Any] = {
-        "serving": [
-            ServingTarget(
-                namespace=NS,
-                name="web",
-                cpu=1.0,
-                memory=GIB,
-                capacity_rps=100.0,
-                min_replicas=1,
-                max_replicas=16,
-                lead_time_s=30.0,
-                margin_s=30.0,
-                stabilization_s=300.0,
-                quantile=0.95,
-            )
-        ],
+        "serving": [serving_web(NS)],
         "tick_seconds": 15.0,
         "health_port": -1,
         "rise_history_bucket": "",
