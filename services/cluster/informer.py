@@ -1,7 +1,7 @@
 """List+watch of one Kubernetes resource into a cache, like a client-go informer, and the
 ReplicaSet owner cache the pods' informer resolves through.
 
-Decides when to relist, resume or back off; converting objects is `cluster.conversions`, and
+Decides when to relist, resume or back off; converting objects is `cluster.core.conversions`, and
 the port (`cluster.kubernetes`) runs one informer per resource in its own thread because the
 client blocks. Imports the client only for its errors; never the bus or a service.
 

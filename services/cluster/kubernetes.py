@@ -5,7 +5,7 @@ reads and writes a target's scale, and records events.
 
 Decides how a scale write meets a conflict (re-read, bounded) and which client errors are
 the port's own (`KeyError`, `ClusterError(transient=...)`); conversions are
-`cluster.conversions`, the list+watch loop `cluster.informer`. Only this module and the
+`cluster.core.conversions`, the list+watch loop `cluster.informer`. Only this module and the
 adapters talk to the apiserver; never the bus or a service.
 
 Pods are resolved to the workload that scales them: Pod -> ReplicaSet -> Deployment

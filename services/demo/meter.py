@@ -31,7 +31,7 @@ class Meter:
     The cluster figures (utilisation, cpu used and lent, stranded, shortfall, starved minutes,
     training's share of spare) go through `tideshift simulate`'s accountant
     (`simulator/core/measures.py`), so the two tables mean the same; training work goes through
-    its work model (`simulator/training.py`).
+    its work model (`simulator/core/training.py`).
     """
 
     shape: WorldShape

@@ -1,7 +1,7 @@
 """The `tideshift-packing` kube-scheduler profile, beside the default one: training pods that
 name it are packed onto the busiest node that fits (NodeResourcesFit `MostAllocated`, GPUs
 weighted 3), CPU-only pods prefer nodes without GPUs, and nothing spreads pods on purpose.
-It is the scheduler's side of `cluster.placement`, the model the planner and the simulator
+It is the scheduler's side of `cluster.core.placement`, the model the planner and the simulator
 use. The chart ships the same profile (`charts/tideshift/files/scheduler-packing.yaml`) for
 users' clusters; a test keeps the two equal."""
 

@@ -1,5 +1,5 @@
 """Lending serving's idle reservation: per node, what non-batch pods request but do not use,
-within allocatable - what they use - a margin (`cluster.overcommit.lendable`, the planner's
+within allocatable - what they use - a margin (`cluster.core.overcommit.lendable`, the planner's
 definition too), advertised as the extended resources `tideshift.io/batch-cpu` (millicores)
 and `tideshift.io/batch-memory` (bytes) on each Node's status. Trainers that opt in request
 those instead of cpu/memory and run below serving; when serving's usage rises, what is

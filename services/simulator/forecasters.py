@@ -1,5 +1,5 @@
 """Forecasts for the simulator: the true future (oracle) or the predictor's model, fitted,
-refitted, updated and widened by the predictor's own decisions (`predictor/forecasting.py`)
+refitted, updated and widened by the predictor's own decisions (`predictor/core/forecasting.py`)
 on the profile's history; no clock, no I/O."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class OracleForecaster:
 @dataclass
 class ModelForecaster:
     """The predictor's model, deciding as the predictor service does
-    (`predictor/forecasting.py`): fitted on `history_s` before t = 0, refitted every
+    (`predictor/core/forecasting.py`): fitted on `history_s` before t = 0, refitted every
     `refit_s`, updated with each new sample, and, while the profile gives no usable sample
     (NaN or negative), stale and widened."""
 

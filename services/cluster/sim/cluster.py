@@ -2,7 +2,7 @@
 
 `SimCluster.step(now)` advances the cluster to `now`: workload controllers create or delete
 pods to match each workload's desired replicas, the scheduler binds pending pods (the packing
-model of `cluster.placement`, gang minimums for elastic jobs, priority preemption) and bound
+model of `cluster.core.placement`, gang minimums for elastic jobs, priority preemption) and bound
 pods become ready after their start-up delay. Nothing happens between steps, so a simulated
 day costs only as many steps as the caller takes. The async `ClusterPort` methods wrap the
 synchronous ones.
@@ -372,7 +372,7 @@ class SimCluster:
     def _best_node(
         self, request: Resources, free: dict[str, list[float]] | None = None
     ) -> str | None:
-        """The node `cluster.placement` picks (the packing scheduler profile's model)."""
+        """The node `cluster.core.placement` picks (the packing scheduler profile's model)."""
         names = [name for name, sim_node in self._nodes.items() if sim_node.node.schedulable]
         if not names:
             return None

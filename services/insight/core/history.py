@@ -74,7 +74,7 @@ class Step:
 
     @property
     def pinned(self) -> bool:
-        # The planner's words for a pin (`planner/targets.py`, `pin_reason`).
+        # The planner's words for a pin (`planner/core/targets.py`, `pin_reason`).
         return self.reason.startswith("pinned at ")
 
     def as_json(self) -> dict[str, Any]:

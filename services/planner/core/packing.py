@@ -1,5 +1,5 @@
 """Per-node packing: how many pods of a shape fit where, placement as the scheduler packs and
-which pods leave when a target shrinks (both `cluster.placement`, shared with the simulator and
+which pods leave when a target shrinks (both `cluster.core.placement`, shared with the simulator and
 the executor), stranded capacity, and the cluster's pods as sparse per-node entries of the
 managed targets. Pure numpy; no I/O."""
 
@@ -37,7 +37,7 @@ def slots_per_node(free: FloatArray, request: FloatArray) -> IntArray:
 def pack_sparse(
     free: FloatArray, request: FloatArray, count: int, allocatable: FloatArray
 ) -> tuple[IntArray, IntArray]:
-    """Place `count` identical pods as the scheduler would (`cluster.placement`: CPU-only pods
+    """Place `count` identical pods as the scheduler would (`cluster.core.placement`: CPU-only pods
     off GPU nodes while others fit, then the most allocated node first): (node rows, pods on
     each); the sum may fall short.
 

@@ -88,7 +88,7 @@ async def test_healthy_source_gives_fresh_forecasts_over_the_horizon() -> None:
     assert event.model == "portfolio"
     assert len(event.points) == 10
     # The sample stamped START measures the step before it: the first step forecast is the
-    # one from START (predictor/forecasting.py keeps samples at their step's start).
+    # one from START (predictor/core/forecasting.py keeps samples at their step's start).
     assert event.points[0].at.timestamp() == START
     assert event.workload.name == "web" and event.workload.kind == "Deployment.apps"
     assert source.queries[0] == 'sum(rate(http_requests_total{app="web"}[1m]))'

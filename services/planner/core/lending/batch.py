@@ -1,7 +1,7 @@
 """Batch capacity: jobs that opted in (`TrainingJob.batch`) are planned on what serving
 reserves but does not use. Per node, the room is serving's idle reservation (its placed
 requests x (1 - how busy its forecast keeps it)), within allocatable x (1 - margin) - what
-every non-batch pod uses (`cluster.overcommit`); room no request holds is not lent, since any
+every non-batch pod uses (`cluster.core.overcommit`); room no request holds is not lent, since any
 pod (a new job, a serving scale-up) may bind there at once. Batch trainers are the first to
 shrink: a trainer on a node whose room fell below it leaves at the next plan, while growth
 waits until the room has stayed for `batch_grow_after_s` (the room's rises come and go with
