@@ -1,17 +1,18 @@
-"""The bus against a real nats-server: typed pub/sub, JetStream, leases, dead letters, MQTT."""
+"""The bus against a real nats-server: typed pub/sub, JetStream, leases, dead letters, MQTT
+(what the in-memory bus does alike is tested on both in test_bus_behaviour.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TypeVar
 
 import aiomqtt
 import pytest
 from prometheus_client import REGISTRY
 
+from tests.fixtures.support import NOW, pod_changed, started
 from tideshift import events
 from tideshift.services.common.bus import (
     DEAD_LETTER_STREAM,
@@ -19,13 +20,11 @@ from tideshift.services.common.bus import (
     STREAMS,
     TRAINING_TASK_STREAM,
     Bus,
-    KVConflict,
     RequestFailed,
 )
 from tideshift.services.common.embedded_nats import EmbeddedNats
 
 T = TypeVar("T")
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
 WAIT = 10.0
 
 
@@ -40,32 +39,8 @@ def command(namespace: str, desired: int = 3, key: str = "k1") -> events.ScaleCo
     )
 
 
-def pod(namespace: str, name: str = "web-1") -> events.PodChanged:
-    return events.PodChanged(
-        change="added", namespace=namespace, name=name, phase="Running", observed_at=NOW
-    )
-
-
 async def first(iterator: AsyncIterator[T], timeout: float = WAIT) -> T:
     return await asyncio.wait_for(anext(iterator), timeout)
-
-
-@contextlib.asynccontextmanager
-async def started(iterator: AsyncIterator[T]) -> AsyncIterator[asyncio.Queue[T]]:
-    """Run an async iterator in the background, collecting into a queue."""
-    queue: asyncio.Queue[T] = asyncio.Queue()
-
-    async def pump() -> None:
-        async for item in iterator:
-            await queue.put(item)
-
-    task = asyncio.create_task(pump())
-    try:
-        yield queue
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def subscribed(bus: Bus) -> None:
@@ -78,32 +53,12 @@ async def test_typed_publish_and_subscribe(bus: Bus, unique: str) -> None:
     async with started(subscription) as received:
         await asyncio.sleep(0)
         await subscribed(bus)
-        sent = pod(unique, name="api.v2")
+        sent = pod_changed(unique, name="api.v2")
         await bus.publish(events.POD_CHANGED.at(namespace=unique, name="api.v2"), sent)
         envelope = await asyncio.wait_for(received.get(), WAIT)
     assert envelope.data == sent
     assert envelope.subject == f"tideshift.v1.cluster.pod.{unique}.api_2Ev2"
     assert envelope.source.startswith("tideshift/")
-
-
-async def test_publish_rejects_the_wrong_model_and_wildcards(bus: Bus, unique: str) -> None:
-    with pytest.raises(TypeError, match="carries PodChanged"):
-        await bus.publish(
-            events.POD_CHANGED.at(namespace=unique, name="a"),
-            command(unique),  # type: ignore[arg-type]
-        )
-    with pytest.raises(ValueError, match="wildcard"):
-        await bus.publish(events.POD_CHANGED.filter(namespace=unique), pod(unique))
-
-
-async def test_each_subject_goes_only_by_its_own_transport(bus: Bus, unique: str) -> None:
-    """A durable subject on core NATS would go unconfirmed; telemetry on JetStream finds no
-    stream. Both fail loudly instead."""
-    durable = events.SCALE_COMMAND.at(namespace=unique, kind="Deployment", name="web")
-    with pytest.raises(ValueError, match="publish_durable"):
-        await bus.publish(durable, command(unique))
-    with pytest.raises(ValueError, match="core NATS"):
-        await bus.publish_durable(events.POD_CHANGED.at(namespace=unique, name="a"), pod(unique))
 
 
 def test_streams_capture_exactly_the_durable_subjects() -> None:
@@ -114,32 +69,6 @@ def test_streams_capture_exactly_the_durable_subjects() -> None:
         "tideshift.v1.scale.command.*.*.*",
         "tideshift.v1.scale.result.*.*.*",
     )
-
-
-async def test_jetstream_redelivers_what_was_not_acked(bus: Bus, unique: str) -> None:
-    subject = events.SCALE_COMMAND.at(namespace=unique, kind="Deployment", name="web.v1")
-    await bus.publish_durable(subject, command(unique), msg_id=f"{unique}-1")
-    deliveries = bus.consume(
-        events.SCALE_COMMAND.filter(namespace=unique),
-        stream=SCALE_STREAM,
-        durable=f"redeliver-{unique}",
-        ack_wait_seconds=1.0,
-    )
-    first_delivery = await first(deliveries)
-    assert first_delivery.num_delivered == 1
-    # Not acked: after the ack wait the same message comes again.
-    second_delivery = await first(deliveries)
-    assert second_delivery.event.data == first_delivery.event.data
-    assert second_delivery.num_delivered == 2
-    await second_delivery.ack()
-    await deliveries.aclose()
-
-
-async def test_durable_publish_deduplicates_by_message_id(bus: Bus, unique: str) -> None:
-    subject = events.SCALE_COMMAND.at(namespace=unique, kind="Deployment", name="web")
-    first_seq = await bus.publish_durable(subject, command(unique), msg_id=f"{unique}-dup")
-    again_seq = await bus.publish_durable(subject, command(unique), msg_id=f"{unique}-dup")
-    assert first_seq == again_seq
 
 
 async def test_two_durable_consumers_share_work(bus: Bus, unique: str) -> None:
@@ -181,7 +110,7 @@ BAD_INPUTS = {
         b"io.tideshift.scale.command.v1", b"io.tideshift.scale.command.v7"
     ),
     "unexpected_type": events.encode(command("x"), source="t"),
-    "invalid": events.encode(pod("x"), source="t").replace(b'"Running"', b'"Sleeping"'),
+    "invalid": events.encode(pod_changed("x"), source="t").replace(b'"Running"', b'"Sleeping"'),
     "too_large": b"{" + b" " * 4096 + b"}",
 }
 
@@ -199,7 +128,7 @@ async def test_bad_messages_are_dead_lettered_and_the_subscriber_keeps_going(
             await subscribed(small)
             for raw in BAD_INPUTS.values():
                 await small.connection.publish(f"tideshift.v1.cluster.pod.{unique}.bad", raw)
-            good = pod(unique)
+            good = pod_changed(unique)
             await small.publish(events.POD_CHANGED.at(namespace=unique, name="good"), good)
             envelope = await asyncio.wait_for(received.get(), WAIT)
             assert envelope.data == good, "the valid message after the bad ones arrives"
@@ -257,26 +186,12 @@ async def aiomqtt_messages(client: aiomqtt.Client) -> AsyncIterator[aiomqtt.Mess
 
 async def test_kv_helper_round_trips_models(bus: Bus, unique: str) -> None:
     kv = await bus.kv(f"test_{unique}")
-    await kv.put("a", pod(unique))
-    assert await kv.get("a", events.PodChanged) == pod(unique)
+    await kv.put("a", pod_changed(unique))
+    assert await kv.get("a", events.PodChanged) == pod_changed(unique)
     assert await kv.get("missing", events.PodChanged) is None
     await kv.raw.put("broken", b"{not json")
     items = [key async for key, _ in kv.items(events.PodChanged)]
     assert items == ["a"], "an unreadable value is skipped, not raised"
-
-
-async def test_request_reply_and_handler_errors(bus: Bus, unique: str) -> None:
-    async def handler(payload: bytes) -> bytes:
-        if payload == b"boom":
-            raise ValueError("bad request")
-        return payload.upper()
-
-    stop = await bus.serve(f"test.{unique}.echo", handler)
-    try:
-        assert await bus.request(f"test.{unique}.echo", b"hi") == b"HI"
-        assert await bus.request(f"test.{unique}.echo", b"boom") == b"error: bad request"
-    finally:
-        await stop()
 
 
 async def test_objects_queue_depth_and_failed_requests(bus: Bus, unique: str) -> None:
@@ -300,31 +215,18 @@ async def test_objects_queue_depth_and_failed_requests(bus: Bus, unique: str) ->
         await bus.request(f"test.{unique}.nobody", b"?", timeout=2)
 
 
-async def test_kv_compare_and_set(bus: Bus, unique: str) -> None:
-    kv = await bus.kv(f"cas_{unique}")
-    value, revision = await kv.get_revision("k", events.PodChanged)
-    assert (value, revision) == (None, None)
-    first_revision = await kv.update("k", pod(unique, "a"), revision=None)
-    with pytest.raises(KVConflict):
-        await kv.update("k", pod(unique, "b"), revision=None)
-    await kv.update("k", pod(unique, "c"), revision=first_revision)
-    with pytest.raises(KVConflict):
-        await kv.update("k", pod(unique, "d"), revision=first_revision)
-    assert await kv.get("k", events.PodChanged) == pod(unique, "c")
-
-
 async def test_kv_key_listings_leave_no_consumers_behind(bus: Bus, unique: str) -> None:
     # A coordinator lists its trainers twice a second; a listing's consumer left behind
     # would bring the bucket's stream to JetStream's 1,000-consumer limit within minutes.
     kv = await bus.kv(f"keys_{unique}")
     assert await kv.keys() == []
-    await kv.put("kept", pod(unique, "a"))
-    await kv.put("gone", pod(unique, "b"))
+    await kv.put("kept", pod_changed(unique, "a"))
+    await kv.put("gone", pod_changed(unique, "b"))
     await kv.delete("gone")
     for _ in range(50):  # every listing complete: none ends before its keys arrive
         assert await kv.keys() == ["kept"]
     assert (await bus.js.stream_info(f"KV_keys_{unique}")).state.consumer_count == 0
     many = [f"k{index:03d}" for index in range(600)]  # more than one fetch
     for key in many:
-        await kv.put(key, pod(unique, key))
+        await kv.put(key, pod_changed(unique, key))
     assert sorted(await kv.keys()) == sorted([*many, "kept"])
