@@ -223,7 +223,6 @@ class LocalCluster:
     def start_engines(self, names: Sequence[str], progress: Progress | None = None) -> None:
         """Installs the engines' CRDs and webhooks, starts them and waits until each is ready."""
         say = progress or (lambda _message: None)
-        require_engines(self.engines_dir, names)
         context = EngineContext(
             engines_dir=self.engines_dir,
             state_dir=self.state_dir,

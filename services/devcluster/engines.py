@@ -391,9 +391,11 @@ def _kueue_launch(
                 configuration, name=name, base_url=base_url, ca_pem=certs.ca_pem, keep=keep
             ),
         )
-    config = _kueue_config(health=health, metrics=metrics, webhook=webhook, cert_dir=cert_dir)
+    config = _kueue_config(
+        health=health, metrics=metrics, webhook=webhook, cert_dir=cert_dir, frameworks=frameworks
+    )
     config_path = directory / "config.yaml"
-    config_path.write_text(yaml.safe_dump({**config, "integrations": {"frameworks": frameworks}}))
+    config_path.write_text(yaml.safe_dump(config))
     launch = EngineLaunch(
         name="kueue",
         binary=context.engines_dir / "bin" / ENGINES["kueue"].binary,
@@ -405,7 +407,9 @@ def _kueue_launch(
     return launch, [crd["metadata"]["name"] for crd in crds]
 
 
-def _kueue_config(*, health: int, metrics: int, webhook: int, cert_dir: Path) -> dict[str, object]:
+def _kueue_config(
+    *, health: int, metrics: int, webhook: int, cert_dir: Path, frameworks: Sequence[str]
+) -> dict[str, object]:
     """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for one loopback instance."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -422,4 +426,5 @@ def _kueue_config(*, health: int, metrics: int, webhook: int, cert_dir: Path) ->
         },
         # The visibility API would need an APIService and a port of its own; not used here.
         "featureGates": {"VisibilityOnDemand": False},
+        "integrations": {"frameworks": list(frameworks)},
     }
