@@ -10,9 +10,9 @@ pserver applied (or had already applied) it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,7 @@ from tideshift.services.trainer.core.wire import WireError, header_int, pack, un
 from tideshift.services.trainer.port.bus import PServerOp, pserver_subject
 
 Array = npt.NDArray[Any]
+R = TypeVar("R")
 PARTS_IN_FLIGHT = 8  # concurrent parts of one push to one pserver
 SparseRows = tuple[Array, Array]  # (row indices, rows)
 Gradient = Array | SparseRows
@@ -59,11 +60,15 @@ class PServerStatus:
     finished: bool = False
 
 
-def _unpack_reply(subject: str, raw: bytes) -> tuple[dict[str, Any], dict[str, Array]]:
+def _unpack_reply(
+    subject: str, raw: bytes, decode: Callable[[bytes], tuple[dict[str, Any], R]]
+) -> tuple[dict[str, Any], R]:
+    """A pserver's reply as `decode` reads it; RequestFailed for an error reply or a malformed
+    one."""
     if raw.startswith(b"error: "):
         raise RequestFailed(f"{subject}: {raw.decode(errors='replace')}")
     try:
-        header, arrays = unpack(raw)
+        header, arrays = decode(raw)
     except WireError as error:
         raise RequestFailed(f"{subject}: malformed reply: {error}") from error
     if (message := header.get("error")) is not None:
@@ -138,7 +143,7 @@ class StatusClient:
         if position is not None:
             request["epoch"], request["shard"] = position
         raw = await self.bus.request(subject, pack(request), timeout=self.timeout)
-        header, arrays = _unpack_reply(subject, raw)
+        header, arrays = _unpack_reply(subject, raw, unpack)
         applied, missing = arrays.get("applied"), arrays.get("missing")
         for name, pairs in (("applied", applied), ("missing", missing)):
             if pairs is None or pairs.ndim != 2 or pairs.shape[1] != 2:
@@ -197,20 +202,13 @@ class PServerClient(StatusClient):
                 raw = await self.bus.request(
                     subject, pack_pieces({"job": self.spec.job}, values), timeout=self.timeout
                 )
-                _unpack_reply(subject, raw)
+                _unpack_reply(subject, raw, unpack)
 
     async def _pull_group(self, index: int, group: list[Piece]) -> dict[int, Array]:
         subject = self._subject(index, "params")
         payload = pack({"job": self.spec.job, "pieces": [piece.id for piece in group]})
         raw = await self.bus.request(subject, payload, timeout=self.timeout)
-        if raw.startswith(b"error: "):
-            raise RequestFailed(f"{subject}: {raw.decode(errors='replace')}")
-        try:
-            header, values = unpack_pieces(raw)
-        except WireError as error:
-            raise RequestFailed(f"{subject}: malformed reply: {error}") from error
-        if (message := header.get("error")) is not None:
-            raise RequestFailed(f"{subject}: {message}")
+        _, values = _unpack_reply(subject, raw, unpack_pieces)
         return values
 
     async def pull(self) -> dict[str, Array]:
@@ -266,7 +264,7 @@ class PServerClient(StatusClient):
             )
             async with in_flight:
                 raw = await self.bus.request(subject, payload, timeout=self.timeout)
-            header, _ = _unpack_reply(subject, raw)
+            header, _ = _unpack_reply(subject, raw, unpack)
             return header
 
         # Parts travel concurrently; the reply to whichever completes the push carries the
