@@ -58,14 +58,22 @@ async def serve(listener: socket.socket, host: str, port: int) -> None:
         await server.serve_forever()
 
 
+def host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected host:port (port 1-65535), got {text!r}")
+    return host, int(port)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--netns", required=True)
-    parser.add_argument("--target", required=True, help="host:port inside the namespace")
+    parser.add_argument(
+        "--target", required=True, type=host_port, help="host:port inside the namespace"
+    )
     parser.add_argument("--port", type=int, default=0, help="loopback port (0: any free one)")
     parser.add_argument("--port-file", required=True)
     args = parser.parse_args()
-    host, _, port = args.target.rpartition(":")
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -75,7 +83,7 @@ def main() -> None:
     tmp = Path(args.port_file + ".tmp")
     tmp.write_text(f"{listener.getsockname()[1]}\n")
     tmp.rename(args.port_file)
-    asyncio.run(serve(listener, host, int(port)))
+    asyncio.run(serve(listener, *args.target))
 
 
 if __name__ == "__main__":
