@@ -102,22 +102,21 @@ class _Consumer:
     max_deliver: int
     max_ack_pending: int
     next_seq: int = 1
+    # Delivered and not yet settled; one delivered max_deliver times and never acked leaves
+    # it unsettled and is not delivered again (JetStream stops there, and so does this).
     pending: dict[int, _Pending] = field(default_factory=dict)
-    # Delivered max_deliver times and never acked: JetStream stops there, and so does this.
-    exhausted: set[int] = field(default_factory=set)
 
 
 @dataclass
 class _Stream:
     spec: StreamSpec
-    patterns: tuple[str, ...]
     messages: dict[int, _Stored] = field(default_factory=dict)
     last_seq: int = 0
     ids: dict[str, tuple[int, float]] = field(default_factory=dict)
     consumers: dict[str, _Consumer] = field(default_factory=dict)
 
     def holds(self, subject: str) -> bool:
-        return any(subject_matches(pattern, subject) for pattern in self.patterns)
+        return any(subject_matches(pattern, subject) for pattern in self.spec.subjects)
 
     def store(self, subject: str, data: bytes, msg_id: str | None, now: float) -> int:
         window = self.spec.duplicate_window_seconds
@@ -146,7 +145,6 @@ class _Stream:
             elif pending.due <= now:
                 if 0 < consumer.max_deliver <= pending.deliveries:
                     del consumer.pending[seq]
-                    consumer.exhausted.add(seq)
                     continue
                 pending.deliveries += 1
                 pending.due = now + consumer.ack_wait
@@ -353,7 +351,7 @@ class MemoryBroker:
         if spec.name in self.streams:
             self.streams[spec.name].spec = spec
             return
-        self.streams[spec.name] = _Stream(spec, spec.subjects)
+        self.streams[spec.name] = _Stream(spec)
 
     def stream_of(self, subject: str) -> _Stream:
         for stream in self.streams.values():
