@@ -158,9 +158,18 @@ def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _exit_invalid(prog: str, field: str, reason: str, *, where: str = "") -> NoReturn:
+def _exit_invalid(
+    prog: str,
+    settings_class: type[ServiceSettings],
+    field: str,
+    reason: str,
+    *,
+    where: str = "",
+) -> NoReturn:
+    old = [_flag(name) for name, new in settings_class.renamed.items() if new == field]
     print(
-        f"{prog}: invalid {_flag(field)} (env TIDESHIFT_{field.upper()})"
+        f"{prog}: invalid {_flag(field)} (env {ENV_PREFIX}{field.upper()}"
+        f"{'; old names ' + ', '.join(old) if old else ''})"
         f"{' at ' + where if where else ''}: {reason}",
         file=sys.stderr,
     )
@@ -194,7 +203,7 @@ def parse_settings(settings_class: type[S], argv: Sequence[str], *, prog: str) -
         first = error.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "?"
         where = ".".join(str(part) for part in first["loc"][1:])
-        _exit_invalid(prog, field, first["msg"], where=where)
+        _exit_invalid(prog, settings_class, field, first["msg"], where=where)
     except SettingsError as error:
         # Malformed JSON in a list or mapping setting, from a flag or the environment.
         reason = str(error.__cause__ or error)
@@ -202,7 +211,7 @@ def parse_settings(settings_class: type[S], argv: Sequence[str], *, prog: str) -
         if named is None:
             print(f"{prog}: {reason}", file=sys.stderr)
             raise SystemExit(2) from None
-        _exit_invalid(prog, named, f"expected JSON ({reason})")
+        _exit_invalid(prog, settings_class, named, f"expected JSON ({reason})")
 
 
 # What a node never lends to batch trainers, as a fraction of its allocatable: the default

@@ -51,3 +51,14 @@ def test_no_unprefixed_environment_variable_is_read(monkeypatch: pytest.MonkeyPa
 def test_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError, match="lend_margin"):
         ExecutorSettings(lend_margin=1.0)
+
+
+def test_a_bad_value_under_an_old_name_names_the_old_names_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(ExecutorSettings, ["--batch-margin", "2"], prog="t")
+    assert capsys.readouterr().err.startswith(
+        "t: invalid --lend-margin (env TIDESHIFT_LEND_MARGIN; "
+        "old names --overcommit-margin, --batch-margin): "
+    )
