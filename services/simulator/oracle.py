@@ -73,9 +73,11 @@ class TruthForecaster:
 
 @dataclass
 class OraclePolicy:
-    """Tideshift's planner with a perfect forecast and zero headroom (module docstring)."""
+    """Tideshift's planner with a perfect forecast and zero headroom (module docstring). The
+    run feeds it the forecasts of its `forecasters` (the truth, in serving order) as it feeds
+    every policy its scenario's forecaster's."""
 
-    forecasters: Mapping[pol.Target, TruthForecaster]
+    forecasters: Sequence[TruthForecaster]
     # Per serving workload: the seconds a replica takes from the plan to ready.
     startup_s: Mapping[pol.Target, float]
     plan_every_s: float
@@ -102,13 +104,7 @@ class OraclePolicy:
         return tuple(exact)
 
     def plan(self, inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, PlanState]:
-        exact_inputs = replace(
-            inputs,
-            serving=self._serving(inputs.serving),
-            forecasts={
-                target: forecaster.forecast(now) for target, forecaster in self.forecasters.items()
-            },
-        )
+        exact_inputs = replace(inputs, serving=self._serving(inputs.serving))
         # No learned rise, no panic window: the future is known, so no margin is priced.
         clean = replace(state, serving_misses={})
         decision, new_state = pol.plan(exact_inputs, clean, now)
@@ -130,10 +126,7 @@ def oracle_policy(
     window = max([max(w.lead_time_s, s) for w, s in zip(serving, startup_s, strict=True)] + [0.0])
     horizon = max(horizon_s, window + plan_every_s + 2 * step_s)
     return OraclePolicy(
-        forecasters={
-            w.target: TruthForecaster(p, step_s, horizon)
-            for w, p in zip(serving, profiles, strict=True)
-        },
+        forecasters=tuple(TruthForecaster(p, step_s, horizon) for p in profiles),
         startup_s={w.target: s for w, s in zip(serving, startup_s, strict=True)},
         plan_every_s=plan_every_s,
         step_s=step_s,

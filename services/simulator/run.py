@@ -55,7 +55,7 @@ from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.baselines import Policy, make_policy
 from tideshift.services.simulator.core import measures as msr
 from tideshift.services.simulator.core.training import JobProgress, WorkModel
-from tideshift.services.simulator.forecasters import make_forecaster
+from tideshift.services.simulator.forecasters import SimForecaster, make_forecaster
 from tideshift.services.simulator.lending import LendingCluster, serving_busy
 from tideshift.services.simulator.oracle import ORACLE, oracle_policy, versus_oracle
 from tideshift.services.simulator.scenario import JobGroup, Scenario
@@ -174,8 +174,10 @@ class _Run:
             for spec, profile in zip(scenario.serving, profiles, strict=True)
         }
         self.serving = tuple(serving_workload(spec) for spec in scenario.serving)
-        self.policy: Policy[Any] = (
-            oracle_policy(
+        self.policy: Policy[Any]
+        self.forecasters: list[SimForecaster]
+        if name == ORACLE:
+            oracle = oracle_policy(
                 self.serving,
                 profiles,
                 [spec.startup_delay_s for spec in scenario.serving],
@@ -183,11 +185,12 @@ class _Run:
                 step_s=scenario.step_s,
                 horizon_s=scenario.forecaster.horizon_s,
             )
-            if name == ORACLE
-            else make_policy(name, serving_peak=self.peak)
-        )
+            # The oracle plans on the truth: the scenario's forecaster would run for nothing.
+            self.policy, self.forecasters = oracle, list(oracle.forecasters)
+        else:
+            self.policy = make_policy(name, serving_peak=self.peak)
+            self.forecasters = [make_forecaster(scenario, profile) for profile in profiles]
         self.state = self.policy.initial_state()
-        self.forecasters = [make_forecaster(scenario, profile) for profile in profiles]
         self.serving_refs = [w.target for w in self.serving]
         self.cluster = self._start_cluster()
         self.arrivals = job_arrivals(scenario)
@@ -212,9 +215,10 @@ class _Run:
         )
         self.next_plan = 0.0
         self.plan_every = self.policy.cadence_s or scenario.plan_interval_s
-        self.state = warm_state(
-            self.state, scenario, profiles, self.serving, plan_every_s=self.plan_every
-        )
+        if name != ORACLE:  # the oracle forgets learned rises before every plan
+            self.state = warm_state(
+                self.state, scenario, profiles, self.serving, plan_every_s=self.plan_every
+            )
         self.series_every = max(scenario.step_s, scenario.duration_s / 1500)
         self.next_series = 0.0
         series_keys = ("t", "demand", "capacity", "util_cpu")
