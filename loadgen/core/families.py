@@ -32,6 +32,11 @@ class FamilySeries:
     counts: FloatArray
 
 
+def _span(t: FloatArray) -> float:
+    """The seconds the series' times cover; a day for a single point (the events' scale)."""
+    return float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+
+
 def _daily_shape(
     t: FloatArray, rng: np.random.Generator, *, ratio: tuple[float, float]
 ) -> FloatArray:
@@ -73,7 +78,7 @@ def _weekly(t: FloatArray, rng: np.random.Generator) -> FloatArray:
 def _flash_crowds(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     """A mild day curve plus surges of random size (2-10x) at random times."""
     rate = _daily_shape(t, rng, ratio=(1.3, 3.0))
-    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    span = _span(t)
     count = int(rng.poisson(1.2 * span / DAY_S))
     for _ in range(count):
         start = t[0] + rng.uniform(0, span)
@@ -104,7 +109,7 @@ def _bursty(t: FloatArray, rng: np.random.Generator) -> FloatArray:
 def _level_shifts(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     """A day curve whose level steps up or down (by 0.5x-2x) at random times."""
     rate = _daily_shape(t, rng, ratio=(1.5, 4.0))
-    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    span = _span(t)
     for _ in range(int(rng.poisson(0.4 * span / DAY_S))):
         at = t[0] + rng.uniform(0, span)
         rate = rate * np.where(t >= at, math.exp(rng.uniform(-0.7, 0.7)), 1.0)
@@ -132,7 +137,7 @@ def _periodic_spikes(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     """
     rate = _daily_shape(t, rng, ratio=(1.2, 2.0))
     period_s = rng.uniform(HOUR_S, 3 * HOUR_S)
-    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    span = _span(t)
     first = t[0] + rng.uniform(0.0, period_s)
     for nominal in np.arange(first, t[0] + span + period_s, period_s):
         start = nominal + rng.uniform(-0.1, 0.1) * period_s
@@ -159,7 +164,7 @@ def _steep_daily(t: FloatArray, rng: np.random.Generator) -> FloatArray:
 def _jittered_spikes(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     """A mild day curve plus short spikes (3-8x) at Poisson times: no schedule to learn."""
     rate = _daily_shape(t, rng, ratio=(1.2, 2.0))
-    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    span = _span(t)
     for _ in range(int(rng.poisson(rng.uniform(8.0, 20.0) * span / DAY_S))):
         start = t[0] + rng.uniform(0.0, span)
         inside = (t >= start) & (t < start + rng.uniform(60.0, 900.0))
@@ -171,7 +176,7 @@ def _drifting_schedule(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     """Spikes on a schedule whose period drifts (each gap 0.85-1.15x the last, within
     1-4 h): a recurrence fitted on the past lands further off each time."""
     rate = _daily_shape(t, rng, ratio=(1.2, 2.0))
-    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    span = _span(t)
     period = rng.uniform(HOUR_S, 3 * HOUR_S)
     start = t[0] + rng.uniform(0.0, period)
     while start < t[0] + span:
@@ -186,7 +191,7 @@ def _noise_bursts(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     """A day curve, calm most of the time, with episodes of 20-90 min of heavy noise
     (log-normal, sigma 0.5-1) a few times a day."""
     rate = _daily_shape(t, rng, ratio=(1.5, 3.0))
-    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    span = _span(t)
     sigma = np.zeros(t.shape[0])
     for _ in range(int(rng.poisson(4.0 * span / DAY_S))):
         start = t[0] + rng.uniform(0.0, span)
@@ -200,7 +205,7 @@ def _noise_bursts(t: FloatArray, rng: np.random.Generator) -> FloatArray:
 def _step_changes(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     """A flat level that steps (0.4x-2.5x) a few times a day, with no daily cycle."""
     rate = np.ones(t.shape[0])
-    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    span = _span(t)
     for _ in range(int(rng.poisson(3.0 * span / DAY_S))):
         at = t[0] + rng.uniform(0.0, span)
         rate = rate * np.where(t >= at, math.exp(rng.uniform(-0.9, 0.9)), 1.0)
@@ -213,7 +218,7 @@ def _missing_data(t: FloatArray, rng: np.random.Generator) -> FloatArray:
     counting trace records it (no rows counted; NASA's log ends that way), so the planner
     sees demand vanish and come back at its level."""
     rate = _daily_shape(t, rng, ratio=(2.0, 5.0))
-    span = float(t[-1] - t[0]) if t.shape[0] > 1 else DAY_S
+    span = _span(t)
     for _ in range(int(rng.poisson(2.0 * span / DAY_S))):
         start = t[0] + rng.uniform(0.0, span)
         rate = np.where((t >= start) & (t < start + rng.uniform(600.0, 7200.0)), 0.0, rate)
