@@ -177,11 +177,11 @@ class TrainingJob:
     batch: bool = False
     # The job's work model (as the simulator's WorkModel): what a change of its trainers buys
     # (throughput grows as trainers ** speedup_exponent) and costs (restart_cost_s seconds
-    # without progress while the job checkpoints and re-forms), policy/churn.py.
+    # without progress while the job checkpoints and re-forms), training/tier.py.
     speedup_exponent: float = DEFAULT_SPEEDUP_EXPONENT
     restart_cost_s: float = DEFAULT_RESTART_COST_S
     # What a finite job still has to do, in seconds at one trainer (at n trainers it takes
-    # this / n ** speedup_exponent), from its progress (policy/remaining.py); None: unknown or
+    # this / n ** speedup_exponent), from its progress (training/remaining.py); None: unknown or
     # a long-running job. Room beyond the gangs goes to finite jobs shortest-remaining-first.
     remaining_work: float | None = None
 
@@ -283,7 +283,7 @@ class PolicyConfig:
     )
     # Serving must cover the first lead time of a rise, which no reaction can (replicas take
     # their start-up delay): the rise is priced from the workload's own recent rises
-    # (policy/headroom.py), over a window long enough to hold a daily cycle's steepest ramp;
+    # (serving/headroom.py), over a window long enough to hold a daily cycle's steepest ramp;
     # the large ones that recur on a schedule within it are held only when the next is due.
     rise_window_s: float = tunable(
         DAY_S,
@@ -339,7 +339,7 @@ class PlanState:
     serving_history: Mapping[Target, tuple[tuple[float, int], ...]] = field(default_factory=dict)
     serving_seen_since: Mapping[Target, float] = field(default_factory=dict)
     job_grew_at: Mapping[Target, float] = field(default_factory=dict)
-    # Per finite job held back by admission (policy/admission.py): since when it waits.
+    # Per finite job held back by admission (training/admission.py): since when it waits.
     job_queued_since: Mapping[Target, float] = field(default_factory=dict)
     serving_misses: Mapping[Target, Miss] = field(default_factory=dict)
     # Per node name: the batch room batch trainers may grow into (growth hysteresis).
@@ -359,7 +359,7 @@ class SteadyRoom:
 
 @dataclass(frozen=True, slots=True)
 class Rises:
-    """One serving workload's calibration window (policy/headroom.py): observations not yet
+    """One serving workload's calibration window (serving/headroom.py): observations not yet
     a lead time old, the rises measured over each finished lead time, and the large ones."""
 
     pending: tuple[tuple[float, float], ...] = ()  # (time, observed req/s)

@@ -1,6 +1,6 @@
 """In `simulate`, a finite job that would cost the jobs ahead far more than it brings waits
 with its parameter servers unbound, and starts when a finished job's room frees
-(policy/admission.py; edl-training-only in small)."""
+(planner/core/training/admission.py; edl-training-only in small)."""
 
 from __future__ import annotations
 
