@@ -116,7 +116,8 @@ class ServiceSettings(BaseSettings):
     )
     nats_user: str | None = Field(
         default=None,
-        description="NATS user of this service's role (watcher, planner, ...; see the README)",
+        description="NATS user of this service's role (watcher, planner, ...; the Bus identities "
+        "reference page lists them)",
     )
     nats_password: SecretStr | None = Field(
         default=None, description="its password (prefer --nats-password-file)"
