@@ -101,6 +101,8 @@ class WorkloadModel:
     last_fit_at: float | None = None
     outage_since: float | None = None
     outage_reason: str = ""
+    # The last outage that ended, and when: a relapse soon after continues it.
+    last_outage: tuple[float, float] | None = None
 
     @property
     def newest(self) -> float | None:
@@ -189,17 +191,26 @@ class WorkloadModel:
             self.adopt(model, now=now)
 
     def begin_outage(self, *, now: float, reason: str) -> bool:
-        """Mark the forecast stale; True when this starts the outage (log it once)."""
+        """Mark the forecast stale; True when this starts an outage (log it once).
+
+        A relapse within `stale_after_s` of a recovery (a restarted source answers from
+        what it had before, then has nothing until it has scraped again) continues the
+        outage that just ended: not logged again, and the forecast stays as wide as it was."""
         if self.outage_since is not None:
             return False
-        self.outage_since, self.outage_reason = now, reason
-        return True
+        relapse = self.last_outage is not None and (
+            now - self.last_outage[1] <= self.cadence.stale_after_s
+        )
+        self.outage_since = self.last_outage[0] if relapse and self.last_outage else now
+        self.outage_reason = reason
+        return not relapse
 
     def end_outage(self, *, now: float) -> float | None:
         """Mark the forecast fresh; how long the outage lasted, None when there was none."""
         if self.outage_since is None:
             return None
         lasted = now - self.outage_since
+        self.last_outage = (self.outage_since, now)
         self.outage_since, self.outage_reason = None, ""
         return lasted
 

@@ -152,7 +152,8 @@ async def test_forecasts_track_the_rate_and_survive_a_prometheus_restart(
             what="fresh again after the restart, tracking 150 req/s",
         )
 
-        # Many stale forecasts, one log line for the whole outage, one for the recovery.
+        # Many stale forecasts, one log line for the whole outage (a relapse while the
+        # restarted Prometheus scrapes again continues it), and a recovery logged.
         assert len(outage_logs()) == logged_before_kill + 1, outage_logs()
         assert any(
             r.getMessage().startswith(f"{namespace}/web: metrics are back") for r in caplog.records

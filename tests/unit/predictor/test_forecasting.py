@@ -123,3 +123,17 @@ def test_published_widens_upper_quantiles_never_below_the_median() -> None:
     np.testing.assert_array_equal(widened.quantiles[0.5], [10.0, 10.0])
     np.testing.assert_array_equal(widened.quantiles[0.95], [21.0, 21.0])
     np.testing.assert_array_equal(widened.quantiles[0.99], [30.0, 30.0])
+
+
+def test_a_relapse_soon_after_recovery_continues_the_outage_it_ended() -> None:
+    model = fitted()
+    stale_after = CADENCE.stale_after_s
+    assert model.begin_outage(now=3600.0, reason="refused")
+    assert model.end_outage(now=3601.0) == pytest.approx(1.0)
+    # The restarted source answered from what it had, then had nothing again: one outage.
+    assert not model.begin_outage(now=3601.0 + stale_after, reason="no samples")
+    assert model.outage_since == 3600.0 and model.outage_reason == "no samples"
+    assert model.end_outage(now=3700.0) == pytest.approx(100.0)
+    # Later than stale_after after a recovery, a failure is a new outage, logged anew.
+    assert model.begin_outage(now=3700.0 + stale_after + 1.0, reason="refused")
+    assert model.outage_since == 3700.0 + stale_after + 1.0
