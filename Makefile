@@ -112,7 +112,7 @@ lint: $(STAMP) $(LINT_ROOT)/tideshift
 test: $(STAMP) system-deps k8s-binaries image
 	@status=0; \
 	$(MAKE) --no-print-directory lint || status=1; \
-	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -ra --ignore=tests/benchmarks || status=1; \
+	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -ra --durations=25 --ignore=tests/benchmarks || status=1; \
 	exit $$status
 
 # The real-cluster tier alone: real nodes (kubelet, containerd, kube-proxy, CoreDNS) in network
