@@ -390,6 +390,12 @@ class WorkloadChanged(EventData):
     serving: ServingPolicy | None = None
     training: TrainingPolicy | None = None
     paused: bool = Field(default=False, description="tideshift.io/paused: leave it alone")
+    held_by: str = Field(
+        default="",
+        max_length=500,
+        description="why another engine keeps its size (e.g. Kueue, for an admitted job "
+        "without workload slices): planned around, held where it is; empty when ours",
+    )
     resource_version: str = ""
     observed_at: AwareDatetime
 

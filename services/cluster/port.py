@@ -128,6 +128,9 @@ class Workload:
     uid: str = ""
     resource_version: str = ""  # the apiserver's version of this object
     unscalable: str = ""  # why its scale cannot be read (e.g. scale-task names no task)
+    # Why another engine keeps its size (e.g. an admitted Kueue job without workload slices):
+    # read and announced, but held where it is.
+    held_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)

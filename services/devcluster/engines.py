@@ -425,6 +425,8 @@ def _kueue_config(
             "webhookSecretName": "kueue-webhook-server-cert",
         },
         # The visibility API would need an APIService and a port of its own; not used here.
-        "featureGates": {"VisibilityOnDemand": False},
+        # Workload slices (alpha in v0.17): an admitted job annotated
+        # kueue.x-k8s.io/elastic-job resizes without eviction (cluster/core/engines.py).
+        "featureGates": {"VisibilityOnDemand": False, "ElasticJobsViaWorkloadSlices": True},
         "integrations": {"frameworks": list(frameworks)},
     }

@@ -18,7 +18,11 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from tideshift.services.cluster.adapters.http import MERGE_PATCH, JsonObject, KubeHttp
-from tideshift.services.cluster.core.engines import kueue_hold, workers_to_delete
+from tideshift.services.cluster.core.engines import (
+    kueue_hold,
+    kueue_size_owner,
+    workers_to_delete,
+)
 from tideshift.services.cluster.core.kinds import PYTORCH_JOB, RAY_CLUSTER, VOLCANO_JOB
 from tideshift.services.cluster.port import ROLE_LABEL, ScaleState, UnsupportedTarget, WorkloadRef
 
@@ -105,7 +109,7 @@ class TargetAdapter:
 
     def read(self, http: KubeHttp, target: WorkloadRef) -> Observed:
         obj = http.get(self.path(target))
-        hold = kueue_hold(obj)
+        hold = kueue_hold(obj) or kueue_size_owner(self.kind, obj)
         if hold is not None:
             raise UnsupportedTarget(hold)
         metadata = obj.get("metadata") or {}

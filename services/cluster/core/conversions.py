@@ -21,7 +21,7 @@ from datetime import datetime
 from decimal import Decimal, DecimalException, InvalidOperation
 from typing import Any, Protocol, TypeVar, cast
 
-from tideshift.services.cluster.core.engines import kueue_hold
+from tideshift.services.cluster.core.engines import kueue_hold, kueue_size_owner
 from tideshift.services.cluster.core.kinds import PYTORCH_JOB, VOLCANO_JOB, qualified_kind
 from tideshift.services.cluster.core.overcommit import BATCH_CPU, BATCH_MEMORY
 from tideshift.services.cluster.port import (
@@ -283,6 +283,7 @@ def workload_from_object(adapter: ScaleShape, obj: dict[str, Any]) -> Workload:
         uid=uid,
         resource_version=version,
         batch_requests=batch_requests,
+        held_by=kueue_size_owner(adapter.kind, obj) or "",
     )
 
 

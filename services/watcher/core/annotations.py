@@ -130,6 +130,7 @@ def workload_event(
         serving=serving,
         training=training,
         paused=_paused(annotations),
+        held_by=workload.held_by[:500],
         resource_version=workload.resource_version,
         observed_at=observed_at,
     )
