@@ -251,6 +251,18 @@ class ServingPolicy(_Frozen):
         lt=1,
         description="forecast quantile sized for",
     )
+    # The one price serving's size is decided by (planner/core/serving/price.py): replicas are
+    # added while the chance they are needed is worth more than the training they displace.
+    shortfall_price: float = annotated(
+        "shortfall-price",
+        "core-hours > 0, e.g. 10",
+        10.0,
+        gt=0,
+        le=1e9,
+        description="core-hours of training worth giving up to keep one replica's worth of "
+        "demand (capacity-rps) from going unserved for a minute; sizes serving at the demand "
+        "level 1 - replica cpu / (60 x price)",
+    )
     stabilization_seconds: float = annotated(
         "stabilization-seconds",
         "seconds >= 0",
@@ -275,6 +287,14 @@ class ServingPolicy(_Frozen):
         "a PromQL expression",
         "",
         description="PromQL of its demand; empty: default",
+    )
+    other_autoscaler: Literal["yield", "steer"] = annotated(
+        "other-autoscaler",
+        '"yield" or "steer"',
+        "yield",
+        description="when an HPA or a KEDA ScaledObject targets it: yield (Tideshift writes "
+        "nothing to it) or steer (Tideshift writes the autoscaler's min/max from the forecast "
+        "and leaves replicas to it)",
     )
 
     @model_validator(mode="after")
@@ -471,6 +491,19 @@ class ForecastIssued(EventData):
     points: tuple[ForecastPoint, ...] = Field(min_length=1)
     stale: bool = Field(default=False, description="re-issued from the last good fit")
     stale_reason: str = ""
+    coverage: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="share of the workload's recent steps whose demand stayed within q0.95 "
+        "as first forecast; None until enough steps were scored",
+    )
+    untrusted_reason: str = Field(
+        default="",
+        max_length=500,
+        description="why recent forecasts are not to be trusted (coverage too low): the "
+        "planner sizes on observed demand instead; empty while trusted",
+    )
 
 
 class DemandObserved(EventData):

@@ -24,6 +24,7 @@ from tideshift.events.models import (
     WorkloadRef,
 )
 from tideshift.services.common.clock import Clock
+from tideshift.services.predictor.core.calibration import JUDGED_LEVEL, Calibration
 from tideshift.services.predictor.core.forecasting import WorkloadModel
 from tideshift.services.predictor.core.models import Forecast
 from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
@@ -45,6 +46,16 @@ OBSERVATIONS = Counter(
     ["workload", "outcome"],
 )
 STALE = Gauge("tideshift_predictor_stale", "1 while a workload's forecast is stale", ["workload"])
+COVERAGE = Gauge(
+    "tideshift_predictor_coverage",
+    "share of the workload's recent steps whose demand stayed within each forecast quantile",
+    ["workload", "quantile"],
+)
+UNTRUSTED = Gauge(
+    "tideshift_predictor_untrusted",
+    "1 while a workload's forecasts miss too often to be trusted (coverage_window_steps)",
+    ["workload"],
+)
 FUTURE_SAMPLES = Counter(
     "tideshift_predictor_future_samples_total",
     "samples dropped: stamped further ahead of the clock than max_clock_skew_seconds",
@@ -56,7 +67,8 @@ def forget_metrics(label: str) -> None:
     sets: list[tuple[Counter | Gauge | Histogram, tuple[str, ...]]]
     sets = [(FORECASTS, (label, stale)) for stale in ("true", "false")]
     sets += [(OBSERVATIONS, (label, o)) for o in ("published", "unusable", "source_failing")]
-    sets += [(metric, (label,)) for metric in (SOURCE_FAILURES, FIT_SECONDS, STALE)]
+    sets += [(metric, (label,)) for metric in (SOURCE_FAILURES, FIT_SECONDS, STALE, UNTRUSTED)]
+    sets += [(COVERAGE, (label, f"{level:g}")) for level in QUANTILE_LEVELS]
     for metric, labels in sets:
         with contextlib.suppress(KeyError):  # never set for this workload
             metric.remove(*labels)
@@ -74,12 +86,16 @@ class WorkloadForecaster:
     # Shared by a fleet: how many fits may run at once (None: no limit).
     fits: asyncio.Semaphore | None = None
     state: WorkloadModel = field(init=False)
+    calibration: Calibration = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = WorkloadModel(
             cadence=self.settings.cadence(),
             model_name=self.spec.model or self.settings.model,
             model_settings=self.spec.model_settings,
+        )
+        self.calibration = Calibration(
+            step_s=self.settings.step_seconds, rules=self.settings.calibration_rules()
         )
 
     @property
@@ -113,6 +129,7 @@ class WorkloadForecaster:
             if reason is not None:
                 raise MetricSourceError(reason)
             if fresh:
+                self._score(fresh)
                 await self._learn(fresh, now=now)
         except MetricSourceError as error:
             SOURCE_FAILURES.labels(self.label).inc()
@@ -179,6 +196,31 @@ class WorkloadForecaster:
             FIT_SECONDS.labels(self.label).observe(time.perf_counter() - started)
         state.adopt(model, now=now)
 
+    def _score(self, fresh: int) -> None:
+        """Score the forecasts issued for the steps that just arrived; log a change of trust."""
+        calibration = self.calibration
+        was_trusted = calibration.trusted
+        calibration.observe(self.state.timestamps[-fresh:], self.state.values[-fresh:])
+        reason = calibration.judge()
+        for level in QUANTILE_LEVELS:
+            coverage = calibration.coverage(level)
+            if coverage is not None:
+                COVERAGE.labels(self.label, f"{level:g}").set(coverage)
+        UNTRUSTED.labels(self.label).set(0 if calibration.trusted else 1)
+        if was_trusted and reason is not None:
+            log.warning(
+                "%s: forecasts no longer trusted: %s; the planner sizes on observed demand",
+                self.label,
+                reason,
+            )
+        elif not was_trusted and calibration.trusted:
+            log.info(
+                "%s: forecasts trusted again (q%g coverage %.0f%%)",
+                self.label,
+                JUDGED_LEVEL,
+                100 * (calibration.coverage() or 0.0),
+            )
+
     def _stale(self, *, now: float, reason: str) -> ForecastIssued | None:
         if self.state.begin_outage(now=now, reason=reason):
             STALE.labels(self.label).set(1)
@@ -196,6 +238,8 @@ class WorkloadForecaster:
         if forecast is None:
             return None
         stale = state.outage_since is not None
+        if not stale:  # a widened stale forecast is not what the model claimed
+            self.calibration.record(forecast.timestamps, forecast.quantiles)
         FORECASTS.labels(self.label, str(stale).lower()).inc()
         return ForecastIssued(
             workload=self.ref,
@@ -205,6 +249,8 @@ class WorkloadForecaster:
             points=_points(forecast),
             stale=stale,
             stale_reason=state.outage_reason,
+            coverage=self.calibration.coverage(),
+            untrusted_reason=self.calibration.untrusted_reason() or "",
         )
 
 

@@ -6,10 +6,18 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from tideshift.events import PREDICTOR_MEMBERS_BUCKET, SNAPSHOT_BUCKET
 from tideshift.services.common.settings import ServiceSettings
+from tideshift.services.predictor.core.calibration import CalibrationRules
 from tideshift.services.predictor.core.forecasting import (
     REFIT_S,
     STALE_AFTER_S,
@@ -118,6 +126,31 @@ class PredictorSettings(ServiceSettings):
         ge=0,
         description="... plus this per hour of outage (capped at 2)",
     )
+    coverage_window_steps: int = Field(
+        default=CalibrationRules.window_steps,
+        ge=1,
+        le=100_000,
+        description="forecast honesty: the last this many steps are scored against what came",
+    )
+    coverage_min_steps: int = Field(
+        default=CalibrationRules.min_steps,
+        ge=1,
+        le=100_000,
+        description="forecast honesty: steps scored before coverage is judged",
+    )
+    distrust_coverage: float = Field(
+        default=CalibrationRules.distrust_below,
+        ge=0,
+        le=1,
+        description="forecast honesty: q0.95 covering fewer of the scored steps than this "
+        "makes the forecast untrusted (the planner sizes on observed demand)",
+    )
+    trust_coverage: float = Field(
+        default=CalibrationRules.trust_again_at,
+        ge=0,
+        le=1,
+        description="forecast honesty: an untrusted forecast is trusted again at this coverage",
+    )
     snapshot_bucket: str = Field(
         default=SNAPSHOT_BUCKET,
         pattern=r"^[A-Za-z0-9_-]+$",
@@ -183,6 +216,26 @@ class PredictorSettings(ServiceSettings):
         if value not in MODELS:
             raise ValueError(f"unknown model {value!r}; expected one of {', '.join(MODELS)}")
         return value
+
+    @model_validator(mode="after")
+    def _coherent_calibration(self) -> PredictorSettings:
+        try:
+            self.calibration_rules()
+        except ValueError as error:
+            raise ValueError(
+                "coverage_min_steps must be at most coverage_window_steps, and "
+                f"distrust_coverage at most trust_coverage: {error}"
+            ) from None
+        return self
+
+    def calibration_rules(self) -> CalibrationRules:
+        """The forecast-honesty rules; a clear error when they contradict each other."""
+        return CalibrationRules(
+            window_steps=self.coverage_window_steps,
+            min_steps=self.coverage_min_steps,
+            distrust_below=self.distrust_coverage,
+            trust_again_at=self.trust_coverage,
+        )
 
     def cadence(self) -> Cadence:
         return Cadence(
