@@ -232,3 +232,47 @@ def test_main_reports_a_bad_flag(capsys) -> None:
         main(["--workloads", "not json"])
     assert caught.value.code == 2
     assert "--workloads" in capsys.readouterr().err
+
+
+class JumpingSource(ScriptedSource):
+    """The diurnal rate, four times as high from `jump_at` on: no forecast saw it coming."""
+
+    def __init__(self, jump_at: float) -> None:
+        super().__init__()
+        self.jump_at = jump_at
+
+    async def range(self, query: str, *, start: float, end: float, step_s: float) -> Samples:
+        samples = await super().range(query, start=start, end=end, step_s=step_s)
+        return Samples(
+            samples.timestamps,
+            np.where(samples.timestamps > self.jump_at, 4 * samples.values, samples.values),
+        )
+
+
+async def test_forecasts_that_stop_covering_demand_are_published_untrusted_until_they_do(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="tideshift.predictor")
+    jump_at = START + 30 * 60
+    source, clock = JumpingSource(jump_at), SteppedClock(START)
+    loop = forecaster(source, clock, coverage_window_steps=20, coverage_min_steps=10)
+    events = []
+    for minute in range(0, 240):
+        clock.value = START + 60 * minute
+        event = await loop.tick()
+        assert event is not None
+        events.append(event)
+        if not event.untrusted_reason and any(e.untrusted_reason for e in events):
+            break  # untrusted, then trusted again
+    before = [e for e in events if e.issued_at.timestamp() <= jump_at]
+    assert before[-1].coverage is not None and before[-1].coverage >= 0.85
+    assert not any(e.untrusted_reason for e in before)
+    untrusted = [e for e in events if e.untrusted_reason]
+    assert untrusted, "the jump never made the forecast untrusted"
+    assert untrusted[0].coverage is not None and untrusted[0].coverage < 0.75
+    assert "q0.95 held for" in untrusted[0].untrusted_reason
+    # Once the model has the new level its forecasts cover again: trusted, announced once.
+    assert not events[-1].untrusted_reason, "still untrusted four hours after one jump"
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("forecasts no longer trusted" in m for m in messages) == 1
+    assert sum("forecasts trusted again" in m for m in messages) == 1
