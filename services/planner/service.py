@@ -118,6 +118,10 @@ class Planner:
     commands: int = 0
     resync_s: float = snapshot.RESYNC_S  # how often the snapshot heals lost announcements
     announced_at: float = -math.inf  # wall time of the last status announcement
+    # The last plan's decision and its time, leader or not: what a fresh planner computes,
+    # compared by the leader-failover chaos test with the new leader's PlanDecided.
+    last_decision: pol.Decision | None = None
+    last_decision_at: float = -math.inf
     # Clock time of the last plan that succeeded (the start until the first one).
     last_plan_at: float = field(init=False)
 
@@ -343,6 +347,7 @@ class Planner:
             self._timed_plan, inputs, self.policy_state, now
         )
         metrics.record(inputs, decision, now)
+        self.last_decision, self.last_decision_at = decision, now
         PLANS.labels(trigger).inc()
         self.plans += 1
         self.last_plan_at = now

@@ -21,6 +21,8 @@ ScaleCommand p50/p99 idle and under churn, each process's peak RSS, and ratios t
 
 Usage: nice -n 10 .venv/bin/python tests/benchmarks/bench_pipeline_scale.py
     [--nodes 5000 --pods 150000 --serving 500 --jobs 200 --churn-rate 1000 --churn-seconds 60]
+    [--planner-cpu 1]  (the planner pinned to core 1 with `taskset`, everything else on the
+    other cores, so the figures are the planner's and not the machine's load)
 About 6-10 minutes at the default size on a loaded 2-core machine. It asserts nothing about
 time; it prints figures.
 """
@@ -71,6 +73,7 @@ from tideshift.services.cluster.core.conversions import (  # noqa: E402
 from tideshift.services.cluster.port import ClusterChange, Node, Pod, Workload  # noqa: E402
 from tideshift.services.common.bus import Bus  # noqa: E402
 from tideshift.services.common.embedded_nats import EmbeddedNats  # noqa: E402
+from tideshift.services.predictor.core.forecasting import grid  # noqa: E402
 from tideshift.services.watcher.watcher import Watcher  # noqa: E402
 
 NAMESPACE = "bench"
@@ -321,24 +324,37 @@ def http_get(url: str) -> str:
         return str(answer.read().decode())
 
 
+# Forecast points on the predictor's grid (whole steps of the Unix epoch, as its history is
+# sampled: `predictor/core/forecasting.py` grid), or (`--forecast-times unaligned`, the shape
+# of this benchmark before issue 40) each at its own `issued_at + k steps`: 500 workloads then
+# bring 30,000 distinct times into one plan instead of about 61.
+FORECAST_TIMES = {"grid": True}
+STEP_S = 60.0
+
+
 def forecast(name: str, rps: float) -> ForecastIssued:
     """The predictor's shape: 60 one-minute steps ahead, ordered quantiles."""
     now = datetime.now(UTC)
+    if FORECAST_TIMES["grid"]:
+        start = now.timestamp()
+        times = [datetime.fromtimestamp(t, UTC) for t in grid(start, start + 60 * STEP_S, STEP_S)]
+    else:
+        times = [now + timedelta(seconds=STEP_S * k) for k in range(60)]
     return ForecastIssued(
         workload=WorkloadRef(NAMESPACE, KIND, name),
         issued_at=now,
-        step_seconds=60,
+        step_seconds=STEP_S,
         model="portfolio",
         points=tuple(
             ForecastPoint(
-                at=now + timedelta(seconds=60 * k),
+                at=at,
                 point=rps,
                 q50=rps,
                 q90=rps * 1.05,
                 q95=rps * 1.1,
                 q99=rps * 1.2,
             )
-            for k in range(60)
+            for at in times[:60]
         ),
     )
 
@@ -552,8 +568,14 @@ class Result:
     repaired: dict[str, float] = field(default_factory=dict)  # by the snapshot resync
 
 
+# The planner's core (`--planner-cpu`, key "planner"): set by `pin`, read by `start_planner`.
+PINNED: dict[str, int] = {}
+
+
 def start_planner(nats_url: str, health: int, log: Path) -> Any:
+    pinned = ("taskset", "-c", str(PINNED["planner"])) if "planner" in PINNED else ()
     return asyncio.create_subprocess_exec(
+        *pinned,
         sys.executable,
         "-c",
         "import sys; from services.cli import main; sys.exit(main())",
@@ -808,8 +830,28 @@ def ratios(base: Result, full: Result) -> None:
         print(f"   {label}: {b / a:.2f}x" if a else f"   {label}: baseline 0")
 
 
+def pin(planner_cpu: int | None) -> None:
+    """The planner on `planner_cpu` alone (through `taskset`); this process, nats-server and the
+    generator (its children) on every other core. Other sessions' processes are not moved:
+    they may still share the planner's core."""
+    if planner_cpu is None:
+        return
+    others = set(os.sched_getaffinity(0)) - {planner_cpu}
+    if not others:
+        raise SystemExit(f"--planner-cpu {planner_cpu}: no other core left for the rest")
+    os.sched_setaffinity(0, others)
+    PINNED["planner"] = planner_cpu
+    print(
+        f"pinned: planner on core {planner_cpu}; orchestrator, nats-server, generator on "
+        f"{sorted(others)}",
+        flush=True,
+    )
+
+
 async def orchestrate(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="tideshift-pipeline-"))
+    pin(args.planner_cpu)
+    FORECAST_TIMES["grid"] = args.forecast_times == "grid"
     full = Size(args.nodes, args.pods, args.serving, args.jobs)
     started = time.perf_counter()
     base = await measure(full.scaled(args.baseline_fraction), args, work)
@@ -828,6 +870,18 @@ def main() -> int:
     parser.add_argument("--churn-seconds", type=float, default=60.0)
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="jumps before churn")
     parser.add_argument("--baseline-fraction", type=float, default=0.01, help="baseline size")
+    parser.add_argument(
+        "--planner-cpu",
+        type=int,
+        help="the planner alone on this core (taskset); every other process on the others",
+    )
+    parser.add_argument(
+        "--forecast-times",
+        choices=("grid", "unaligned"),
+        default="grid",
+        help="forecast points on the predictor's step grid (as it publishes them) or each "
+        "workload's own (this benchmark's shape before issue 40)",
+    )
     parser.add_argument("--generator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nats-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
