@@ -138,14 +138,9 @@ def _assert_all_ready(cluster: RealCluster, namespace: str) -> list[str]:
 
 def _leftovers(cluster: RealCluster, namespace: str) -> list[str]:
     items = cluster.json("get", NAMESPACED_KINDS, "-n", namespace)["items"]
-    # Helm never deletes hook objects on uninstall: the chart's test pod (hook-delete-policy
-    # before-hook-creation) outlives the release; it is checked and removed by the caller.
-    hooks = {
-        f"{i['kind']}/{i['metadata']['name']}"
-        for i in items
-        if "helm.sh/hook" in (i["metadata"].get("annotations") or {})
-    }
-    left = {f"{i['kind']}/{i['metadata']['name']}" for i in items} - NAMESPACE_DEFAULTS - hooks
+    # The chart's test pod is a hook (helm never deletes hooks on uninstall): its
+    # hook-delete-policy hook-succeeded removes it once `helm test` passed, so it counts too.
+    left = {f"{i['kind']}/{i['metadata']['name']}" for i in items} - NAMESPACE_DEFAULTS
     for item in cluster.json("get", CLUSTER_KINDS)["items"]:
         meta = item["metadata"]
         labels = meta.get("labels") or {}
@@ -206,6 +201,13 @@ def _install_and_test(cluster: RealCluster, helm: Helm, nats_replicas: int) -> d
     started = time.monotonic()
     tested = helm("test", RELEASE, f"--timeout={READY_TIMEOUT_S}s")
     assert "Phase:" in tested.stdout and "Succeeded" in tested.stdout, tested.stdout
+    # Its hook-delete-policy (hook-succeeded) leaves no test pod behind once it passed.
+    test_pod = f"{RELEASE}-test-pipeline"
+    cluster.kubectl(
+        "wait", "--for=delete", f"pod/{test_pod}", "-n", helm.namespace, "--timeout=60s", timeout=90
+    )
+    pods = cluster.json("get", "pods", "-n", helm.namespace)["items"]
+    assert test_pod not in {p["metadata"]["name"] for p in pods}, "helm test left its pod"
     timings["helm_test_s"] = time.monotonic() - started
     return timings
 
@@ -225,15 +227,6 @@ def _executor_mode(cluster: RealCluster, namespace: str) -> str:
 def _uninstall(cluster: RealCluster, helm: Helm) -> float:
     started = time.monotonic()
     helm("uninstall", RELEASE, "--wait", f"--timeout={READY_TIMEOUT_S}s")
-    # The one object helm leaves by design: the `helm test` pod (a hook); see _leftovers.
-    hooks = cluster.json("get", "pods", "-n", helm.namespace)["items"]
-    hook_pods = sorted(
-        p["metadata"]["name"]
-        for p in hooks
-        if "helm.sh/hook" in (p["metadata"].get("annotations") or {})
-    )
-    assert hook_pods == [f"{RELEASE}-test-pipeline"], hook_pods
-    cluster.kubectl("delete", "pod", *hook_pods, "-n", helm.namespace, "--wait=true", timeout=120)
     _assert_nothing_left(cluster, helm.namespace)
     return time.monotonic() - started
 

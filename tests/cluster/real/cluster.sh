@@ -250,6 +250,7 @@ start_control_plane() {
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
     --cluster-cidr="$POD_CIDR" --service-cluster-ip-range="$SERVICE_CIDR" \
+    --node-monitor-period=2s --node-monitor-grace-period=20s \
     --cert-dir="$STATE/controller-manager"
   launch kube-scheduler nsenter --net="/run/netns/$CP_NS" -- "$BIN_DIR/kube-scheduler" \
     --kubeconfig="$STATE/scheduler.kubeconfig" \
@@ -314,6 +315,10 @@ serializeImagePulls: false
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# A lost node is seen in ~20 s, not 40-50 s: its lease renewed every 3 s (a quarter of 12 s),
+# the controller-manager's grace period 20 s (see start_control_plane).
+nodeLeaseDurationSeconds: 12
+nodeStatusUpdateFrequency: 4s
 EOF
   cat >"$dir/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -624,6 +629,52 @@ down() {
   log "down: no process, namespace, cgroup or file of the real cluster is left"
 }
 
+# A node's kubelet stopped and its pods lost (the fault tests/real/test_real_day.py injects):
+# the kubelet is killed, every container of the node (its cgroup) too; containerd and
+# kube-proxy stay. node-start launches the kubelet again, as up did.
+node_processes() { # index comm -> pids of that command in the node's network namespace
+  local inode pid link
+  inode="net:[$(stat -L -c %i "/run/netns/$(node_ns "$1")")]"
+  for pid in /proc/[0-9]*; do
+    link=$(readlink "$pid/ns/net" 2>/dev/null) || continue
+    [[ "$link" == "$inode" && "$(cat "$pid/comm" 2>/dev/null)" == "$2" ]] && echo "${pid#/proc/}"
+  done
+  return 0
+}
+
+node_stop() { # index
+  local i=$1 pids deadline
+  [[ -f "$STATE/nodes" ]] || die "not up"
+  pids=$(node_processes "$i" kubelet)
+  [[ -n "$pids" ]] || die "node $i has no kubelet running"
+  # shellcheck disable=SC2086
+  kill -KILL $pids
+  deadline=$((SECONDS + 20))
+  while pids=$(find /sys/fs/cgroup/*/"$PFX-n$i" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u) &&
+    [[ -n "$pids" ]]; do
+    # shellcheck disable=SC2086
+    kill -KILL $pids 2>/dev/null || true
+    ((SECONDS < deadline)) || die "node $i: containers still running: $pids"
+    sleep 0.2
+  done
+  log "node $i: kubelet and every container killed"
+}
+
+node_start() { # index
+  local i=$1 pid
+  [[ -f "$STATE/nodes" ]] || die "not up"
+  [[ -z "$(node_processes "$i" kubelet)" ]] || die "node $i: its kubelet is running"
+  pid=$(node_processes "$i" containerd | head -n1)
+  [[ -n "$pid" ]] || die "node $i has no containerd"
+  local dir
+  dir=$(node_dir "$i")
+  launch "kubelet-$i" nsenter --target "$pid" --net --mount -- "$BIN_DIR/kubelet" \
+    --config="$dir/kubelet.yaml" --kubeconfig="$STATE/node-$i.kubeconfig" \
+    --hostname-override="$(node_name "$i")" --node-ip="$(node_ip "$i")" \
+    --root-dir="$dir/kubelet"
+  log "node $i: kubelet started again"
+}
+
 status() {
   [[ -f "$STATE/nodes" ]] || { echo "down"; return 1; }
   kubectl get nodes -o wide
@@ -631,11 +682,13 @@ status() {
 }
 
 NODES=2
+NODE=""
 cmd="${1:-}"
 shift || true
 while (($#)); do
   case "$1" in
   --nodes) NODES="$2"; shift 2 ;;
+  --node) NODE="$2"; shift 2 ;;
   *) die "unknown option $1" ;;
   esac
 done
@@ -646,5 +699,8 @@ down) down ;;
 status) status ;;
 kubeconfig) echo "$STATE/kubeconfig" ;;
 nats-image) echo "$NATS_IMAGE" ;;
-*) echo "usage: bash tests/cluster/real/cluster.sh up [--nodes N] | down | status | kubeconfig | nats-image" >&2; exit 2 ;;
+node-stop | node-start)
+  [[ "$NODE" =~ ^[0-8]$ ]] || die "$cmd needs --node I (0..8)"
+  "${cmd/-/_}" "$NODE" ;;
+*) echo "usage: bash tests/cluster/real/cluster.sh up [--nodes N] | down | status | kubeconfig | nats-image | node-stop --node I | node-start --node I" >&2; exit 2 ;;
 esac
