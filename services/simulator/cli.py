@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from tideshift.loadgen.core.profiles import RateProfile
 from tideshift.services.planner.core.baselines import POLICIES
+from tideshift.services.simulator.kueue_mode import run_kueue
 from tideshift.services.simulator.oracle import ORACLE
 from tideshift.services.simulator.report import format_table, plot, plot_jct
 from tideshift.services.simulator.run import PolicyResult, compare_to_oracle, run_policy
@@ -59,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--duration", type=float, help="override the scenario's duration_s (seconds, > 0)"
+    )
+    parser.add_argument(
+        "--training-through",
+        choices=("tideshift", "kueue"),
+        default="tideshift",
+        help="kueue: also run the scenario's training through Kueue on quota Tideshift lends "
+        "(modelled, simulator/kueue_mode.py) and print its figures beside the policies'",
     )
     return parser
 
@@ -114,6 +122,19 @@ def _policies(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list
     return policies
 
 
+def _kueue(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    profiles: list[RateProfile],
+    say: Callable[[str], None],
+) -> dict[str, Any] | None:
+    """The figures of training through Kueue, when asked for (--training-through kueue)."""
+    if args.training_through != "kueue":
+        return None
+    say(f"simulating {scenario.name} with training through Kueue ...")
+    return run_kueue(scenario, profiles).summary()
+
+
 def main(argv: Sequence[str]) -> int:
     parser = _parser()
     args = parser.parse_args(list(argv))
@@ -150,10 +171,16 @@ def main(argv: Sequence[str]) -> int:
             progress(f"{name}: plot {plot(result, scenario, args.out)}")
     compare_to_oracle(results)
     _plot_jct(results, scenario, args.out, progress)
+    kueue = _kueue(args, scenario, profiles, progress)
     if args.json:
-        document = {"policies": {r.name: r.summary() for r in results}}
+        document: dict[str, Any] = {"policies": {r.name: r.summary() for r in results}}
+        if kueue is not None:
+            document["kueue"] = kueue
         print(json.dumps(_finite(document), indent=2, allow_nan=False))
     else:
         print(f"scenario {scenario.name}: {scenario.duration_s:.0f} s simulated")
         print(format_table(results))
+        if kueue is not None:
+            print("training through Kueue (lent quota, whole jobs, preemption): " + ", ".join(
+                f"{key} {value}" for key, value in kueue.items()))  # fmt: skip
     return 0

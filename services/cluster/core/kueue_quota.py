@@ -85,7 +85,10 @@ class QuotaConfig:
 class QuotaInputs:
     capacity: Amount  # allocatable of the nodes the flavor stands for
     serving_lead: Amount  # serving's reservation over the lead time (the plan's sizes)
-    serving_now: Amount  # what serving runs now: it must have it whatever the forecast
+    # What serving must have within the lead time (its expected need, the median forecast;
+    # at least what it runs now): admitted gang minimums give way to this, not to the
+    # reservation's tail.
+    serving_must: Amount
     other: Amount  # everything else not admitted by the queue (Tideshift's own training, system)
     admitted_minimum: Amount  # the gang minimums of the workloads the queue admitted
 
@@ -99,15 +102,15 @@ class QuotaDecision:
 
 def lendable(inputs: QuotaInputs) -> tuple[Amount, str]:
     """What serving will not need within the lead time, never below what admitted gang minimums
-    need unless serving must have that room now; and why."""
+    need unless serving must have that room (its expected need over the lead time); and why."""
     spare = (inputs.capacity - inputs.other - inputs.serving_lead).at_least_zero()
-    room_now = (inputs.capacity - inputs.other - inputs.serving_now).at_least_zero()
-    floor = amount_min(inputs.admitted_minimum, room_now)
+    room = (inputs.capacity - inputs.other - inputs.serving_must).at_least_zero()
+    floor = amount_min(inputs.admitted_minimum, room)
     quota = amount_max(spare, floor)
     if quota == spare:
         why = "what serving will not need within the lead time"
     else:
-        why = "kept at the admitted gang minimums (serving does not need that room now)"
+        why = "kept at the admitted gang minimums (serving's expected need leaves them room)"
     return quota, why
 
 
@@ -120,9 +123,32 @@ def next_quota(
 ) -> QuotaDecision:
     """The quota to write now: `lendable`, with growth rate-limited and small changes left."""
     target, why = lendable(inputs)
+    return decide(
+        target,
+        why,
+        capacity=inputs.capacity,
+        current=current,
+        last_grown_at=last_grown_at,
+        now=now,
+        config=config,
+    )
+
+
+def decide(
+    target: Amount,
+    why: str,
+    *,
+    capacity: Amount,
+    current: Amount | None,
+    last_grown_at: float | None,
+    now: float,
+    config: QuotaConfig,
+) -> QuotaDecision:
+    """`target` (one queue's share of `lendable`) as written now: growth rate-limited, small
+    changes (relative to `capacity`) left."""
     if current is None:
         return QuotaDecision(target, True, f"lent {_show(target)}: {why}")
-    scale = inputs.capacity
+    scale = capacity
     differs = any(
         abs(t - c) > config.tolerance * max(s, 1e-9)
         for t, c, s in zip(_fields(target), _fields(current), _fields(scale), strict=True)

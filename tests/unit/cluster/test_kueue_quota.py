@@ -19,42 +19,43 @@ GI = 2.0**30
 CAP = Amount(16, 64 * GI)
 
 
-def inputs(lead: float, now: float, minimum: float = 0.0, other: float = 0.0) -> QuotaInputs:
+def inputs(lead: float, must: float, minimum: float = 0.0, other: float = 0.0) -> QuotaInputs:
     return QuotaInputs(
         capacity=CAP,
         serving_lead=Amount(lead, lead * GI),
-        serving_now=Amount(now, now * GI),
+        serving_must=Amount(must, must * GI),
         other=Amount(other, other * GI),
         admitted_minimum=Amount(minimum, minimum * GI),
     )
 
 
 def test_quota_is_what_serving_will_not_need_within_the_lead_time() -> None:
-    quota, why = lendable(inputs(lead=10, now=4, other=2))
+    quota, why = lendable(inputs(lead=10, must=4, other=2))
     assert quota == Amount(4, 52 * GI)
     assert "lead time" in why
 
 
 def test_admitted_gang_minimums_hold_unless_serving_needs_the_room_now() -> None:
-    # The forecast wants 14 of 16 but serving runs 4 now: the 6 cores of minimums stay.
-    assert lendable(inputs(lead=14, now=4, minimum=6))[0].cpu == 6
-    # Serving runs 13 now: only 3 are left, the minimums are cut to them.
-    assert lendable(inputs(lead=14, now=13, minimum=6))[0].cpu == 3
+    # The reservation (a high quantile) wants 14 of 16, the expected need 4: the 6 cores of
+    # minimums stay.
+    assert lendable(inputs(lead=14, must=4, minimum=6))[0].cpu == 6
+    # Serving is expected to need 13: only 3 are left, the minimums are cut to them.
+    assert lendable(inputs(lead=14, must=13, minimum=6))[0].cpu == 3
     # Never negative.
-    assert lendable(inputs(lead=20, now=20, minimum=6))[0].cpu == 0
+    assert lendable(inputs(lead=20, must=20, minimum=6))[0].cpu == 0
 
 
 def test_growth_is_rate_limited_and_a_shrink_for_serving_is_not() -> None:
     config = QuotaConfig(min_interval_s=300)
-    first = next_quota(inputs(lead=10, now=4), None, None, 0.0, config)
+    first = next_quota(inputs(lead=10, must=4), None, None, 0.0, config)
     assert first.changed and first.quota.cpu == 6
-    grow = next_quota(inputs(lead=4, now=4), first.quota, 0.0, 100.0, config)
+    grow = next_quota(inputs(lead=4, must=4), first.quota, 0.0, 100.0, config)
     assert not grow.changed and grow.quota == first.quota and "growth in 200s" in grow.reason
-    later = next_quota(inputs(lead=4, now=4), first.quota, 0.0, 300.0, config)
+    later = next_quota(inputs(lead=4, must=4), first.quota, 0.0, 300.0, config)
     assert later.changed and later.quota.cpu == 12
-    shrink = next_quota(inputs(lead=14, now=4), later.quota, 300.0, 301.0, config)
+    shrink = next_quota(inputs(lead=14, must=4), later.quota, 300.0, 301.0, config)
     assert shrink.changed and shrink.quota.cpu == 2
-    same = next_quota(inputs(lead=14.1, now=4), shrink.quota, 300.0, 302.0, config)
+    same = next_quota(inputs(lead=14.1, must=4), shrink.quota, 300.0, 302.0, config)
     assert not same.changed
 
 

@@ -1,0 +1,181 @@
+"""The executor's side of quota lent to Kueue: each labelled ClusterQueue's nominal quota
+written to its share of what serving will not need within the lead time
+(cluster/core/kueue_quota.py decides), and the admitted workloads that no longer fit evicted in
+Kueue's own order, then let back in when there is room.
+
+Blocking (KubeHttp); the executor calls `step` in a thread. Bad input (Kueue missing or of
+another version, a ClusterQueue without the flavor its label names or without cpu) is told by
+a Warning Event on the ClusterQueue (or in the log when there is none), counted, and returned as
+the step's reason: the other queues and the plan go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import Counter, Gauge
+
+from tideshift.services.cluster.adapters.http import KubeHttp
+from tideshift.services.cluster.adapters.kueue_queues import (
+    KueueQuotaError,
+    LentQueue,
+    admitted_workloads,
+    lent_queues,
+    set_active,
+    write_quota,
+)
+from tideshift.services.cluster.core.kueue_quota import (
+    Amount,
+    QuotaConfig,
+    QuotaInputs,
+    decide,
+    lendable,
+    share,
+    to_deactivate,
+    to_reactivate,
+)
+
+log = logging.getLogger("tideshift.executor.kueue")
+
+QUOTA_CPU = Gauge(
+    "tideshift_kueue_quota_cpu_cores", "cpu nominal quota lent to a Kueue ClusterQueue", ["queue"]
+)
+PREEMPTIONS = Counter(
+    "tideshift_kueue_deactivations_total",
+    "Admitted Kueue workloads Tideshift deactivated to give serving its room back",
+    ["queue"],
+)
+ERRORS = Counter(
+    "tideshift_kueue_quota_errors_total",
+    "ClusterQueues whose quota could not be read or written (Warning Event on each)",
+)
+QUOTA_REASON = "TideshiftKueueQuota"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStep:
+    queue: str
+    quota: Amount | None
+    changed: bool
+    reason: str
+    deactivated: tuple[str, ...] = ()  # namespace/name
+    reactivated: tuple[str, ...] = ()
+    error: bool = False
+
+
+@dataclass
+class KueueLender:
+    """One lender per executor: remembers when each queue's quota last grew."""
+
+    http: KubeHttp
+    config: QuotaConfig = field(default_factory=QuotaConfig)
+    weights: Mapping[str, float] = field(default_factory=dict)
+    grown_at: dict[str, float] = field(default_factory=dict)
+
+    def step(self, inputs: QuotaInputs, now: float) -> list[QueueStep]:
+        """Quota to every labelled queue for these inputs; what was done to each, and why."""
+        try:
+            queues, errors = lent_queues(self.http)
+        except KueueQuotaError as error:
+            ERRORS.inc()
+            log.warning("no quota lent to Kueue: %s", error)
+            return [QueueStep("", None, False, str(error), error=True)]
+        steps = [self._bad(message) for message in errors]
+        if not queues:
+            return steps
+        total, why = lendable(inputs)
+        shares = share(total, [q.name for q in queues], self.weights)
+        for queue in queues:
+            try:
+                steps.append(self._lend(queue, shares[queue.name], why, inputs.capacity, now))
+            except KueueQuotaError as error:
+                steps.append(self._bad(str(error), queue.name))
+        return steps
+
+    def _lend(
+        self, queue: LentQueue, target: Amount, why: str, capacity: Amount, now: float
+    ) -> QueueStep:
+        # A resource the flavor does not cover is not lent (its share stays unwritten).
+        covered = Amount(
+            target.cpu,
+            target.memory if "memory" in queue.covered else 0.0,
+            target.gpu if "nvidia.com/gpu" in queue.covered else 0.0,
+        )
+        decision = decide(
+            covered,
+            why,
+            capacity=capacity,
+            current=queue.quota,
+            last_grown_at=self.grown_at.get(queue.name),
+            now=now,
+            config=self.config,
+        )
+        if decision.changed:
+            write_quota(self.http, queue, decision.quota)
+            if not decision.quota.fits_in(queue.quota):
+                self.grown_at[queue.name] = now
+            log.info("ClusterQueue %s: %s", queue.name, decision.reason)
+        QUOTA_CPU.labels(queue.name).set(decision.quota.cpu)
+        found = admitted_workloads(self.http, queue.name)
+        by_name = {w.name: ns for ns, w in found}
+        workloads = [w for _, w in found]
+        out = to_deactivate(workloads, decision.quota)
+        for name in out:
+            set_active(self.http, by_name[name], name, active=False, queue=queue.name)
+            PREEMPTIONS.labels(queue.name).inc()
+        back = to_reactivate(workloads, decision.quota) if not out else []
+        for name in back:
+            set_active(self.http, by_name[name], name, active=True, queue=queue.name)
+        return QueueStep(
+            queue.name,
+            decision.quota,
+            decision.changed,
+            decision.reason,
+            tuple(f"{by_name[n]}/{n}" for n in out),
+            tuple(f"{by_name[n]}/{n}" for n in back),
+        )
+
+    def _bad(self, message: str, queue: str = "") -> QueueStep:
+        ERRORS.inc()
+        log.warning("%s", message)
+        name = queue or _queue_named(message)
+        if name:
+            self._warn(name, message)
+        return QueueStep(name, None, False, message, error=True)
+
+    def _warn(self, queue: str, message: str) -> None:
+        """A Warning Event on the ClusterQueue (cluster-scoped: in namespace default)."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{queue}.", "namespace": "default"},
+            "involvedObject": {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "name": queue,
+            },
+            "reason": QUOTA_REASON,
+            "message": message[:1000],
+            "type": "Warning",
+            "source": {"component": "tideshift-executor"},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self.http.json("POST", "/api/v1/namespaces/default/events", body=body)
+        except (ApiException, OSError) as error:
+            log.warning("cannot record an event on ClusterQueue %s: %s", queue, error)
+
+
+def _queue_named(message: str) -> str:
+    """The queue a read error names ("ClusterQueue NAME: ...")."""
+    prefix = "ClusterQueue "
+    if not message.startswith(prefix):
+        return ""
+    return message[len(prefix) :].split(":", 1)[0]
