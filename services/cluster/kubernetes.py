@@ -37,6 +37,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter
 
+from tideshift.services.cluster.adapters.autoscalers import KubernetesAutoscalers
 from tideshift.services.cluster.adapters.events import EventType, EventWriter
 from tideshift.services.cluster.adapters.http import KubeHttp, status_of
 from tideshift.services.cluster.adapters.packing import KubernetesPackingWriter
@@ -143,6 +144,7 @@ class KubernetesClusterPort:
             ]
         )
         self.workloads = self._workload_informers(scopes)
+        self._scopes = scopes
         self._watching = False
         self._recent_reads: dict[WorkloadRef, tuple[float, Observed]] = {}
         self._recent_lock = threading.Lock()
@@ -200,6 +202,10 @@ class KubernetesClusterPort:
     def packing_writer(self) -> KubernetesPackingWriter:
         """Deletion-cost and Node extended-resource writes on this port's cluster."""
         return KubernetesPackingWriter(self.http)
+
+    def autoscalers(self) -> KubernetesAutoscalers:
+        """The HPAs and KEDA ScaledObjects of this port's namespaces: listed, and steered."""
+        return KubernetesAutoscalers(self.http, namespaces=self._scopes, adapters=self.adapters)
 
     # -- listing and watching ------------------------------------------------------------
 

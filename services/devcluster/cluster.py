@@ -215,10 +215,10 @@ class LocalCluster:
     def _structural_crds_message(self) -> str:
         if "training-operator" in self.options.engines:
             return (
-                "installing the structural Volcano Job and PyTorchJob CRDs (the training "
-                "operator's own PyTorchJob CRD replaces the second)"
+                "installing the structural Volcano Job, PyTorchJob and KEDA ScaledObject CRDs "
+                "(the training operator's own PyTorchJob CRD replaces the second)"
             )
-        return "installing the Volcano Job and PyTorchJob CRDs"
+        return "installing the Volcano Job, PyTorchJob and KEDA ScaledObject CRDs"
 
     def start_engines(self, names: Sequence[str], progress: Progress | None = None) -> None:
         """Installs the engines' CRDs and webhooks, starts them and waits until each is ready."""

@@ -1,4 +1,5 @@
-"""The structural CRDs of the training kinds Tideshift scales, for the local control plane.
+"""The structural CRDs of the training kinds Tideshift scales, and of KEDA's ScaledObject
+(which Tideshift leaves a Deployment's replicas to), for the local control plane.
 
 `tideshift dev cluster up` installs them (unless `--no-crds`) so a user can create Volcano
 Jobs and Kubeflow PyTorchJobs there. Volcano is not built here (its module is not served by
@@ -87,6 +88,37 @@ PYTORCH_CRD = _crd(
 
 WORKLOAD_CRDS = (VOLCANO_CRD, PYTORCH_CRD)
 
+# KEDA's ScaledObject (keda.sh/v1alpha1), so that one can be created beside a Deployment and
+# Tideshift seen to leave that Deployment's replicas to it. KEDA itself is not built here:
+# nothing turns a ScaledObject into an HPA, and nothing scales by its triggers.
+KEDA_SCALED_OBJECT_CRD = _crd(
+    "keda.sh",
+    "v1alpha1",
+    {
+        "kind": "ScaledObject",
+        "plural": "scaledobjects",
+        "singular": "scaledobject",
+        "shortNames": ["so"],
+    },
+    {
+        "scaleTargetRef": {
+            **_kept(
+                {
+                    "name": {"type": "string"},
+                    "kind": {"type": "string"},
+                    "apiVersion": {"type": "string"},
+                }
+            ),
+            "required": ["name"],
+        },
+        "minReplicaCount": COUNT,
+        "maxReplicaCount": COUNT,
+        "triggers": {"type": "array", "items": ANY_OBJECT},
+    },
+)
+
+STRUCTURAL_CRDS = (*WORKLOAD_CRDS, KEDA_SCALED_OBJECT_CRD)
+
 
 def install_crds(api_client: Any, *, timeout: float = 60.0) -> None:
     """Create the CRDs (an existing one is left as it is) and wait until they are served."""
@@ -94,7 +126,7 @@ def install_crds(api_client: Any, *, timeout: float = 60.0) -> None:
     from kubernetes.client.exceptions import ApiException
 
     extensions = client.ApiextensionsV1Api(api_client)
-    for crd in WORKLOAD_CRDS:
+    for crd in STRUCTURAL_CRDS:
         try:
             body: Any = crd  # the client accepts the manifest as a dict
             extensions.create_custom_resource_definition(body)
@@ -102,7 +134,7 @@ def install_crds(api_client: Any, *, timeout: float = 60.0) -> None:
             if error.status != 409:
                 raise
     deadline = time.monotonic() + timeout
-    for crd in WORKLOAD_CRDS:
+    for crd in STRUCTURAL_CRDS:
         name = crd["metadata"]["name"]
         while True:
             status = extensions.read_custom_resource_definition(name).status

@@ -25,6 +25,14 @@ from typing import Literal, Protocol
 from prometheus_client import Counter, Histogram
 
 from tideshift.events import ScaleCommand, ScaleResult, encode_token
+from tideshift.services.cluster.core.autoscalers import (
+    FREE,
+    Autoscaler,
+    Bounds,
+    Verdict,
+    steer_message,
+    steered_bounds,
+)
 from tideshift.services.cluster.port import ScaleState, UnsupportedTarget, WorkloadRef
 from tideshift.services.common.bus import KVConflict, TypedKV
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now
@@ -70,6 +78,16 @@ OVERRIDES = Counter(
     "Times a target was found changed by another writer since Tideshift last wrote it",
 )
 
+YIELDED = Counter(
+    "tideshift_executor_yielded_commands_total",
+    "Commands not written because another autoscaler (an HPA, a KEDA ScaledObject) writes "
+    "their target's replicas",
+)
+STEERED = Counter(
+    "tideshift_executor_steered_total",
+    "Commands carried out by writing another autoscaler's bounds instead of replicas",
+)
+
 REFUSED_REASON = "TideshiftRefused"  # a command for a target that did not join Tideshift
 FAILED_REASON = "TideshiftScaleFailed"  # a command the cluster would not carry out
 SCALED_REASON = "TideshiftScaled"  # Normal: the count written, and the plan's reason
@@ -77,6 +95,9 @@ WOULD_SCALE_REASON = "TideshiftWouldScale"  # Normal, observe mode: what it woul
 FIGHT_REASON = "TideshiftFight"  # Warning: another writer keeps undoing the plan; held
 RESUMED_REASON = "TideshiftResumed"  # Normal: the other writer went quiet; writing again
 HELD_PREFIX = "held in a fight"  # how a held command's result message begins
+# Warning: a command not written because another autoscaler writes the target's replicas.
+LEFT_TO_AUTOSCALER_REASON = "TideshiftLeftToAutoscaler"
+STEERED_REASON = "TideshiftSteered"  # Normal: another autoscaler's bounds written
 
 
 class EventRecorder(Protocol):
@@ -165,6 +186,18 @@ class MemoryFightStore:
         self.kept[target] = record
 
 
+class OtherAutoscalers(Protocol):
+    """HPAs and KEDA ScaledObjects on a target: found, and steered."""
+
+    async def verdict(self, target: WorkloadRef) -> Verdict:
+        """Whether another autoscaler targets `target`, and whether to yield or steer."""
+        ...
+
+    async def steer(self, autoscaler: Autoscaler, bounds: Bounds) -> None:
+        """Write the autoscaler's bounds; KeyError when it is gone."""
+        ...
+
+
 class RecordStore:
     """AppliedRecords in a KV bucket, written by compare-and-set on the revision read."""
 
@@ -208,6 +241,9 @@ class Executor:
     # Where fights with other writers are tracked (none: never detected, always written).
     fights: FightStore | None = None
     fight_policy: FightPolicy = field(default_factory=FightPolicy)
+    # Where other autoscalers on a target are looked for before a write (none: not looked
+    # for): Tideshift yields to them, or steers their bounds (`cluster.core.autoscalers`).
+    autoscalers: OtherAutoscalers | None = None
 
     def result_for(
         self,
@@ -255,6 +291,9 @@ class Executor:
         if why_not is not None:
             return self._unchanged(command, state, why_not)
         decision = decide(command.desired, state, max_step=self.max_step)
+        other = await self.autoscalers.verdict(target) if self.autoscalers else FREE
+        if other.action == "steer" or (other.action == "yield" and decision.action != "noop"):
+            return await self._leave_replicas(command, state, other, revision)
         if self.observe or self.dry_run:
             return await self._unwritten(command, state, decision)
         # Read before the claim, like the applied record: between the claim and the write the
@@ -277,6 +316,79 @@ class Executor:
             return fight
         return await self._apply(
             command, state, decision, claim=claim, claimed=claimed, fight=fight
+        )
+
+    async def _leave_replicas(
+        self, command: ScaleCommand, state: ScaleState, other: Verdict, revision: int | None
+    ) -> ScaleResult | None:
+        """Another autoscaler writes the target's replicas: steer its bounds, or yield."""
+        if other.action == "steer":
+            return await self._steer(command, state, other, revision)
+        return await self._yield(command, state, other)
+
+    async def _yield(self, command: ScaleCommand, state: ScaleState, other: Verdict) -> ScaleResult:
+        """The rejection of a command whose target another autoscaler scales (no claim: a
+        replay is screened again, and written once that autoscaler is gone)."""
+        YIELDED.inc()
+        log.info("%s: %s", command.target, other.reason)
+        await self.warn(command.target, LEFT_TO_AUTOSCALER_REASON, other.reason)
+        return self.result_for(
+            command,
+            "rejected",
+            previous=state.replicas,
+            current=state.replicas,
+            message=other.reason,
+        )
+
+    async def _steer(
+        self, command: ScaleCommand, state: ScaleState, other: Verdict, revision: int | None
+    ) -> ScaleResult | None:
+        """Carry the command out on the autoscaler's bounds, never on replicas: the plan's
+        count becomes its minimum (`steered_bounds`); claimed and recorded like a write."""
+        autoscaler = other.autoscaler
+        assert autoscaler is not None and self.autoscalers is not None
+        target = command.target
+        bounds = steered_bounds(autoscaler, needed=command.desired, user_max=other.user_max)
+        words = steer_message(autoscaler, bounds)
+        if bounds == Bounds(autoscaler.min_replicas, autoscaler.max_replicas):
+            return self._unchanged(command, state, f"{autoscaler} already steered: {words}")
+        if self.observe or self.dry_run:
+            label = "observe mode" if self.observe else "dry run"
+            if self.observe:
+                await self._tell(target, WOULD_SCALE_REASON, f"would steer {words}", "Normal")
+            return self.result_for(
+                command,
+                "would_scale" if self.observe else "applied",
+                previous=state.replicas,
+                current=state.replicas,
+                message=f"{label}: would steer {words}",
+                dry_run=True,
+            )
+        claim = AppliedRecord(
+            idempotency_key=command.idempotency_key,
+            issued_at=clamp_issued_at(command.issued_at, utc_now(self.clock)),
+            desired=command.desired,
+            applied=False,
+        )
+        with PHASES.labels("claim").time():
+            claimed = await self.records.put(target, claim, revision)
+        if claimed is None:
+            return None
+        try:
+            with PHASES.labels("write").time():
+                await self.autoscalers.steer(autoscaler, bounds)
+        except KeyError:
+            return self.result_for(command, "rejected", message=f"{autoscaler} not found")
+        with PHASES.labels("mark_applied").time():
+            await self.records.put(target, claim.model_copy(update={"applied": True}), claimed)
+        STEERED.inc()
+        await self._tell(target, STEERED_REASON, f"steered {words}: {command.reason}", "Normal")
+        return self.result_for(
+            command,
+            "applied",
+            previous=state.replicas,
+            current=state.replicas,
+            message=f"steered {words}",
         )
 
     async def _fight_record(self, target: WorkloadRef) -> FightRecord | None:

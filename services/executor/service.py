@@ -41,6 +41,7 @@ from tideshift.services.executor.executor import (
     EventRecorder,
     Executor,
     KVFightStore,
+    OtherAutoscalers,
     RecordStore,
     ScaleWriter,
 )
@@ -223,15 +224,17 @@ def build_advertiser(
 
 async def _connect(
     settings: ExecutorSettings, cluster: ExecutorCluster | None
-) -> tuple[ExecutorCluster, PackingWriter | None]:
-    """The port, and its packing writes on Kubernetes (a simulated cluster packs by itself)."""
+) -> tuple[ExecutorCluster, PackingWriter | None, OtherAutoscalers | None]:
+    """The port, its packing writes on Kubernetes (a simulated cluster packs by itself), and
+    its HPAs and ScaledObjects (a simulated cluster has none)."""
     if cluster is not None:
-        return cluster, None
+        return cluster, None, None
     # Every scale-down lists the cluster's nodes and pods (compaction), and so does the batch
     # advertiser each period: the port follows them with informers and answers from their
     # caches instead of listing the whole cluster each time.
     port = await open_kubernetes(settings.kubeconfig, context=settings.kube_context, follow=True)
-    return port, port.packing_writer()
+    autoscalers = port.autoscalers() if settings.other_autoscalers else None
+    return port, port.packing_writer(), autoscalers
 
 
 async def _keep_history(bus: BusPort, stream: StreamSpec) -> None:
@@ -252,7 +255,7 @@ async def serve(
 ) -> None:
     """The service body; `cluster` replaces the Kubernetes port the settings name (the demo
     passes its simulated cluster and clock; nothing else differs)."""
-    port, writer = await _connect(settings, cluster)
+    port, writer, autoscalers = await _connect(settings, cluster)
     advertising: asyncio.Task[None] | None = None
     try:
         executor = await build_executor(
@@ -263,6 +266,7 @@ async def serve(
             clock=clock,
             writer=writer,
         )
+        executor.autoscalers = autoscalers
         OBSERVING.set(1 if executor.observe else 0)
         await _keep_history(context.bus, settings.history_stream())
         advertiser = build_advertiser(port, writer, settings)

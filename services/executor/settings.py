@@ -137,6 +137,13 @@ class ExecutorSettings(LendingSettings):
         "long (or at once: `tideshift scale --resume`)",
     )
 
+    other_autoscalers: bool = Field(
+        default=True,
+        description="before writing a target, look for an HPA or a KEDA ScaledObject on it: "
+        "Tideshift then writes nothing (TideshiftLeftToAutoscaler Warning Event), or with "
+        "tideshift.io/other-autoscaler: steer writes that autoscaler's min/max instead",
+    )
+
     @field_validator("managed_targets")
     @classmethod
     def _target_refs(cls, values: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.common.clock import WALL_CLOCK, Clock
 from tideshift.services.common.retry import Stopped, fixed, log_retries, retrying_async
 from tideshift.services.common.runtime import ServiceContext, service_main
+from tideshift.services.watcher.autoscalers import AutoscalerLister, follow_autoscalers
 from tideshift.services.watcher.settings import WatcherSettings
 from tideshift.services.watcher.skipped import follow_skipped
 from tideshift.services.watcher.watcher import WatchedCluster, Watcher
@@ -54,13 +55,21 @@ async def serve(
 ) -> None:
     """The service body; `cluster` replaces the Kubernetes port the settings name (the demo
     passes its simulated cluster and clock; nothing else differs)."""
-    port = cluster or await open_kubernetes(
-        settings.kubeconfig,
-        context=settings.kube_context,
-        namespace=sorted({*settings.namespaces, *filter(None, [settings.namespace])}) or None,
-        label_selector=settings.label_selector,
-        resync_seconds=settings.resync_seconds,
-    )
+    port: WatcherCluster
+    lister: AutoscalerLister | None = None
+    if cluster is not None:
+        port = cluster
+    else:
+        kube = await open_kubernetes(
+            settings.kubeconfig,
+            context=settings.kube_context,
+            namespace=sorted({*settings.namespaces, *filter(None, [settings.namespace])}) or None,
+            label_selector=settings.label_selector,
+            resync_seconds=settings.resync_seconds,
+        )
+        port = kube
+        if settings.other_autoscalers:
+            lister = kube.autoscalers()
     context.readiness_checks.append(lambda: [f"not watching {name}" for name in port.unwatched()])
     watcher = Watcher(port, context.bus, bucket=settings.snapshot_bucket, clock=clock)
     retrying = retrying_async(
@@ -75,14 +84,25 @@ async def serve(
         if settings.skipped_events
         else None
     )
+    autoscalers = (
+        asyncio.create_task(
+            follow_autoscalers(
+                lister, watcher, context.stopping, period_s=settings.autoscalers_period_seconds
+            )
+        )
+        if lister is not None
+        else None
+    )
     try:
         with contextlib.suppress(Stopped):
             await retrying(_watch_until_stopped, watcher, context)
     finally:
-        if warning is not None:
-            warning.cancel()
+        for task in (warning, autoscalers):
+            if task is None:
+                continue
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await warning
+                await task
         await port.close()
 
 

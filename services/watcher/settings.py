@@ -40,6 +40,14 @@ class WatcherSettings(ServiceSettings):
         default=True,
         description="record a Warning Event (TideshiftSkipped) on each target a plan skips",
     )
+    other_autoscalers: bool = Field(
+        default=True,
+        description="look for HPAs and KEDA ScaledObjects targeting labelled workloads: "
+        "Tideshift leaves their replicas to them (see the other-autoscalers guide)",
+    )
+    autoscalers_period_seconds: float = Field(
+        default=15.0, gt=0, le=3600, description="how often HPAs and ScaledObjects are listed"
+    )
     snapshot_bucket: str = Field(
         default=SNAPSHOT_BUCKET,
         pattern=r"^[A-Za-z0-9_-]+$",

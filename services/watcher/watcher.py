@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from prometheus_client import Counter, Gauge
@@ -29,6 +30,7 @@ from tideshift.events import (
     PodChanged,
     WorkloadChanged,
 )
+from tideshift.services.cluster.core.autoscalers import Autoscaler, claims, held_reason
 from tideshift.services.cluster.port import (
     ChangeType,
     ClusterChange,
@@ -82,6 +84,18 @@ STALE = Counter(
     ["resource"],
 )
 INVALID_POLICY_REASON = "TideshiftInvalidPolicy"
+HELD_BY_ENGINE_REASON = "TideshiftLeftToEngine"
+HELD_BY_ENGINE = Counter(
+    "tideshift_watcher_held_by_engine_total",
+    "Labelled workloads whose size another engine keeps (e.g. Kueue), told by a Warning Event",
+)
+
+OTHER_AUTOSCALERS = Counter(
+    "tideshift_watcher_other_autoscalers_total",
+    "Times a labelled workload was found targeted by another autoscaler (an HPA or a KEDA "
+    "ScaledObject) that Tideshift yields to, by the autoscaler's kind",
+    ["kind"],
+)
 
 ClusterEvent = NodeChanged | PodChanged | WorkloadChanged
 
@@ -144,7 +158,12 @@ class Watcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._reported: dict[str, str] = {}  # workload -> the invalid-policy message last recorded
+        self._held_told: dict[str, str] = {}  # workload -> the held-by-engine reason last told
         self.order = VersionOrder()
+        # Other autoscalers (HPAs, ScaledObjects) by the workload they target, and the last
+        # state of each labelled workload, announced again when an autoscaler comes or goes.
+        self._claims: dict[WorkloadRef, tuple[Autoscaler, ...]] = {}
+        self._workloads: dict[WorkloadRef, Workload] = {}
 
     # -- conversion and publishing -------------------------------------------------------
 
@@ -210,14 +229,75 @@ class Watcher:
             FAILURES.labels("deadletter").inc()
             log.warning("cannot dead-letter %s: %s", workload.ref, failure)
 
+    async def _tell_held(self, workload: Workload) -> None:
+        """A Warning Event, once per reason, on a workload whose size another engine keeps."""
+        key = str(workload.ref)
+        if not workload.held_by:
+            self._held_told.pop(key, None)
+            return
+        if self._held_told.get(key) == workload.held_by:
+            return
+        self._held_told[key] = workload.held_by
+        HELD_BY_ENGINE.inc()
+        message = f"Tideshift holds {workload.ref} where it is: {workload.held_by}"
+        log.info("%s", message)
+        try:
+            await self.port.record_event(workload, reason=HELD_BY_ENGINE_REASON, message=message)
+        except Exception as failure:  # the plan's reason and the count still say it
+            FAILURES.labels("record_event").inc()
+            log.warning("cannot record an event on %s: %s", workload.ref, failure)
+
     async def _room_for_a_write(self) -> None:
         while len(self._pending) >= self.max_pending_writes:
             self._taken.clear()
             await self._taken.wait()
 
+    def _claimed(
+        self,
+        workload: Workload,
+        table: Mapping[WorkloadRef, tuple[Autoscaler, ...]] | None = None,
+    ) -> Workload:
+        """The workload, held (`held_by`) while another autoscaler writes its replicas (by
+        the autoscalers of `table`, else of those listed last)."""
+        if workload.held_by:  # another engine's hold (Kueue) already says why
+            return workload
+        reason = held_reason(
+            (self._claims if table is None else table).get(workload.ref, ()),
+            dict(workload.annotations),
+            serving=workload.role == "serving",
+        )
+        return replace(workload, held_by=reason) if reason else workload
+
+    def autoscalers_of(self, ref: WorkloadRef) -> tuple[Autoscaler, ...]:
+        """The other autoscalers last listed on this workload."""
+        return self._claims.get(ref, ())
+
+    async def autoscalers_changed(self, autoscalers: list[Autoscaler]) -> int:
+        """Take the autoscalers listed now; announce again each workload whose hold they
+        change (a new HPA: held, with a Warning Event; one deleted: Tideshift sizes it again).
+        Returns how many workloads were announced again."""
+        before = self._claims
+        self._claims = claims(autoscalers)
+        announced = 0
+        for workload in list(self._workloads.values()):
+            now, then = self._claimed(workload), self._claimed(workload, before)
+            if now == then:
+                continue
+            if now.held_by and not then.held_by:
+                OTHER_AUTOSCALERS.labels(self._claims[workload.ref][0].kind).inc()
+            announced += 1
+            await self.handle(ClusterChange("modified", workload))
+        return announced
+
     async def handle(self, change: ClusterChange) -> None:
         """Publish one change and queue its snapshot update; never raises on bad input."""
         await self._room_for_a_write()
+        if isinstance(change.obj, Workload):
+            if change.type == "deleted":
+                self._workloads.pop(change.obj.ref, None)
+            else:
+                self._workloads[change.obj.ref] = change.obj
+            change = ClusterChange(change.type, self._claimed(change.obj))
         obj = change.obj
         if not self.order.admit(object_key(obj), change.type, obj.resource_version):
             STALE.labels(type(obj).__name__.lower()).inc()
@@ -240,6 +320,9 @@ class Watcher:
             return
         if isinstance(event, WorkloadChanged):  # readable again: a new typo is told anew
             self._reported.pop(str(event.workload), None)
+            if change.type != "deleted":
+                assert isinstance(change.obj, Workload)
+                await self._tell_held(change.obj)
         try:
             await self._publish(event)
         except Exception as error:  # a NATS hiccup costs this event, never the loop
@@ -360,6 +443,10 @@ class Watcher:
         nodes = await self.port.list_nodes()
         pods = await self.port.list_pods()
         workloads = await self.port.list_workloads()
+        self._workloads = {workload.ref: workload for workload in workloads}
+        workloads = [self._claimed(workload) for workload in workloads]
+        for workload in workloads:
+            await self._tell_held(workload)
         stored = await self._read_snapshot()
         listed = await self._listed([*nodes, *pods, *workloads], stored)
         differences = 0
