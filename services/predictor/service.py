@@ -39,6 +39,7 @@ from tideshift.services.common.bus import follow
 from tideshift.services.common.clock import WALL_CLOCK, Clock, wait_for_event
 from tideshift.services.common.memory import compact_tables, release_freed_memory
 from tideshift.services.common.runtime import ServiceContext, service_main
+from tideshift.services.predictor.core.forecasting import warm_up
 from tideshift.services.predictor.forecaster import WorkloadForecaster, forget_metrics
 from tideshift.services.predictor.membership import Membership
 from tideshift.services.predictor.settings import PredictorSettings, WorkloadQuery
@@ -104,6 +105,10 @@ async def serve(
         else None
     )
     try:
+        try:
+            await asyncio.to_thread(warm_up, settings.model, settings.cadence())
+        except Exception:  # each workload's own fit reports what is wrong with its data
+            log.exception("warming up model %s failed; forecasting anyway", settings.model)
         await fleet.bootstrap()
         context.ready.set()
         await context.stopping.wait()

@@ -12,8 +12,10 @@ from tideshift.services.predictor.core.forecasting import (
     WorkloadModel,
     grid,
     published,
+    warm_up,
     widening,
 )
+from tideshift.services.predictor.core.models import MODELS
 from tideshift.services.predictor.core.models.base import make_forecast
 
 CADENCE = Cadence(step_s=60.0, horizon_s=300.0, history_s=3600.0, refit_s=600.0)
@@ -137,3 +139,11 @@ def test_a_relapse_soon_after_recovery_continues_the_outage_it_ended() -> None:
     # Later than stale_after after a recovery, a failure is a new outage, logged anew.
     assert model.begin_outage(now=3700.0 + stale_after + 1.0, reason="refused")
     assert model.outage_since == 3700.0 + stale_after + 1.0
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_warms_up_on_the_made_up_wave(name: str) -> None:
+    forecast = warm_up(name, CADENCE)
+    # The wave runs 90..110: every model gives a plausible, ordered next step.
+    low, high = forecast.quantiles[0.5][0], forecast.quantiles[0.99][0]
+    assert 60.0 <= low <= high <= 200.0
