@@ -14,9 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge
 
 from tideshift.services.cluster.adapters.http import KubeHttp
@@ -25,6 +23,7 @@ from tideshift.services.cluster.adapters.kueue_queues import (
     LentQueue,
     admitted_workloads,
     lent_queues,
+    record_queue_event,
     set_active,
     write_quota,
 )
@@ -148,29 +147,10 @@ class KueueLender:
         return QueueStep(name, None, False, message, error=True)
 
     def _warn(self, queue: str, message: str) -> None:
-        """A Warning Event on the ClusterQueue (cluster-scoped: in namespace default)."""
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{queue}.", "namespace": "default"},
-            "involvedObject": {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ClusterQueue",
-                "name": queue,
-            },
-            "reason": QUOTA_REASON,
-            "message": message[:1000],
-            "type": "Warning",
-            "source": {"component": "tideshift-executor"},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
         try:
-            self.http.json("POST", "/api/v1/namespaces/default/events", body=body)
-        except (ApiException, OSError) as error:
-            log.warning("cannot record an event on ClusterQueue %s: %s", queue, error)
+            record_queue_event(self.http, queue, reason=QUOTA_REASON, message=message)
+        except KueueQuotaError as error:
+            log.warning("%s", error)
 
 
 def _queue_named(message: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -119,9 +119,10 @@ def lent_queues(http: KubeHttp) -> tuple[list[LentQueue], list[str]]:
     return queues, errors
 
 
-def write_quota(http: KubeHttp, queue: LentQueue, quota: Amount) -> None:
+def write_quota(http: KubeHttp, queue: LentQueue, quota: Amount, *, attempts: int = 3) -> None:
     """The flavor's nominalQuota of each covered resource set to `quota`, as a compare-and-set
-    on the version read (a concurrent edit answers 409, retried at the next plan)."""
+    on the version read (a concurrent edit answers 409: read again and retried, `attempts`
+    in all)."""
     obj: JsonObject = {**queue.obj}
     spec = {**(obj.get("spec") or {})}
     values = quota.by_name()
@@ -147,6 +148,12 @@ def write_quota(http: KubeHttp, queue: LentQueue, quota: Amount) -> None:
             "PUT", f"{CLUSTERQUEUES}/{queue.name}", body={**obj, "spec": spec, "metadata": metadata}
         )
     except ApiException as error:
+        if error.status == 409 and attempts > 1:
+            # Kueue changed it meanwhile (its finalizer, its status): the quota is derived,
+            # not merged, so it is written again over the version read now.
+            fresh = read_queue(http.get(f"{CLUSTERQUEUES}/{queue.name}"))
+            write_quota(http, fresh, quota, attempts=attempts - 1)
+            return
         raise KueueQuotaError(
             f"ClusterQueue {queue.name}: writing nominalQuota failed: {error.status} "
             f"{error.reason}: {(error.body or '')[:300]}"
@@ -251,3 +258,26 @@ def evictions(obj: JsonObject) -> int:
     """How many times Kueue evicted this Workload (status.schedulingStats.evictions)."""
     stats = (obj.get("status") or {}).get("schedulingStats") or {}
     return sum(int(item.get("count") or 0) for item in stats.get("evictions") or [])
+
+
+def record_queue_event(http: KubeHttp, queue: str, *, reason: str, message: str) -> None:
+    """A Warning Event on the ClusterQueue (cluster-scoped: its Events live in `default`)."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{queue}.", "namespace": "default"},
+        "involvedObject": {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                           "name": queue},
+        "reason": reason,
+        "message": message[:1000],
+        "type": "Warning",
+        "source": {"component": "tideshift-executor"},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }  # fmt: skip
+    try:
+        http.json("POST", "/api/v1/namespaces/default/events", body=body)
+    except (ApiException, OSError) as error:
+        raise KueueQuotaError(f"cannot record an event on ClusterQueue {queue}: {error}") from error

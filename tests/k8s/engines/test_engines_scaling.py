@@ -21,13 +21,14 @@ from tests.k8s.engines.engine_objects import (
     elastic_pytorch_job,
     eventually,
     kueue_queues,
+    merge_patch,
     pods,
     ray_cluster,
     running_count,
 )
 from tideshift.events import ScaleCommand, ScaleResult, WorkloadRef
 from tideshift.services.cluster.adapters.http import KubeHttp
-from tideshift.services.cluster.core.engines import KUEUE_HOLD_PREFIX
+from tideshift.services.cluster.core.engines import KUEUE_HOLD_PREFIX, KUEUE_SIZE_PREFIX
 from tideshift.services.cluster.kubernetes import KubernetesClusterPort
 from tideshift.services.common.bus import Bus
 from tideshift.services.devcluster.cluster import LocalCluster
@@ -203,14 +204,27 @@ async def test_a_job_kueue_has_not_admitted_is_never_scaled(
         assert (listed[target].unscalable or "").startswith(KUEUE_HOLD_PREFIX)
 
         # Kueue, not Tideshift, decides: with quota for it, Kueue admits it whole and its
-        # pods run; only then may Tideshift read (and size) it.
+        # pods run.
         queue = await asyncio.to_thread(http.get, f"{CLUSTERQUEUES}/{cluster_queue}")
-        resources = queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
-        next(r for r in resources if r["name"] == "cpu")["nominalQuota"] = "2"
-        await asyncio.to_thread(http.json, "PUT", f"{CLUSTERQUEUES}/{cluster_queue}", body=queue)
+        groups = queue["spec"]["resourceGroups"]
+        next(r for r in groups[0]["flavors"][0]["resources"] if r["name"] == "cpu")[
+            "nominalQuota"
+        ] = "2"
+        # A merge patch: Kueue may have changed the object since it was read (its finalizer).
+        await asyncio.to_thread(
+            merge_patch,
+            http,
+            f"{CLUSTERQUEUES}/{cluster_queue}",
+            {"spec": {"resourceGroups": groups}},
+        )
         await follow(
             lambda: running_count(http, ns, "app=waits") == 2,
             "Kueue to admit job waits with 2 CPUs of quota and its 2 pods to run",
         )
-        state = await port.get_scale(target)
-        assert (state.replicas, state.target) == (2, target)
+        # Admitted without workload slices, its size stays Kueue's (a resize would evict it;
+        # test_engines_kueue.py resizes one with them): read, announced held, never scaled.
+        listed = {w.ref: w for w in await port.list_workloads()}
+        assert (listed[target].replicas, listed[target].unscalable) == (2, "")
+        assert listed[target].held_by.startswith(KUEUE_SIZE_PREFIX), listed[target]
+        result = await commands.send(3)
+        assert result.outcome == "rejected" and result.message.startswith(KUEUE_SIZE_PREFIX)
