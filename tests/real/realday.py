@@ -233,6 +233,9 @@ def _container(name: str, command: list[str], cpu_m: int, **extra: Any) -> dict[
 
 
 def priority_classes() -> list[dict[str, Any]]:
+    """Serving may preempt trainers, nothing else: it runs at the default priority (0) like
+    Tideshift's own pods and the harness (the load generator, coordinator, pserver), which
+    it must never push out; trainers run below it."""
     return [
         {
             "apiVersion": "scheduling.k8s.io/v1",
@@ -240,7 +243,7 @@ def priority_classes() -> list[dict[str, Any]]:
             "metadata": {"name": f"{NAMESPACE}-{name}"},
             "value": value,
         }
-        for name, value in (("serving", 1000), ("training", 0))
+        for name, value in (("serving", 0), ("training", -100))
     ]
 
 
@@ -515,35 +518,39 @@ def manifest(objects: list[dict[str, Any]]) -> str:
 # ---- Prometheus, in the control plane's network namespace ---------------------------------
 
 
-def prometheus_config(state_dir: Path) -> str:
-    """Every pod of the day's namespace annotated prometheus.io/scrape, found through the
-    API server (kubernetes_sd, the admin kubeconfig that points inside the namespace)."""
+def prometheus_config(targets_file: Path) -> str:
+    """Every pod of the day's namespace annotated prometheus.io/scrape. Debian's Prometheus
+    is built without kubernetes_sd: the Sampler, which lists the pods every second anyway,
+    keeps a file_sd file of them (pod IP and annotated port, labelled with the pod's name)."""
     return textwrap.dedent(
         f"""
         global: {{scrape_interval: 1s, evaluation_interval: 1s}}
         scrape_configs:
           - job_name: pods
-            kubernetes_sd_configs:
-              - role: pod
-                kubeconfig_file: {state_dir / "admin-inside.kubeconfig"}
-                namespaces: {{names: [{NAMESPACE}]}}
-            relabel_configs:
-              - source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_scrape]
-                regex: "true"
-                action: keep
-              - source_labels: [__meta_kubernetes_pod_phase]
-                regex: Running
-                action: keep
-              - source_labels:
-                  - __meta_kubernetes_pod_ip
-                  - __meta_kubernetes_pod_annotation_prometheus_io_port
-                regex: (.+);(.+)
-                replacement: $1:$2
-                target_label: __address__
-              - source_labels: [__meta_kubernetes_pod_name]
-                target_label: pod
+            file_sd_configs:
+              - files: [{targets_file}]
+                refresh_interval: 1s
         """
     )
+
+
+def scrape_targets(pods: list[Any]) -> list[dict[str, Any]]:
+    """file_sd entries of the running pods annotated prometheus.io/scrape (kubernetes client
+    objects)."""
+    targets = []
+    for pod in pods:
+        annotations = pod.metadata.annotations or {}
+        if annotations.get("prometheus.io/scrape") != "true" or not pod.status.pod_ip:
+            continue
+        if pod.status.phase != "Running" or pod.metadata.deletion_timestamp is not None:
+            continue
+        targets.append(
+            {
+                "targets": [f"{pod.status.pod_ip}:{annotations.get('prometheus.io/port', '8080')}"],
+                "labels": {"pod": pod.metadata.name},
+            }
+        )
+    return sorted(targets, key=lambda t: t["labels"]["pod"])
 
 
 class Prometheus:
@@ -556,6 +563,8 @@ class Prometheus:
         self.work = work
         self.processes: list[subprocess.Popen[bytes]] = []
         self.url = ""
+        self.targets_file = work / "targets.json"
+        self.targets_file.write_text("[]")
 
     def start(self, shape: DayShape, start_at: float) -> None:
         from tideshift.services.demo.kube_machine import history_openmetrics
@@ -563,7 +572,6 @@ class Prometheus:
         binary = shutil.which("prometheus")
         promtool = shutil.which("promtool")
         assert binary and promtool, "prometheus/promtool missing: `make system-deps`"
-        state = self.cluster.kubeconfig.parent
         data = self.work / "prometheus-data"
         data.mkdir(parents=True)
         history = self.work / "history.om"
@@ -580,7 +588,7 @@ class Prometheus:
             timeout=300,
         )
         config = self.work / "prometheus.yml"
-        config.write_text(prometheus_config(state))
+        config.write_text(prometheus_config(self.targets_file))
         netns = f"/run/netns/{PREFIX}-cp"
         log = (self.work / "prometheus.log").open("wb")
         self.processes.append(
@@ -665,7 +673,7 @@ class Sampler:
     """Lists the day's pods once a second in a thread (the kubernetes client, the admin
     kubeconfig), counting a stopped node's pods as gone from the moment it stopped."""
 
-    def __init__(self, cluster: RealCluster) -> None:
+    def __init__(self, cluster: RealCluster, targets_file: Path) -> None:
         from kubernetes import client, config
 
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
@@ -674,6 +682,8 @@ class Sampler:
         self.samples: list[Sample] = []
         self.errors: list[str] = []
         self.dead_nodes: set[str] = set()
+        self.targets_file = targets_file
+        self._targets: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
 
@@ -698,6 +708,12 @@ class Sampler:
         now = time.time()
         pods: list[Any] = self.core.list_namespaced_pod(NAMESPACE, _request_timeout=10).items
         dead = set(self.dead_nodes)
+        targets = scrape_targets([p for p in pods if p.spec.node_name not in dead])
+        if targets != self._targets:
+            partial = self.targets_file.with_suffix(".partial")
+            partial.write_text(json.dumps(targets))
+            partial.replace(self.targets_file)  # Prometheus never reads half a file
+            self._targets = targets
 
         def ready(pod: Any) -> bool:
             if pod.metadata.deletion_timestamp is not None or pod.status.conditions is None:

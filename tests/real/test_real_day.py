@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -148,9 +149,9 @@ class Faults:
         wait_until(f"{node} Ready again", 120, lambda: node_ready(self.cluster, node))
         self.sampler.dead_nodes.discard(node)
 
-    def kill_trainer(self) -> None:
+    def ready_trainers(self) -> list[str]:
         pods = self.cluster.json("get", "pods", "-n", NAMESPACE, "-l", "app=ctr")["items"]
-        ready = sorted(
+        return sorted(
             p["metadata"]["name"]
             for p in pods
             if not p["metadata"].get("deletionTimestamp")
@@ -159,8 +160,10 @@ class Faults:
                 for c in p["status"].get("conditions", [])
             )
         )
-        assert ready, "no ready trainer to delete"
-        victim = ready[-1]
+
+    def kill_trainer(self) -> None:
+        # One may be starting (a lost node's trainer comes back elsewhere): wait for it.
+        victim = wait_until("a ready trainer", 90, self.ready_trainers)[-1]
         self.times["trainer killed"] = time.time()
         # No grace: its batch in hand is cut off and its shard is redelivered to another.
         self.cluster.kubectl(
@@ -186,15 +189,29 @@ class Faults:
         }
 
 
-def run_faults(faults: Faults, shape: DayShape, start_at: float) -> None:
+def run_faults(faults: Faults, shape: DayShape, start_at: float) -> list[str]:
+    """The three faults in turn; a fault that could not be done is said (and fails the test
+    after the day's figures are written), the day goes on."""
+    errors: list[str] = []
+
+    def attempt(name: str, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except AssertionError as error:
+            errors.append(f"{name}: {error}")
+
+    def lose_and_restore() -> None:
+        node, index = faults.lose_node()
+        sleep_until(faults.times["node lost"] + shape.node_down_s)
+        faults.restore_node(node, index)
+
     sleep_until(start_at + shape.node_loss_at * shape.day_s)
-    node, index = faults.lose_node()
-    sleep_until(faults.times["node lost"] + shape.node_down_s)
-    faults.restore_node(node, index)
+    attempt("node loss", lose_and_restore)
     sleep_until(start_at + shape.trainer_kill_at * shape.day_s)
-    faults.kill_trainer()
+    attempt("trainer deletion", faults.kill_trainer)
     sleep_until(start_at + shape.planner_kill_at * shape.day_s)
-    faults.kill_leading_planner()
+    attempt("planner leader deletion", faults.kill_leading_planner)
+    return errors
 
 
 def load_finished(cluster: RealCluster) -> bool:
@@ -285,7 +302,7 @@ def test_compressed_day_on_real_pods(real_cluster: RealCluster, tmp_path: Path) 
     began = time.monotonic()
     helm = Helm(cluster, NAMESPACE)
     prometheus = Prometheus(cluster, tmp_path)
-    sampler = Sampler(cluster)
+    sampler = Sampler(cluster, prometheus.targets_file)
     faults = Faults(cluster, sampler, shape)
     cluster.kubectl("create", "namespace", NAMESPACE)
     try:
@@ -310,7 +327,7 @@ def test_compressed_day_on_real_pods(real_cluster: RealCluster, tmp_path: Path) 
         prometheus.start(shape, start_at)
         cluster.kubectl("apply", "-f", "-", stdin=manifest([loadgen(shape, start_at)]))
         sampler.start()
-        run_faults(faults, shape, start_at)
+        fault_errors = run_faults(faults, shape, start_at)
         sleep_until(start_at + shape.day_s)
         timings["day_s"] = shape.day_s
 
@@ -336,7 +353,8 @@ def test_compressed_day_on_real_pods(real_cluster: RealCluster, tmp_path: Path) 
         forecasts = prometheus.query_range(
             "sum(tideshift_predictor_forecasts_total)", start_at, start_at + shape.day_s, 10
         )
-        node_window = (faults.times["node lost"], faults.times["node lost"] + shape.lead_time_s)
+        lost_at = faults.times.get("node lost", 0.0)
+        node_window = (lost_at, lost_at + shape.lead_time_s)
         figures: dict[str, Any] = {
             "serving": serving_figures(sampler.samples, windows, shape, start_at, node_window),
             "training": training_figures(sampler.samples, shape, start_at),
@@ -356,6 +374,7 @@ def test_compressed_day_on_real_pods(real_cluster: RealCluster, tmp_path: Path) 
         )
         print(f"\nreal day ({shape.day_s:.0f} s): {json.dumps(figures, indent=1)}\nwrote {png}")
 
+        assert not fault_errors, fault_errors
         # Every (epoch, shard, batch) applied exactly once: the pserver refuses a second push
         # of one, and it applied exactly the job's number of batches, every epoch finished.
         assert coordinator["batches_applied"] == [shape.total_batches], coordinator
@@ -373,7 +392,7 @@ def test_compressed_day_on_real_pods(real_cluster: RealCluster, tmp_path: Path) 
         assert served["longest_shortfall_s"] <= shape.lead_time_s, served
         assert served["error_ratio_outside_node_loss"] < 0.02, served
         assert figures["forecasts_during_day"] > 0, "the predictor issued no forecast"
-        failover = faults.facts["planner_failover"]
+        failover = faults.facts.get("planner_failover", {"seconds": math.inf})
         assert failover["seconds"] <= 6.0 + 45, failover
     finally:
         sampler.stop()
