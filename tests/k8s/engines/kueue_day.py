@@ -318,6 +318,13 @@ def run_day(
             )
         )
     kueue_evictions = sum(evictions(w) for w in http.get(WORKLOADS.format(ns=ns))["items"])
+    # The queue outlives the namespace (cluster-scoped): no longer lent to after this day.
+    http.json(
+        "PATCH",
+        f"{CLUSTERQUEUES}/{name}",
+        body={"metadata": {"labels": {LEND_QUOTA_LABEL: None}}},
+        content_type=MERGE_PATCH,
+    )
     return DayResult(
         capacity=capacity,
         steps=records,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.k8s.engines.engine_objects import (
+    CLUSTERQUEUES,
     JOBS,
     LOCALQUEUES,
     PYTORCHJOBS,
@@ -19,20 +20,30 @@ from tests.k8s.engines.engine_objects import (
     condition,
     elastic_pytorch_job,
     kueue_queues,
+    merge_patch,
     pods,
     running_count,
 )
 from tests.k8s.engines.test_engines_scaling import Commands, executor_on, follow, training
 from tideshift.events import WorkloadRef
+from tideshift.services.cluster.adapters import kueue_queues as kueue_queues_adapter
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.cluster.adapters.kueue_queues import evictions
+from tideshift.services.cluster.core.conversions import parse_quantity
 from tideshift.services.cluster.core.engines import (
     KUEUE_ELASTIC_ANNOTATION,
     KUEUE_ELASTIC_GATE,
     KUEUE_SIZE_PREFIX,
 )
+from tideshift.services.cluster.core.kueue_quota import (
+    LEND_QUOTA_LABEL,
+    Amount,
+    QuotaConfig,
+    QuotaInputs,
+)
 from tideshift.services.common.bus import Bus
 from tideshift.services.devcluster.cluster import LocalCluster
+from tideshift.services.executor.kueue_lending import QUOTA_REASON, KueueLender
 
 pytestmark = pytest.mark.k8s
 
@@ -143,3 +154,47 @@ async def test_an_admitted_pytorchjob_is_left_to_kueue_and_says_why(
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
     assert running_count(http, ns, selector) == 2
     never_evicted(http, ns, "PyTorchJob", "queued")
+
+
+def test_the_lender_reports_bad_queues_and_a_missing_kueue_version_and_goes_on(
+    engine_admin: KubeHttp, engine_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    http, ns = engine_admin, engine_namespace
+    good, _ = kueue_queues(http, ns, name=f"good-{ns}"[:60], cpu="1")
+    bad, _ = kueue_queues(http, ns, name=f"bad-{ns}"[:60], cpu="1")
+    merge_patch(http, f"{CLUSTERQUEUES}/{good}", {"metadata": {"labels": {
+        LEND_QUOTA_LABEL: f"{good}-flavor"}}})  # fmt: skip
+    merge_patch(http, f"{CLUSTERQUEUES}/{bad}", {"metadata": {"labels": {
+        LEND_QUOTA_LABEL: "no-such-flavor"}}})  # fmt: skip
+    lender = KueueLender(http, QuotaConfig(min_interval_s=0))
+    inputs = QuotaInputs(
+        capacity=Amount(8, 32 * 2**30),
+        serving_lead=Amount(2, 2**30),
+        serving_must=Amount(2, 2**30),
+        other=Amount(),
+        admitted_minimum=Amount(),
+    )
+    steps = {step.queue: step for step in lender.step(inputs, now=0.0)}
+    # Other tests' labelled queues may be there too: only these two are looked at.
+    assert steps[bad].error and "names no flavor" in steps[bad].reason, steps[bad]
+    assert not steps[good].error and steps[good].changed, steps[good]
+    quota = http.get(f"{CLUSTERQUEUES}/{good}")["spec"]["resourceGroups"][0]["flavors"][0]
+    cpu = next(r for r in quota["resources"] if r["name"] == "cpu")["nominalQuota"]
+    # 8 - 2 cpu, shared by the labelled queues (other tests' may still be labelled).
+    lent = [step for step in steps.values() if not step.error]
+    assert float(parse_quantity(str(cpu))) == pytest.approx(6 / len(lent), abs=0.001), quota
+    events = http.get(
+        "/api/v1/namespaces/default/events",
+        query=[("fieldSelector", f"involvedObject.name={bad}")],
+    )["items"]
+    assert any(e["reason"] == QUOTA_REASON and e["type"] == "Warning" for e in events), events
+    for queue in (good, bad):  # not lent to by the tests after this one
+        merge_patch(http, f"{CLUSTERQUEUES}/{queue}", {"metadata": {"labels": {
+            LEND_QUOTA_LABEL: None}}})  # fmt: skip
+
+    # Kueue of another version (here: a version no Kueue serves): one reason, nothing raised.
+    monkeypatch.setattr(
+        kueue_queues_adapter, "CLUSTERQUEUES", "/apis/kueue.x-k8s.io/v1alpha9/clusterqueues"
+    )
+    (step,) = lender.step(inputs, now=1.0)
+    assert step.error and "is not served" in step.reason, step

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
+from tideshift.services.cluster.adapters.kueue_queues import KueueQuotaError, read_queue
 from tideshift.services.cluster.core.kueue_quota import (
+    LEND_QUOTA_LABEL,
     Admitted,
     Amount,
     QuotaConfig,
@@ -86,3 +90,38 @@ def test_quantities_and_shares() -> None:
     )
     split = share(Amount(6, 0), ["a", "b"], {"a": 2})
     assert (split["a"].cpu, split["b"].cpu) == (4, 2)
+
+
+def cluster_queue(label: str | None, resources: list[dict[str, str]]) -> dict[str, object]:
+    labels = {LEND_QUOTA_LABEL: label} if label is not None else {}
+    return {
+        "metadata": {"name": "cq", "labels": labels, "resourceVersion": "7"},
+        "spec": {"resourceGroups": [{"flavors": [{"name": "f", "resources": resources}]}]},
+    }
+
+
+def test_a_lent_queue_is_read_from_its_flavor() -> None:
+    queue = read_queue(
+        cluster_queue(
+            "f",
+            [{"name": "cpu", "nominalQuota": "1500m"}, {"name": "memory", "nominalQuota": "2Gi"}],
+        )
+    )
+    assert (queue.quota, queue.covered) == (Amount(1.5, 2 * GI), ("cpu", "memory"))
+
+
+@pytest.mark.parametrize(
+    ("label", "resources", "says"),
+    [
+        ("g", [{"name": "cpu", "nominalQuota": "1"}], "names no flavor"),
+        ("", [{"name": "cpu", "nominalQuota": "1"}], "is empty"),
+        ("f", [{"name": "memory", "nominalQuota": "1Gi"}], "has no cpu"),
+        ("f", [{"name": "cpu", "nominalQuota": "lots"}], "flavor 'f'"),
+    ],
+)
+def test_a_queue_that_cannot_be_lent_says_which_field(
+    label: str, resources: list[dict[str, str]], says: str
+) -> None:
+    with pytest.raises(KueueQuotaError, match=says) as caught:
+        read_queue(cluster_queue(label, resources))
+    assert "ClusterQueue cq" in str(caught.value)
