@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +57,7 @@ UNSERVED = Counter(
     ["kind", "status"],
 )
 TOLD_LIMIT = 10_000
+UNLISTED_RECHECK_S = 60.0
 TRANSIENT = frozenset({409, 429, 500, 502, 503, 504})
 
 PATHS: dict[AutoscalerKind, tuple[str, str]] = {
@@ -91,6 +93,9 @@ class KubernetesAutoscalers:
         self.namespaces = list(namespaces) or [None]
         self.adapters = dict(adapters or {})
         self._said: set[tuple[str, int | None]] = set()
+        # A kind not served or not granted is asked for again only after UNLISTED_RECHECK_S
+        # (a KEDA installed later is found then): the executor asks before every write.
+        self._unlisted: dict[tuple[AutoscalerKind, str | None], tuple[float, str]] = {}
         # The unreadable objects already told (their problem), so a bad object listed every
         # period is logged and counted once, not once a listing; bounded.
         self._told: set[str] = set()
@@ -98,6 +103,10 @@ class KubernetesAutoscalers:
     # -- reading ---------------------------------------------------------------------------
 
     def _list_kind(self, kind: AutoscalerKind, namespace: str | None, listing: Listing) -> None:
+        known = self._unlisted.get((kind, namespace))
+        if known is not None and time.monotonic() < known[0]:
+            listing.problems.append(known[1])
+            return
         try:
             page = self.http.get(collection(kind, namespace))
         except ApiException as error:
@@ -115,7 +124,11 @@ class KubernetesAutoscalers:
                 self._said.add((kind, status))
                 log.info("%s", problem)
             listing.problems.append(problem)
+            if len(self._unlisted) >= TOLD_LIMIT:
+                self._unlisted.clear()
+            self._unlisted[(kind, namespace)] = (time.monotonic() + UNLISTED_RECHECK_S, problem)
             return
+        self._unlisted.pop((kind, namespace), None)
         for raw in page.get("items") or []:
             try:
                 listing.autoscalers.append(autoscaler_from_object(raw, kind))

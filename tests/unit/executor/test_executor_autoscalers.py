@@ -141,8 +141,10 @@ class FakeHttp:
     def __init__(self, answers: dict[str, Any]) -> None:
         self.answers = answers
         self.patches: list[tuple[str, Any]] = []
+        self.gets: list[str] = []
 
     def get(self, path: str, *, query: Any = ()) -> dict[str, Any]:
+        self.gets.append(path)
         answer = self.answers.get(path, 404)
         if isinstance(answer, int):
             raise ApiException(status=answer, reason="canned")
@@ -181,7 +183,11 @@ def test_a_missing_crd_and_a_malformed_object_are_skipped(unserved: int) -> None
     assert any(p.startswith("ScaledObject: not") for p in listing.problems)
     after = REGISTRY.get_sample_value("tideshift_autoscalers_skipped_total", {"kind": HPA_KIND})
     assert after == skipped + 1
-    lister.list_blocking()  # the same bad object again: logged and counted once
+    asked = len(http.gets)
+    again = lister.list_blocking()  # the same bad object again: logged and counted once
+    # The unserved kind is not asked for again within a minute; its problem still reported.
+    assert http.gets[asked:] == [HPAS]
+    assert any(p.startswith("ScaledObject: not") for p in again.problems)
     assert (
         REGISTRY.get_sample_value("tideshift_autoscalers_skipped_total", {"kind": HPA_KIND})
         == after
