@@ -295,6 +295,54 @@ async def generate(args: argparse.Namespace) -> None:
     await bus.close()
 
 
+# -- plan() alone, in this process -------------------------------------------------------
+
+
+def plan_cpu(args: argparse.Namespace) -> None:
+    """The planner's own state and policy over the same synthetic cluster (the watcher's
+    conversions to events), without the bus: CPU seconds (`time.process_time`, so other
+    processes' load does not count) of copying the inputs and of plan(), per forecast shape."""
+    from tideshift.services.planner.core.baselines import make_policy
+    from tideshift.services.planner.core.state import PlannerState
+    from tideshift.services.planner.settings import PlannerSettings
+    from tideshift.services.watcher.core.annotations import workload_event
+    from tideshift.services.watcher.core.snapshot import node_event, pod_event
+
+    size = Size(args.nodes, args.pods, args.serving, args.jobs)
+    port = SyntheticCluster(size, 0.0, 0.0)
+    settings = PlannerSettings(health_port=-1)
+    now_at = datetime.now(UTC)
+    state = PlannerState(settings.state_config(), started_at=now_at.timestamp())
+    lists = [port.list_nodes(), port.list_workloads(), port.list_pods()]
+    nodes, workloads, pods = (asyncio.run(listing) for listing in lists)
+    for node in nodes:
+        state.apply_node(node_event("added", node, observed_at=now_at), now_at.timestamp())
+    for workload in workloads:
+        event = workload_event("added", workload, observed_at=now_at)
+        state.apply_workload(event, now_at.timestamp())
+    for pod in pods:
+        state.apply_pod(pod_event("added", pod, observed_at=now_at), now_at.timestamp())
+    print(f"== plan() CPU alone: {size.label()}", flush=True)
+    for shape in ("grid", "unaligned"):
+        FORECAST_TIMES["grid"] = shape == "grid"
+        for w in range(size.serving):
+            level = CAPACITY_RPS * size.serving_replicas
+            state.apply_forecast(forecast(f"web-{w}", level), time.time())
+        policy = make_policy(settings.policy)
+        policy_state = policy.initial_state()
+        copies, plans = [], []
+        for _ in range(args.plans):
+            now = time.time()
+            started = time.process_time()
+            inputs = state.inputs(now, state.targets({}, now))
+            copied = time.process_time()
+            _, policy_state = policy.plan(inputs, policy_state, now)
+            plans.append(time.process_time() - copied)
+            copies.append(copied - started)
+        print(summary(f"   forecasts on {shape} times: plan() CPU", plans), flush=True)
+        print(summary(f"   forecasts on {shape} times: inputs CPU", copies), flush=True)
+
+
 # -- the orchestrator ----------------------------------------------------------------------
 
 
@@ -531,7 +579,10 @@ async def caught_up(
     long that took (inf if not within `timeout`)."""
     started = time.perf_counter()
     while True:
-        text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{health}/metrics")
+        try:
+            text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{health}/metrics")
+        except OSError:  # a planner starved of CPU answers late: ask again
+            text = ""
         applied = plan_histogram(text, "tideshift_planner_ingest_lag_seconds")["count"]
         view = planner_samples(text, "tideshift_planner_cluster_objects")
         if applied >= events and (truth is None or view == truth):
@@ -882,11 +933,23 @@ def main() -> int:
         help="forecast points on the predictor's step grid (as it publishes them) or each "
         "workload's own (this benchmark's shape before issue 40)",
     )
+    parser.add_argument(
+        "--plan-cpu",
+        type=int,
+        default=0,
+        metavar="PLANS",
+        help="instead: time PLANS plans of the planner's state and policy in this process "
+        "(CPU seconds, per forecast shape) and stop",
+    )
     parser.add_argument("--generator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nats-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generator:
         asyncio.run(generate(args))
+        return 0
+    if args.plan_cpu:
+        args.plans = args.plan_cpu
+        plan_cpu(args)
         return 0
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"machine: {os.cpu_count()} cores, load average {load}; python {sys.version.split()[0]}")
