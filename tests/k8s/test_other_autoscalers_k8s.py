@@ -1,8 +1,8 @@
 """No fight with other autoscalers, on the real control plane with the real HPA controller
-(kube-controller-manager's `horizontalpodautoscaling`, sync every 15 s) and a real
-nats-server. The watcher and the executor run in process as their ServiceAccounts, bound to
-exactly the chart's ClusterRoles (charts/tideshift/files/rbac.yaml), so these tests also prove
-those roles suffice.
+(kube-controller-manager's `horizontalpodautoscaling`, synced every 5 s in the development
+cluster) and a real nats-server. The watcher and the executor run in process as their
+ServiceAccounts, bound to exactly the chart's ClusterRoles (charts/tideshift/files/rbac.yaml),
+so these tests also prove those roles suffice.
 
 * default: a Deployment an HPA targets is held (the watcher's announcement says why, the plan
   holds it with that reason, `tideshift status` shows it, a Warning Event is on it), and the
@@ -60,7 +60,8 @@ from tideshift.services.watcher.watcher import Watcher
 
 pytestmark = pytest.mark.k8s
 WAIT = 60.0
-# The HPA controller syncs every 15 s; on a loaded two-core machine give it a few rounds.
+# The HPA controller syncs every 5 s here (the dev cluster's controller-manager flag; 15 s by
+# default); on a loaded two-core machine give it many rounds.
 HPA_FOLLOW_S = 120.0
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 HPAS = "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers"
