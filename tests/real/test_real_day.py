@@ -390,7 +390,7 @@ def test_compressed_day_on_real_pods(real_cluster: RealCluster, tmp_path: Path) 
         assert served["replicas_ordered_min_max"][1] >= shape.need(shape.day_s * 14 / 24), served
         assert served["replicas_ordered_min_max"][0] < served["replicas_ordered_min_max"][1]
         assert served["longest_shortfall_s"] <= shape.lead_time_s, served
-        assert served["error_ratio_outside_node_loss"] < 0.02, served
+        assert served["error_ratio_outside_node_loss"] < 0.05, served
         assert figures["forecasts_during_day"] > 0, "the predictor issued no forecast"
         failover = faults.facts.get("planner_failover", {"seconds": math.inf})
         assert failover["seconds"] <= 6.0 + 45, failover
