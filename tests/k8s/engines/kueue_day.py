@@ -231,8 +231,22 @@ def _training_running(http: KubeHttp, ns: str) -> float:
 def run_day(
     http: KubeHttp, ns: str, name: str, *, steps: int, jobs: int, config: QuotaConfig
 ) -> DayResult:
-    started = time.monotonic()
+    """The day on a fresh queue `name`, unlabelled afterwards: it outlives the namespace
+    (cluster-scoped) and must not be lent to by the tests after this one."""
     setup(http, ns, name, jobs)
+    try:
+        return _day(http, ns, name, steps=steps, config=config)
+    finally:
+        http.json(
+            "PATCH",
+            f"{CLUSTERQUEUES}/{name}",
+            body={"metadata": {"labels": {LEND_QUOTA_LABEL: None}}},
+            content_type=MERGE_PATCH,
+        )
+
+
+def _day(http: KubeHttp, ns: str, name: str, *, steps: int, config: QuotaConfig) -> DayResult:
+    started = time.monotonic()
     allocatable, other = cluster_cpu(http, ns)
     capacity = allocatable - other
     curve = serving_curve(steps, low=0.15 * capacity, high=0.75 * capacity)
@@ -318,13 +332,6 @@ def run_day(
             )
         )
     kueue_evictions = sum(evictions(w) for w in http.get(WORKLOADS.format(ns=ns))["items"])
-    # The queue outlives the namespace (cluster-scoped): no longer lent to after this day.
-    http.json(
-        "PATCH",
-        f"{CLUSTERQUEUES}/{name}",
-        body={"metadata": {"labels": {LEND_QUOTA_LABEL: None}}},
-        content_type=MERGE_PATCH,
-    )
     return DayResult(
         capacity=capacity,
         steps=records,
