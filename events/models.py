@@ -249,7 +249,9 @@ class ServingPolicy(_Frozen):
         0.95,
         gt=0,
         lt=1,
-        description="forecast quantile sized for",
+        description="forecast quantile read for what serving may take back from lent room "
+        "(batch room, GPU loans, growth payback); serving's own size is priced "
+        "(shortfall-price)",
     )
     # The one price serving's size is decided by (planner/core/serving/price.py): replicas are
     # added while the chance they are needed is worth more than the training they displace.

@@ -258,7 +258,6 @@ class PlannerSettings(LendingSettings):
     panic_window_s: float = _tunable("panic_window_s")
     miss_tolerance: float = _tunable("miss_tolerance")
     rise_window_s: float = _tunable("rise_window_s")
-    rise_quantile: float = _tunable("rise_quantile")
     release_horizon_s: float = _tunable("release_horizon_s")
     batch_grow_after_s: float = _tunable("batch_grow_after_s")
 

@@ -41,10 +41,24 @@ def format_table(results: Sequence[PolicyResult]) -> str:
     tables = [
         _measures_table(results),
         *_oracle_table(results),
+        _left_behind_table(results),
         *_headroom_table(results),
         *_jobs_table(results),
     ]
     return "\n\n".join(["\n".join(lines), *tables])
+
+
+def _left_behind_table(results: Sequence[PolicyResult]) -> str:
+    """Per policy, the job-hours jobs spent at zero trainers while their fair share was
+    positive (`core/fair_share.py`; goal 0), and the jobs they were."""
+    header = f"{'policy':<10} {'job-h left behind':>17}  by job (fair share positive, 0 trainers)"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        jobs = "  ".join(
+            f"{name} {hours:.2f}" for name, hours in sorted(r.left_behind_h.items()) if hours > 0
+        )
+        lines.append(f"{r.name:<10} {r.job_hours_left_behind:>17.2f}  {jobs or '-'}")
+    return "\n".join(lines)
 
 
 def _oracle_table(results: Sequence[PolicyResult]) -> list[str]:

@@ -29,7 +29,9 @@ shares):
 * trainer churn: trainer pods started plus trainer pods stopped while their job went on, and
   by cause (`core/measures.py`);
 * training share of spare: training requests / (allocatable - what serving needs at target
-  utilisation for the actual demand - other pods), cpu, time-integrated.
+  utilisation for the actual demand - other pods), cpu, time-integrated;
+* job-hours left behind: hours a live job had no trainer bound while its modelled fair share
+  of that same room was at least its gang (`core/fair_share.py`; goal 0), per job too.
 
 Policies: the planner's registry (`planner/core/baselines.py`) and `oracle`, the clairvoyant
 bound (`oracle.py`: the planner with the true future and no headroom); `compare_to_oracle`
@@ -53,6 +55,7 @@ from tideshift.services.cluster.port import WorkloadRef
 from tideshift.services.core.constants import EPS, HOUR_S
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.baselines import Policy, make_policy
+from tideshift.services.simulator.core import fair_share
 from tideshift.services.simulator.core import measures as msr
 from tideshift.services.simulator.core.training import JobProgress, WorkModel
 from tideshift.services.simulator.forecasters import SimForecaster, make_forecaster
@@ -122,6 +125,13 @@ class PolicyResult:
     serving_minimum_replica_h: float = 0.0
     # This policy's figures as fractions of the oracle's in the same run (`oracle.py`).
     vs_oracle: dict[str, float] = field(default_factory=dict)
+    # Per job: hours at zero trainers while its fair share was positive (`core/fair_share.py`).
+    left_behind_h: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def job_hours_left_behind(self) -> float:
+        """Job-hours at zero trainers while the job's fair share was positive (goal 0)."""
+        return sum(self.left_behind_h.values())
 
     @property
     def over_minimum(self) -> float:
@@ -154,6 +164,10 @@ class PolicyResult:
             "jobs": msr.job_times(self.job_outcomes, self.end_s),
             "serving_replica_hours": round(self.serving_replica_h, 2),
             "serving_replica_hours_vs_minimum": round(self.over_minimum, 4),
+            "job_hours_left_behind": round(self.job_hours_left_behind, 3),
+            "job_hours_left_behind_by_job": {
+                name: round(hours, 3) for name, hours in self.left_behind_h.items() if hours > 0
+            },
             **{key: round(value, 4) for key, value in self.vs_oracle.items()},
         }
 
@@ -205,6 +219,15 @@ class _Run:
         self.lends_batch = name in ("tideshift", ORACLE)
         self.serving_replica_s = 0.0
         self.serving_minimum_s = 0.0
+        self.left_behind_s: dict[str, float] = {}
+        self.node_alloc = np.array(
+            [
+                (n.allocatable.cpu, n.allocatable.memory, float(n.allocatable.gpu))
+                for n in self.cluster.nodes()
+                if n.schedulable
+            ],
+            dtype=np.float64,
+        ).reshape(-1, 3)
         training = scenario.training
         self.work_model = WorkModel(training.speedup_exponent, training.restart_cost_s)
         self.accounts = msr.Accountant()
@@ -314,6 +337,7 @@ class _Run:
             need * spec.replica.cpu for spec, need in zip(self.scenario.serving, needs, strict=True)
         )
         self.serving_minimum_s += sum(needs) * step
+        self._count_left_behind(requested, needs)
         training_cpu = self._progress_jobs(now)
         serving_bound = [cluster.bound_count(ref) for ref in self.serving_refs]
         serving_cpu = sum(
@@ -349,6 +373,44 @@ class _Run:
             ),
         )
         return requested, sum(capacities)
+
+    def _count_left_behind(self, requested: Any, needs: Sequence[int]) -> None:
+        """Add the step to each live job with no trainer bound whose fair share of the room
+        serving's need for the actual demand leaves was positive (`core/fair_share.py`)."""
+        cluster, live = self.cluster, list(self.live.values())
+        if not any(cluster.workload(run.ref).bound_workers == 0 for run in live):
+            return
+        training = np.zeros(3)
+        for run in live:
+            workload = cluster.workload(run.ref)
+            companions = workload.companion_requests
+            training += workload.bound_workers * np.array(run.group.trainer.vector())
+            training += workload.bound_companions * np.array(
+                (companions.cpu, companions.memory, float(companions.gpu))
+            )
+        serving_bound = np.zeros(3)
+        serving_need = np.zeros(3)
+        for spec, ref, need in zip(self.scenario.serving, self.serving_refs, needs, strict=True):
+            replica = np.array(spec.replica.vector())
+            serving_bound += cluster.bound_count(ref) * replica
+            serving_need += need * replica
+        other = np.maximum(np.asarray(requested) - training - serving_bound, 0.0)
+        jobs = [
+            fair_share.ShareJob(
+                request=run.group.trainer.vector(),
+                gang=run.policy_job.gang_min or run.policy_job.min_trainers,
+                most=run.policy_job.max_trainers,
+                weight=run.policy_job.weight,
+                priority=run.policy_job.priority,
+            )
+            for run in live
+        ]
+        room = self.alloc_vector - serving_need - other
+        owed = fair_share.positive(jobs, fair_share.fair_shares(jobs, self.node_alloc, room))
+        for run, is_owed in zip(live, owed, strict=True):
+            if is_owed and cluster.workload(run.ref).bound_workers == 0:
+                name = run.ref.name
+                self.left_behind_s[name] = self.left_behind_s.get(name, 0.0) + self.scenario.step_s
 
     def _serving_used_cpu(self, demands: Sequence[float]) -> float:
         """Serving's cpu in use: demand / ready capacity x the requests of its bound pods."""
@@ -432,6 +494,7 @@ class _Run:
             churn_causes=dict(self.churn.counts),
             serving_replica_h=self.serving_replica_s / HOUR_S,
             serving_minimum_replica_h=self.serving_minimum_s / HOUR_S,
+            left_behind_h={name: s / HOUR_S for name, s in self.left_behind_s.items()},
         )
 
 

@@ -120,7 +120,10 @@ class ServingWorkload:
     margin_s: float = _serving("margin_seconds")  # extra look-ahead beyond the lead time
     # scale-down waits for the window's highest recommendation
     stabilization_s: float = _serving("stabilization_seconds")
-    quantile: float = DEFAULT_SERVING_QUANTILE  # which forecast quantile sizes the workload
+    quantile: float = DEFAULT_SERVING_QUANTILE  # which forecast quantile lending reads
+    # core-hours of training one replica's worth of demand unserved for a minute is worth:
+    # the level serving is sized at (serving/price.py)
+    shortfall_price: float = _serving("shortfall_price")
     # Fraction of its request a replica uses while serving `capacity_rps` (the usage model of
     # overcommit: usage = demand / (replicas x capacity_rps) x this x request); 1 assumes the
     # whole request is used at capacity, lending nothing of a busy replica.
@@ -147,6 +150,7 @@ class ServingWorkload:
             margin_s=spec.margin_seconds,
             stabilization_s=spec.stabilization_seconds,
             quantile=spec.quantile,
+            shortfall_price=spec.shortfall_price,
             target_utilization=spec.target_utilization,
         )
 
@@ -158,6 +162,9 @@ class Forecast:
     issued_at: float
     times: tuple[float, ...]
     quantiles: Mapping[float, tuple[float, ...]]
+    # Why the predictor no longer trusts this workload's forecasts (its recent coverage is
+    # too low): serving is then sized on observed demand. Empty while trusted.
+    untrusted: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,20 +290,14 @@ class PolicyConfig:
     )
     # Serving must cover the first lead time of a rise, which no reaction can (replicas take
     # their start-up delay): the rise is priced from the workload's own recent rises
-    # (serving/headroom.py), over a window long enough to hold a daily cycle's steepest ramp;
-    # the large ones that recur on a schedule within it are held only when the next is due.
+    # (serving/headroom.py), over a window long enough to hold a daily cycle's steepest ramp,
+    # at the workload's priced level (serving/price.py); the large ones that recur on a
+    # schedule within it are held only when the next is due.
     rise_window_s: float = tunable(
         DAY_S,
         "serving's headroom is the workload's quantile of its rises within one lead time "
         "observed over this long, seconds",
         gt=0,
-    )
-    rise_quantile: float = tunable(
-        0.99,
-        "serving's headroom prices the rise within one lead time at least at this quantile "
-        "of the workload's rises (the workload's own quantile when higher)",
-        gt=0,
-        lt=1,
     )
     # Room serving releases moves trainers in and, when demand returns, out again (a restart
     # each way): an expected cost, so weighed on the forecast's median.
@@ -388,9 +389,10 @@ class HeadroomParts:
     panic_hold: bool  # scale-down held: demand ran above what the forecast allowed
     # A rise that recurs with this period (seconds) is due and set `rise_ratio`; 0: none.
     recurring_period_s: float = 0.0
-    # Otherwise, the quantile of its rises that set `rise_ratio` (the workload's own, or
-    # `rise_quantile` once calibrated).
+    # Otherwise, the quantile of its rises that set `rise_ratio` (the priced level,
+    # serving/price.py).
     rise_quantile: float = 0.0
+    forecast_level: float = 0.0  # the forecast quantile `forecast` was read at
 
 
 Role = Literal["serving", "training"]

@@ -11,6 +11,7 @@ from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.model import Miss, Rises
 from tideshift.services.planner.core.serving import plan_serving
 from tideshift.services.planner.core.serving.headroom import recent_rise
+from tideshift.services.planner.core.serving.price import price_for
 
 SHOP = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "shop"),
@@ -22,6 +23,9 @@ SHOP = pol.ServingWorkload(
     margin_s=30.0,
     stabilization_s=60.0,
     quantile=0.95,
+    # Sized at q0.99: there the 1.8x jump is beyond the rises' quantile (at the default price,
+    # 0.9983 of these 301 scores is their largest, the jump itself).
+    shortfall_price=price_for(0.99, 1.0),
 )
 NOW = 10_000.0
 # A quiet day of rises (at most 1.1x), then a jump of 1.8x measured from 30 s ago.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tideshift.services.planner.core.model import PolicyConfig, Rises, ServingWorkload, Target
+from tideshift.services.planner.core.model import Rises, ServingWorkload, Target
 from tideshift.services.planner.core.serving.headroom import (
     observe_rise,
     priced_rise,
@@ -183,22 +183,20 @@ def test_onsets_on_a_schedule_are_priced_only_when_due_not_in_the_plain_rise() -
     points = spikes(period_s=1200.0, count=8)
     rises = feed_lead(points)
     assert rise_quantile(rises, 0.99) == pytest.approx(5.0)  # all scores: the jumps
-    config = PolicyConfig()
     next_spike = 1800.0 + 8 * 1200.0
-    _, between, _, _ = priced_rise(workload, rises, 100.0, next_spike - 600.0, config)
+    _, between, _, _ = priced_rise(workload, rises, 100.0, next_spike - 600.0, 0.99)
     assert between < 1.5
-    _, due, period_s, _ = priced_rise(workload, rises, 100.0, next_spike - 45.0, config)
+    _, due, period_s, _ = priced_rise(workload, rises, 100.0, next_spike - 45.0, 0.99)
     assert due == pytest.approx(5.0) and period_s == pytest.approx(1200.0, rel=0.02)
 
 
-def test_the_rise_says_which_quantile_priced_it() -> None:
-    """The workload's own quantile until enough scores estimate `rise_quantile`, then that:
-    the plan's reason quotes the quantile that applied."""
+def test_the_rise_says_which_level_priced_it() -> None:
+    """The priced level, however few the scores (with fewer than it can rank, their largest):
+    the plan's reason quotes the level that applied."""
     workload = ServingWorkload(
         Target("shop", "Deployment", "web"), (1.0, 0.0, 0.0), capacity_rps=10.0, lead_time_s=60.0
     )
-    config = PolicyConfig(rise_quantile=0.99)
     few = Rises(scores=tuple((float(i), 1.0 + i / 100) for i in range(50)))
     many = Rises(scores=tuple((float(i), 1.0 + i / 1000) for i in range(200)))
-    assert priced_rise(workload, few, 100.0, 300.0, config)[3] == workload.quantile
-    assert priced_rise(workload, many, 100.0, 300.0, config)[3] == 0.99
+    assert priced_rise(workload, few, 100.0, 300.0, 0.99)[1:4:2] == (pytest.approx(1.49), 0.99)
+    assert priced_rise(workload, many, 100.0, 300.0, 0.9)[1:4:2] == (pytest.approx(1.180), 0.9)

@@ -4,12 +4,15 @@ lead time; a quiet workload is untouched."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tideshift.events.models import Headroom
 from tideshift.services.planner import core as pol
 from tideshift.services.planner.core.model import Miss, Rises
 from tideshift.services.planner.core.serving import PANIC, plan_serving, track_miss
+from tideshift.services.planner.core.serving.price import price_for, service_level
 
 WEB = pol.ServingWorkload(
     target=pol.Target("default", "Deployment", "web"),
@@ -205,20 +208,20 @@ def test_a_rise_that_recurs_on_a_schedule_is_held_only_when_the_next_is_due() ->
     assert published.recurring_period_s == pytest.approx(7200.0, rel=0.01)
 
 
-def test_the_rise_is_priced_at_least_at_the_configured_quantile() -> None:
-    # 97 rises of nothing and 3 of 3x: the workload's q0.95 sees no rise, q0.99 sees 3x.
+def test_the_rise_is_priced_at_the_level_the_shortfall_price_sets() -> None:
+    # 97 rises of nothing and 3 of 3x: the q0.95 of the rises sees no rise, q0.99 sees 3x.
     rises = Rises(scores=tuple((float(i), 3.0 if i >= 97 else 1.0) for i in range(100)))
     miss = Miss(panic_until=-1e9, observed=100.0, rises=rises)
 
-    def desired(rise_quantile: float) -> int:
+    def desired(level: float) -> int:
         size = plan_serving(
-            WEB,
+            replace(WEB, shortfall_price=price_for(level, WEB.replica_requests[0])),
             flat(50.0, 0.0),
             current=5,
             history=(),
             seen_since=-1e6,
             now=0.0,
-            config=pol.PolicyConfig(rise_quantile=rise_quantile),
+            config=CONFIG,
             cluster_stale=False,
             observed=100.0,
             miss=miss,
@@ -227,5 +230,7 @@ def test_the_rise_is_priced_at_least_at_the_configured_quantile() -> None:
 
     # 100 req/s x 3 = 300 req/s, 30 replicas of 10 req/s, ready before such a burst.
     assert desired(0.99) == 30
-    # At the workload's own q0.95 only the observed demand (100 req/s) is covered.
+    # A cheap shortfall (level 0.5) covers only the observed demand (100 req/s).
     assert desired(0.5) == 10
+    # The default price (10 core-hours per replica-minute) sizes a 1-core replica at 0.9983.
+    assert service_level(WEB) == pytest.approx(1 - 1 / 600)

@@ -178,24 +178,12 @@ def _ranked(ordered: Sequence[float], quantile: float) -> float:
     return max(1.0, ordered[rank - 1])
 
 
-def rise_quantile(
-    rises: Rises, quantile: float, *, at_least: float = 0.0, scores: Sequence[float] | None = None
-) -> float:
-    """The workload's `quantile` of its rises within one lead time (of `scores` when given,
-    else of all); 1 with no score yet (the forecast and the reaction to observed demand
-    still apply).
-
-    `at_least`, once enough scores estimate it (before, it would be their maximum), raises
-    the quantile: noise past q0.95 of a bursty stream's rises starved it for the lead time a
-    reaction takes."""
+def rise_quantile(rises: Rises, level: float, *, scores: Sequence[float] | None = None) -> float:
+    """The workload's `level` quantile of its rises within one lead time (of `scores` when
+    given, else of all); 1 with no score yet (the forecast and the reaction to observed demand
+    still apply). With fewer scores than the level can rank, their largest."""
     values = [score for _, score in rises.scores] if scores is None else list(scores)
-    return conformal_quantile(values, applied_quantile(len(values), quantile, at_least))
-
-
-def applied_quantile(scores: int, quantile: float, at_least: float) -> float:
-    """The quantile rises are priced at with this many scores: the workload's own, raised to
-    `at_least` once enough scores estimate it."""
-    return max(quantile, at_least) if scores * (1.0 - at_least) >= 1.0 else quantile
+    return conformal_quantile(values, level)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,14 +291,14 @@ def priced_rise(
     rises: Rises,
     observed: float | None,
     now: float,
-    config: PolicyConfig,
+    level: float,
 ) -> tuple[float, float, float, float]:
-    """Where demand may be one lead time from now (req/s; 0 without a fresh observation),
-    the ratio over the observation that says so, the period of the recurring rise that set
-    it (0: none) and the quantile of the rises that set it otherwise (0: the recurring one).
-    The ratio is the workload's quantile of its rises (at least `rise_quantile` once
-    calibrated), or of its recurring onsets when the next is due."""
-    recurring = recurrence(rises, workload.quantile)
+    """Where demand may be one lead time from now at the priced `level` (req/s; 0 without a
+    fresh observation), the ratio over the observation that says so, the period of the
+    recurring rise that set it (0: none) and the level otherwise (0: the recurring one). The
+    ratio is the workload's `level` quantile of its rises, or of its recurring onsets when the
+    next is due."""
+    recurring = recurrence(rises, level)
     # Onsets on a schedule are priced when the next is due: their jumps are left out of the
     # rise held at all times (on edl-mixed-nginx the 2x step every 540 s is 1.9 % of the
     # scores, which made the q0.99 rise 2x all the time).
@@ -319,10 +307,7 @@ def priced_rise(
         if recurring is None
         else _without_onsets(rises.scores, rises.onsets, workload.lead_time_s)
     )
-    ratio = rise_quantile(rises, workload.quantile, at_least=config.rise_quantile, scores=plain)
-    count = len(rises.scores if plain is None else plain)
-    quantile = applied_quantile(count, workload.quantile, config.rise_quantile)
-    period_s = 0.0
+    ratio, quantile, period_s = rise_quantile(rises, level, scores=plain), level, 0.0
     if (
         recurring is not None
         and recurring.ratio > ratio

@@ -36,8 +36,9 @@ from tideshift.services.planner.core.packing import (
     node_sums,
     pack_sparse,
 )
-from tideshift.services.planner.core.peaks import forecast_peak
+from tideshift.services.planner.core.peaks import covering_quantile, forecast_peak
 from tideshift.services.planner.core.serving import headroom
+from tideshift.services.planner.core.serving.price import service_level
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,15 +115,22 @@ def plan_serving(
 ) -> _ServingSize:
     """The workload's replicas.
 
+    Sized at the workload's priced level (serving/price.py: where the expected cost of a
+    shortfall meets the training displaced) of the demand over the look-ahead window, from
+    the forecast's quantiles and from the workload's own recent rises within one lead time
+    (serving/headroom.py; the large rises recurring on a schedule when one is due).
     The safety net: a forecast can be wrong and serving must not pay for it. Observed demand
     above what the forecast allowed for now sizes serving for that demand at once and holds
-    scale-down through the panic window. The headroom is priced (serving/headroom.py): what
-    demand may reach a lead time on at a quantile of its own recent rises (`rise_quantile`
-    at least), or of the large rises recurring on a schedule when one is due.
+    scale-down through the panic window.
     """
+    level = service_level(workload)
     peaks: _Peaks | None = None
-    if forecast is not None and now - forecast.issued_at <= config.max_forecast_age_s:
-        peaks = _forecast_peaks(workload, forecast, now, config)
+    if (
+        forecast is not None
+        and not forecast.untrusted
+        and now - forecast.issued_at <= config.max_forecast_age_s
+    ):
+        peaks = _forecast_peaks(workload, forecast, now, config, level)
     allowed = peaks.allowed if peaks is not None else None
     new_miss = track_miss(miss, observed=observed, allowed=allowed, now=now, config=config)
     rises = headroom.observe(workload, new_miss.rises, observed, now, config)
@@ -130,10 +138,10 @@ def plan_serving(
     observed_need = _replicas_for(observed, workload) if observed is not None else 0
     if peaks is None:
         held = min(max(current, observed_need, workload.min_replicas), workload.max_replicas)
-        why = _no_usable_forecast(has_forecast=forecast is not None)
+        why = _no_usable_forecast(forecast)
         fallback = _held_fallback(workload.target, why)
         return _ServingSize(held, _holding(held, why), history, new_miss, fallback)
-    parts = _parts(workload, peaks, new_miss, observed, now, config=config)
+    parts = _parts(workload, peaks, new_miss, observed, now, level=level)
     recommendation = _recommend(workload, parts, observed_need)
     cutoff = now - workload.stabilization_s
     new_history = (*(item for item in history if item[0] > cutoff), (now, recommendation.replicas))
@@ -164,16 +172,18 @@ class _Peaks:
     """The forecast's peaks (req/s) that size a workload, from a fresh forecast."""
 
     window: float  # over the look-ahead window (lead time + margin)
+    level: float  # the forecast quantile read: the priced level's covering one
     allowed: float | None  # now: what the forecast allows for the demand observed now
     release: float  # the median's, over the release horizon (at least the look-ahead window)
 
 
 def _forecast_peaks(
-    workload: ServingWorkload, forecast: Forecast, now: float, config: PolicyConfig
+    workload: ServingWorkload, forecast: Forecast, now: float, config: PolicyConfig, level: float
 ) -> _Peaks | None:
-    """The peaks of a fresh forecast; None when no point of it covers the look-ahead window."""
+    """The peaks of a fresh forecast at the priced `level` (its closest quantile at or above,
+    the highest when none is); None when no point of it covers the look-ahead window."""
     window_end = now + workload.lead_time_s + workload.margin_s
-    window = forecast_peak(forecast, now, window_end, workload.quantile)
+    window = forecast_peak(forecast, now, window_end, level)
     if window is None:
         return None
     release_end = now + max(config.release_horizon_s, window_end - now)
@@ -183,7 +193,8 @@ def _forecast_peaks(
     release = forecast_peak(forecast, now, release_end, 0.5)
     return _Peaks(
         window=window,
-        allowed=forecast_peak(forecast, now, now, workload.quantile),
+        level=covering_quantile(forecast.quantiles, level),
+        allowed=forecast_peak(forecast, now, now, level),
         release=release if release is not None else 0.0,
     )
 
@@ -204,10 +215,10 @@ def _parts(
     observed: float | None,
     now: float,
     *,
-    config: PolicyConfig,
+    level: float,
 ) -> HeadroomParts:
     rise, rise_ratio, period_s, quantile = headroom.priced_rise(
-        workload, miss.rises, observed, now, config
+        workload, miss.rises, observed, now, level
     )
     # While demand runs above what the forecast allowed, a flash crowd may come in waves:
     # the next is priced at least as the rise just seen (the 48 h family-flash-crowds run
@@ -223,6 +234,7 @@ def _parts(
         panic_hold=now < miss.panic_until,
         recurring_period_s=period_s,
         rise_quantile=quantile,
+        forecast_level=peaks.level,
     )
 
 
@@ -237,6 +249,7 @@ def _recommend(
     replicas = min(max(need, workload.min_replicas), workload.max_replicas)
     basis = _serving_basis(
         workload,
+        level=parts.forecast_level,
         peak=parts.forecast,
         forecast_need=forecast_need,
         rise=(parts.rise_ratio, rise_need, parts.recurring_period_s, parts.rise_quantile)
@@ -422,8 +435,12 @@ _STALE_NO_SCALE_DOWN = "cluster view stale: not scaling down"
 _PANIC_WINDOW = f"{PANIC} demand ran above the forecast: no scale-down in the panic window"
 
 
-def _no_usable_forecast(*, has_forecast: bool) -> str:
-    return "forecast stale or not covering the window" if has_forecast else "no forecast"
+def _no_usable_forecast(forecast: Forecast | None) -> str:
+    if forecast is None:
+        return "no forecast"
+    if forecast.untrusted:
+        return f"forecast untrusted ({forecast.untrusted}): sized on observed demand"
+    return "forecast stale or not covering the window"
 
 
 def _holding(held: int, why: str) -> str:
@@ -438,6 +455,7 @@ def _held_fallback(target: Target, why: str) -> str:
 def _serving_basis(
     workload: ServingWorkload,
     *,
+    level: float,
     peak: float,
     forecast_need: int,
     rise: tuple[float, int, float, float] | None,
@@ -451,7 +469,7 @@ def _serving_basis(
     it or 0 for the rise just seen) and `observed` only when they need more than the
     forecast."""
     basis = (
-        f"forecast q{workload.quantile:g} peak {peak:.1f} req/s over the next "
+        f"forecast q{level:g} peak {peak:.1f} req/s over the next "
         f"{workload.lead_time_s + workload.margin_s:.0f} s / {workload.capacity_rps:g} req/s "
         f"per replica"
     )
@@ -461,7 +479,7 @@ def _serving_basis(
         source = (
             f"a rise recurring every {period_s / 60:.0f} min is due"
             if period_s > 0
-            else f"q{quantile:g} of recent rises"
+            else f"q{quantile:.4g} of recent rises"
             if quantile > 0
             else "the rise just seen, demand above what the forecast allowed"
         )
