@@ -48,8 +48,8 @@ def draw(record: dict[str, Any], out: Path) -> None:
         f"Quota lent to Kueue (measured, real Kueue v0.17): {record['preemptions']} "
         f"preemptions, {record['lost_pod_hours']:.1f} training pod-hours lost"
     )
-    ax.legend(loc="upper left", fontsize=8)
-    ax.set_ylim(0, capacity * 1.15)
+    ax.legend(loc="upper center", fontsize=8, ncol=3)
+    ax.set_ylim(0, capacity * 1.4)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
