@@ -59,7 +59,9 @@ class DayShape:
     latency_target_s: float = 0.75
     web_cpu_m: int = 250
     min_replicas: int = 2
-    max_replicas: int = 20
+    # The peak needs 13; 14 x 250m leaves the trainers' minimum room on three 2-core nodes
+    # beside Tideshift and the harness (20 let serving preempt the last trainer at the peak).
+    max_replicas: int = 14
     # Measured start of a replica on these nodes (schedule, start, import, ready) is 3-8 s;
     # the lead time also covers a lost node's detection (node-monitor-grace-period 20 s).
     lead_time_s: float = 30.0
@@ -260,7 +262,8 @@ def priority_classes() -> list[dict[str, Any]]:
 
 def web(shape: DayShape) -> list[dict[str, Any]]:
     """The sample app as a Deployment Tideshift serves (label and annotations) and its Service."""
-    ready = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1}
+    # A 1 s probe timeout flaps replicas out of the Service on a machine this loaded.
+    ready = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1, "timeoutSeconds": 3}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -449,6 +452,7 @@ def training(shape: DayShape) -> list[dict[str, Any]]:
                             readinessProbe={
                                 "httpGet": {"path": "/readyz", "port": 8080},
                                 "periodSeconds": 1,
+                                "timeoutSeconds": 3,
                             },
                         )
                     ],

@@ -498,8 +498,11 @@ spec:
         ports:
         - {containerPort: 53, name: dns, protocol: UDP}
         - {containerPort: 53, name: dns-tcp, protocol: TCP}
-        readinessProbe: {httpGet: {path: /ready, port: 8181}, periodSeconds: 2}
-        livenessProbe: {httpGet: {path: /health, port: 8080}, periodSeconds: 10}
+        # Generous timeouts: on a 2-core machine shared with other suites (load average 40
+        # seen) a 1 s probe timeout restarted CoreDNS, and every lookup failed meanwhile.
+        readinessProbe: {httpGet: {path: /ready, port: 8181}, periodSeconds: 2, timeoutSeconds: 5}
+        livenessProbe: {httpGet: {path: /health, port: 8080}, periodSeconds: 10, timeoutSeconds: 10,
+                        failureThreshold: 6}
         securityContext:
           capabilities: {add: [NET_BIND_SERVICE]}
         volumeMounts: [{name: config, mountPath: /etc/coredns, readOnly: true}]
