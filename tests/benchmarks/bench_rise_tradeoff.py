@@ -1,11 +1,11 @@
 """Serving's trade-off where over-provisioning <= 1.5 is out of reach (issue 26): the priced
-rise's quantile (`PolicyConfig.rise_quantile`, the workload's forecast quantile left as
-shipped) against shortfall minutes, over-provisioning (mean ready capacity / demand, per
-serving workload) and weighted training work, tideshift only, one process per point.
+level serving is sized at (since issue 39 one level for the forecast and the rise, set by each
+workload's `shortfall_price`: here the price that gives each workload that level,
+serving/price.py `price_for`) against shortfall minutes, over-provisioning (mean ready
+capacity / demand, per serving workload) and weighted training work, tideshift only, one
+process per point.
 
-Unlike `bench_planner_scenarios.py --sweep` (which moves each workload's forecast quantile
-with it), only the rise's price moves here: what each step of it buys and costs on the noisy
-streams where the rise is most of the headroom.
+`bench_serving_price.py` draws the same trade-off against the price itself and the oracle.
 
 Run: .venv/bin/python tests/benchmarks/bench_rise_tradeoff.py [--only NAME ...]
      [--quantiles 0.95,0.98,0.99,0.995,0.999] [--duration 21600] [--jobs 2] [--out PNG]
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tideshift.services.planner.core import Decision, PlanInputs, PlanState
 from tideshift.services.planner.core.baselines import POLICIES, TideshiftPolicy
+from tideshift.services.planner.core.serving.price import price_for
 from tideshift.services.simulator.cli import load_profiles
 from tideshift.services.simulator.report import save_figure
 from tideshift.services.simulator.run import run_policy
@@ -35,13 +36,16 @@ IMAGE = Path(__file__).resolve().parents[2] / "docs" / "images" / "rise-quantile
 
 
 class _PricedAt(TideshiftPolicy):
-    """Tideshift with its priced rise at `quantile`."""
+    """Tideshift with every serving workload sized at the level `quantile`."""
 
     quantile = 0.99
 
     def plan(self, inputs: PlanInputs, state: PlanState, now: float) -> tuple[Decision, PlanState]:
-        config = replace(inputs.config, rise_quantile=self.quantile)
-        return super().plan(replace(inputs, config=config), state, now)
+        serving = tuple(
+            replace(w, shortfall_price=price_for(self.quantile, w.replica_requests[0]))
+            for w in inputs.serving
+        )
+        return super().plan(replace(inputs, serving=serving), state, now)
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ def draw(points: Sequence[Point], out: Path) -> Path:
     axes[1].axhline(1.5, color="grey", linestyle=":", label="goal 1.5")
     labels = ("shortfall minutes", "over-provisioning (mean)", "weighted work / highest q's")
     for axis, label in zip(axes, labels, strict=True):
-        axis.set_xlabel("priced rise quantile (rise_quantile)")
+        axis.set_xlabel("level serving is sized at (shortfall price's)")
         axis.set_ylabel(label)
         axis.legend(fontsize=7)
     figure.suptitle("The priced rise's quantile against shortfall, room and training work")
