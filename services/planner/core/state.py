@@ -127,6 +127,7 @@ def forecast_of(event: ForecastIssued) -> pol.Forecast:
         issued_at=event.issued_at.timestamp(),
         times=times,
         quantiles={level: tuple(q[level] for q in per_point) for level in QUANTILE_LEVELS},
+        untrusted=event.untrusted_reason,
     )
 
 
