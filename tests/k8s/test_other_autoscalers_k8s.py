@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import json
+import os
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ import numpy as np
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from tests.k8s import test_workloads_e2e as e2e
 from tests.k8s.cluster_objects import (
     collection,
     create,
@@ -37,7 +41,14 @@ from tests.k8s.cluster_objects import (
     service_kubeconfig,
     wait_until,
 )
-from tideshift.events import WORKLOAD_CHANGED, ScaleCommand, WorkloadChanged, WorkloadRef
+from tests.k8s.test_workloads_e2e import Loop, tideshift
+from tideshift.events import (
+    PLAN_DECIDED,
+    WORKLOAD_CHANGED,
+    ScaleCommand,
+    WorkloadChanged,
+    WorkloadRef,
+)
 from tideshift.services.cluster.adapters.autoscalers import SKIPPED
 from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.cluster.core.autoscalers import LEFT_TO, MODE_ANNOTATION
@@ -64,6 +75,7 @@ WAIT = 60.0
 # default); on a loaded two-core machine give it many rounds.
 HPA_FOLLOW_S = 120.0
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+LISTING_PERIOD_ENV = "TIDESHIFT_AUTOSCALERS_PERIOD_SECONDS"  # the watcher's setting
 HPAS = "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers"
 SCALED_OBJECTS = "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects"
 
@@ -376,3 +388,88 @@ async def test_a_scaled_object_is_honoured_and_a_bad_one_skipped(
 
         admin.json("DELETE", f"{SCALED_OBJECTS.format(ns=ns)}/queue-so")
         await s.announced_as("queue", lambda e: not e.held_by)
+
+
+# -- the whole loop: watcher, planner and executor as processes (tests/k8s/test_workloads_e2e.py's
+# harness, a module of its own here), `tideshift status` as a user runs it ----------------------
+
+
+loop = e2e.loop  # its module-scoped fixture: the services, run for this module's last test
+
+
+@pytest.fixture(scope="module")
+def quick_listing() -> Iterator[None]:
+    """The loop's watcher lists autoscalers every second (its environment, set before the
+    loop's processes start: ask for this fixture first)."""
+    os.environ[LISTING_PERIOD_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(LISTING_PERIOD_ENV, None)
+
+
+def status_json(loop: Loop) -> dict[str, Any]:
+    done = subprocess.run(
+        tideshift("status", "-o", "json", "--nats-url", loop.nats_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def why_of(loop: Loop, name: str) -> str:
+    rows = [r for r in status_json(loop)["serving"] if r["target"].endswith(f"/{name}")]
+    return str(rows[0]["why"]) if rows else ""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_running_services_leave_an_hpas_workload_alone_and_resume(
+    quick_listing: None, loop: Loop
+) -> None:
+    """The loop's web Deployment, planned at its forecast, gets an HPA whose minimum is above
+    the plan: the watcher's announcement holds it, the planner's plan and `tideshift status`
+    give the HPA as the reason, the HPA controller's count stands against a plan that wants
+    fewer; the HPA deleted, the planner sizes it again (down to what the forecast needs)."""
+    name, hpas = "web", HPAS.format(ns=loop.namespace)
+    ((_, planned),) = asyncio.run(decisions_in_plans(loop.nats_url, name, plans=1))
+    loop.eventually(lambda: loop.get("Deployment", name)["spec"]["replicas"] == planned, "web")
+    low = planned + 2
+    create(loop.admin, hpas, hpa("web-hpa", name, low=low, high=low + 2))
+
+    # The real HPA controller raises replicas to its minimum; the plan, which wants `planned`,
+    # holds web where the HPA puts it, and gives the HPA as the reason, plan after plan.
+    loop.eventually(lambda: loop.get("Deployment", name)["spec"]["replicas"] == low, "HPA's count")
+    held = asyncio.run(decisions_in_plans(loop.nats_url, name, plans=3, after=LEFT_TO))
+    assert all(r.startswith(LEFT_TO) and d == low for r, d in held), held
+    assert f"HorizontalPodAutoscaler {loop.namespace}/web-hpa" in held[0][0]
+    assert why_of(loop, name) == held[-1][0]  # `tideshift status` says it too
+    assert loop.get("Deployment", name)["spec"]["replicas"] == low
+
+    loop.admin.json("DELETE", f"{hpas}/web-hpa")
+    loop.eventually(
+        lambda: loop.get("Deployment", name)["spec"]["replicas"] == planned,
+        "the planner to size web again",
+    )
+
+
+async def decisions_in_plans(
+    nats_url: str, name: str, *, plans: int, after: str = ""
+) -> list[tuple[str, int]]:
+    """The (reason, desired) of `name` in the next `plans` plans, from the first whose
+    reason begins with `after`."""
+    bus = await Bus.connect(nats_url, name="e2e-autoscalers")
+    found: list[tuple[str, int]] = []
+    try:
+        async with asyncio.timeout(WAIT):
+            async for envelope in bus.subscribe(PLAN_DECIDED.filter(), consumer="e2e-hpa"):
+                for item in envelope.data.targets:
+                    if item.target.name == name and (found or item.reason.startswith(after)):
+                        found.append((item.reason, item.desired))
+                if len(found) >= plans:
+                    break
+    finally:
+        await bus.close()
+    return found
