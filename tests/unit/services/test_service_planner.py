@@ -13,13 +13,14 @@ from tests.fixtures.support import (
     StandInPredictor,
     collect,
     eventually,
+    forecast,
     node_changed,
     running,
     serving_web,
 )
 from tideshift import events
 from tideshift.services.common.bus.memory import MemoryBroker, MemoryBus
-from tideshift.services.common.clock import ManualClock
+from tideshift.services.common.clock import ManualClock, utc_now
 from tideshift.services.planner import service as planner_service
 from tideshift.services.planner.settings import PlannerSettings
 
@@ -115,3 +116,33 @@ async def test_a_confirmed_command_is_not_sent_again(
         plans = planner.plans
         await eventually(lambda: planner.plans > plans)
         assert len(web_commands(commands)) == sent
+
+
+async def test_an_untrusted_forecast_is_planned_around_and_the_status_says_why(
+    broker: MemoryBroker, bus: MemoryBus, clock: ManualClock, commands: list[Any]
+) -> None:
+    chosen = settings()
+    statuses: list[Any] = []
+    watching = await collect(bus, events.PLANNER_STATUS.filter(), statuses)
+    body = functools.partial(planner_service.serve, chosen, clock=clock)
+    predictor = StandInPredictor(bus, clock)
+    try:
+        async with running(broker, "planner", chosen, body):
+            await bus.publish(events.NODE_CHANGED.at(name="n1"), node_changed("n1"))
+            await predictor.forecast(NS, "web", [500.0] * 10)
+            await eventually(lambda: desired(commands) == 5, message="web not sized to 5")
+            # The predictor stops trusting web's forecasts: a higher one no longer sizes it.
+            why = "q0.95 held for 40% of the last 120 steps"
+            higher = forecast(NS, "web", [900.0] * 10, issued_at=utc_now(clock))
+            await bus.publish(
+                events.FORECAST.at(namespace=NS, workload="web"),
+                higher.model_copy(update={"untrusted_reason": why}),
+            )
+            await eventually(
+                lambda: any(why in reason for s in statuses for reason in s.reasons),
+                message="the planner's status never said the forecast is untrusted",
+            )
+            assert statuses[-1].mode == "degraded"
+            assert desired(commands) == 5  # held where it was, not raised to 9
+    finally:
+        watching.cancel()
