@@ -361,7 +361,7 @@ async def test_steer_raises_the_hpas_minimum_and_the_hpa_controller_follows(
         assert again.outcome == "noop", again.message
 
 
-async def test_a_scaled_object_is_honoured_and_a_bad_one_skipped(
+async def test_a_scaled_object_is_honoured_or_steered_and_a_bad_one_skipped(
     admin: KubeHttp,
     k8s_namespace: str,
     bus: Bus,
@@ -388,6 +388,18 @@ async def test_a_scaled_object_is_honoured_and_a_bad_one_skipped(
 
         admin.json("DELETE", f"{SCALED_OBJECTS.format(ns=ns)}/queue-so")
         await s.announced_as("queue", lambda e: not e.held_by)
+
+        # Steered, a ScaledObject gets its minReplicaCount/maxReplicaCount (KEDA is not built:
+        # nothing follows them here; the write and the executor's role are what is shown).
+        steer = {MODE_ANNOTATION: "steer"}
+        create(admin, collection("Deployment", ns), serving("worker", 1, steer))
+        create(admin, SCALED_OBJECTS.format(ns=ns), scaled_object("worker-so", "worker"))
+        result = await s.command(WorkloadRef(ns, "Deployment.apps", "worker"), 5)
+        assert result.outcome == "applied", result.message
+        assert "minReplicaCount 0 -> 5, maxReplicaCount 100" in result.message
+        written = admin.get(f"{SCALED_OBJECTS.format(ns=ns)}/worker-so")["spec"]
+        assert (written["minReplicaCount"], written["maxReplicaCount"]) == (5, 100)
+        assert s.replicas("worker") == 1
 
 
 # -- the whole loop: watcher, planner and executor as processes (tests/k8s/test_workloads_e2e.py's
