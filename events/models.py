@@ -610,6 +610,57 @@ class PlanDecided(EventData):
     infeasible: tuple[str, ...] = ()
 
 
+class ServingNeed(EventData):
+    """Serving's need over the lead time as one plan sized it, and what else the plan places:
+    published beside each `PlanDecided` for whatever lends the rest (the executor's quota
+    lent to Kueue, docs/guides/kueue.md). Resources summed over the schedulable nodes."""
+
+    event_name: ClassVar[str] = "plan.serving_need"
+
+    plan_id: str = Field(min_length=1)
+    policy: str
+    decided_at: AwareDatetime
+    capacity: Resources = Field(description="allocatable of the schedulable nodes")
+    reserved: Resources = Field(
+        description="serving's reservation over the lead time: the plan's serving sizes "
+        "(at least what runs now) times each replica's requests"
+    )
+    expected: Resources = Field(
+        description="what serving must have within the lead time: the median forecast's "
+        "peak over it in replicas (at least what runs now) times each replica's requests"
+    )
+    other: Resources = Field(
+        description="what else the plan places: Tideshift's training and the pods of no "
+        "target (a Kueue-admitted job's pods among them)"
+    )
+
+
+class KueueQuotaStep(_Frozen):
+    """What the executor did to one labelled ClusterQueue's quota, and why."""
+
+    queue: str = Field(description="the ClusterQueue; empty when Kueue itself is unreadable")
+    cpu: float | None = Field(default=None, ge=0, le=1e9, description="cpu quota now (cores)")
+    memory: float | None = Field(default=None, ge=0, le=2.0**63, description="bytes")
+    gpu: float | None = Field(default=None, ge=0, le=MAX_REPLICAS, description="devices")
+    changed: bool = False
+    reason: str
+    error: bool = Field(default=False, description="bad input: the quota was not lent")
+    deactivated: tuple[str, ...] = Field(default=(), description="namespace/name evicted")
+    reactivated: tuple[str, ...] = Field(default=(), description="namespace/name let back")
+
+
+class KueueQuotaLent(EventData):
+    """The executor's quota lent to Kueue for one plan's `ServingNeed`: each labelled
+    ClusterQueue's quota and why, bad input (a queue that cannot be lent) among them."""
+
+    event_name: ClassVar[str] = "kueue.quota"
+
+    plan_id: str = Field(min_length=1)
+    executor: str = ""
+    at: AwareDatetime
+    queues: tuple[KueueQuotaStep, ...] = ()
+
+
 class PlannerStatus(EventData):
     event_name: ClassVar[str] = "planner.status"
 

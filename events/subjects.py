@@ -16,12 +16,14 @@ from tideshift.events.models import (
     DemandObserved,
     EventData,
     ForecastIssued,
+    KueueQuotaLent,
     NodeChanged,
     PlanDecided,
     PlannerStatus,
     PodChanged,
     ScaleCommand,
     ScaleResult,
+    ServingNeed,
     WorkloadChanged,
 )
 from tideshift.events.tokens import decode_token, encode_token
@@ -188,6 +190,16 @@ PLAN_DECIDED = Subject(
     description="the planner's decision with a reason per target",
     model=PlanDecided,
 )
+SERVING_NEED = Subject(
+    f"{ROOT}.plan.serving_need.{{policy}}",
+    description="serving's need over the lead time as a plan sized it (lent to Kueue)",
+    model=ServingNeed,
+)
+KUEUE_QUOTA = Subject(
+    f"{ROOT}.kueue.quota",
+    description="the quota an executor lent to labelled Kueue ClusterQueues, and why",
+    model=KueueQuotaLent,
+)
 PLANNER_STATUS = Subject(
     f"{ROOT}.planner.status.{{planner}}",
     description="leadership and degraded-mode changes of a planner",
@@ -241,6 +253,8 @@ ALL_SUBJECTS: tuple[Subject[Any], ...] = (
     DEMAND_OBSERVED,
     PLAN_DECIDED,
     PLANNER_STATUS,
+    SERVING_NEED,
+    KUEUE_QUOTA,
     SCALE_COMMAND,
     SCALE_RESULT,
     SHARD_TASK,

@@ -18,6 +18,7 @@ from typing import Protocol
 from prometheus_client import Counter, Gauge, Histogram
 
 from tideshift.events import SCALE_COMMAND, SCALE_RESULT, BoundSubject, ScaleCommand, ScaleResult
+from tideshift.services.cluster.adapters.http import KubeHttp
 from tideshift.services.cluster.connect import open_kubernetes
 from tideshift.services.cluster.port import ClusterError
 from tideshift.services.common.bus import SCALE_STREAM, Delivery, follow
@@ -45,6 +46,7 @@ from tideshift.services.executor.executor import (
     RecordStore,
     ScaleWriter,
 )
+from tideshift.services.executor.kueue_lending import KueueLender, QuotaLender, lend_from_plans
 from tideshift.services.executor.settings import ExecutorSettings
 
 log = logging.getLogger("tideshift.executor")
@@ -222,6 +224,18 @@ def build_advertiser(
     return BatchAdvertiser(port, writer, usage, settings.lending())
 
 
+def build_lender(port: ExecutorCluster, settings: ExecutorSettings) -> QuotaLender | None:
+    """The quota lender when `kueue_lending` is on (never in observe mode or a dry run, nor
+    on a cluster that is not Kubernetes)."""
+    if not settings.kueue_lending:
+        return None
+    http = getattr(port, "http", None)
+    if settings.dry_run or settings.mode == "observe" or not isinstance(http, KubeHttp):
+        log.warning("kueue_lending is on but lends nothing (observe, dry run or no Kubernetes)")
+        return None
+    return KueueLender(http, config=settings.kueue_quota())
+
+
 async def _connect(
     settings: ExecutorSettings, cluster: ExecutorCluster | None
 ) -> tuple[ExecutorCluster, PackingWriter | None, OtherAutoscalers | None]:
@@ -252,11 +266,14 @@ async def serve(
     *,
     clock: Clock = WALL_CLOCK,
     cluster: ExecutorCluster | None = None,
+    lender: QuotaLender | None = None,
 ) -> None:
     """The service body; `cluster` replaces the Kubernetes port the settings name (the demo
-    passes its simulated cluster and clock; nothing else differs)."""
+    passes its simulated cluster and clock; nothing else differs), `lender` the quota lent
+    to Kueue (tests)."""
     port, writer, autoscalers = await _connect(settings, cluster)
     advertising: asyncio.Task[None] | None = None
+    lending: asyncio.Task[None] | None = None
     try:
         executor = await build_executor(
             context.bus,
@@ -274,6 +291,17 @@ async def serve(
             advertising = asyncio.create_task(
                 advertiser.run(settings.batch_interval_seconds, context.stopping, clock=clock)
             )
+        lender = lender or build_lender(port, settings)
+        if lender is not None:
+            lending = asyncio.create_task(
+                lend_from_plans(
+                    lender,
+                    context.bus,
+                    executor=executor.name,
+                    clock=clock,
+                    stopping=context.stopping,
+                )
+            )
         await consume(
             executor,
             context.bus,
@@ -285,10 +313,11 @@ async def serve(
             clock=clock,
         )
     finally:
-        if advertising is not None:
-            advertising.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await advertising
+        for task in (advertising, lending):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await port.close()
 
 

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from tideshift.events import EXECUTOR_RECORDS_BUCKET, WorkloadRef
+from tideshift.services.cluster.core.kueue_quota import QuotaConfig
 from tideshift.services.cluster.core.overcommit import OvercommitConfig
 from tideshift.services.common.bus.streams import HISTORY_STREAM, StreamSpec
 from tideshift.services.common.settings import LendingSettings
@@ -143,6 +144,19 @@ class ExecutorSettings(LendingSettings):
         "Tideshift then writes nothing (TideshiftLeftToAutoscaler Warning Event), or with "
         "tideshift.io/other-autoscaler: steer writes that autoscaler's min/max instead",
     )
+    kueue_lending: bool = Field(
+        default=False,
+        description="set the nominalQuota of ClusterQueues labelled tideshift.io/lend-quota "
+        "to what serving will not need within the lead time, from each plan's serving need "
+        "(docs/guides/kueue.md); never in observe mode or a dry run",
+    )
+    kueue_quota_min_interval_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        le=86_400,
+        description="a lent quota grows at most once per this many seconds (shrinking for "
+        "serving is never held back)",
+    )
 
     @field_validator("managed_targets")
     @classmethod
@@ -181,6 +195,9 @@ class ExecutorSettings(LendingSettings):
         if self.batch_resources and not self.prometheus_url:
             raise ValueError("prometheus_url: required when batch_resources is on")
         return self
+
+    def kueue_quota(self) -> QuotaConfig:
+        return QuotaConfig(min_interval_s=self.kueue_quota_min_interval_seconds)
 
     def lending(self) -> OvercommitConfig:
         """What a node lends: the margin the planner plans with too."""

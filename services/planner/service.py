@@ -61,6 +61,7 @@ from tideshift.events import (
     ScaleCommand,
     ScalePin,
 )
+from tideshift.events.subjects import SERVING_NEED
 from tideshift.services.common.bus import TypedKV, follow
 from tideshift.services.common.bus.port import BusPort
 from tideshift.services.common.clock import WALL_CLOCK, Clock, utc_now, wait_for_event
@@ -72,6 +73,7 @@ from tideshift.services.planner.core.isolation import Quarantine
 from tideshift.services.planner.core.state import PlannerState, PlanTrigger
 from tideshift.services.planner.outputs import idempotency_key, plan_decided, skipped_held
 from tideshift.services.planner.rise_store import RiseStore
+from tideshift.services.planner.serving_need import serving_need_event
 from tideshift.services.planner.settings import PlannerSettings
 
 log = logging.getLogger("tideshift.planner")
@@ -382,6 +384,14 @@ class Planner:
         )
         with contextlib.suppress(Exception):
             await self.bus.publish(PLAN_DECIDED.at(policy=self.settings.policy), plan)
+        # Serving's need over the lead time, for the executor's quota lent to Kueue.
+        try:
+            need = serving_need_event(
+                inputs, decision, plan_id=plan_id, policy=self.settings.policy, now=now
+            )
+            await self.bus.publish(SERVING_NEED.at(policy=self.settings.policy), need)
+        except Exception as error:  # the plan is out; only the lending side misses it
+            log.warning("could not publish serving's need of %s: %s", plan_id, error)
 
     def _timed_plan(
         self, inputs: pol.PlanInputs, policy_state: Any, now: float

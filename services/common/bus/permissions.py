@@ -195,6 +195,7 @@ def _cluster_roles() -> list[Role]:
             [
                 command,
                 _all(s.PLAN_DECIDED),
+                _all(s.SERVING_NEED),
                 _all(s.PLANNER_STATUS),
                 _all(s.DEAD_LETTER),
                 *_kv_write(b.LEASES_BUCKET),
@@ -206,15 +207,17 @@ def _cluster_roles() -> list[Role]:
         ),
         _service(
             "executor",
-            "consumes scale commands, publishes scale results",
+            "consumes scale commands, publishes scale results; lends quota to Kueue from "
+            "serving's need",
             [
                 _all(s.SCALE_RESULT),
+                _all(s.KUEUE_QUOTA),
                 _letters(EXECUTOR_DURABLE),
                 *_history_keeping(),
                 *_kv_write(b.EXECUTOR_RECORDS_BUCKET),
                 *_durable_pull(str(s.SCALE_COMMAND.stream), EXECUTOR_DURABLE, s.SCALE_COMMAND),
             ],
-            [],
+            [_all(s.SERVING_NEED)],
         ),
         _operator_role(),
     ]

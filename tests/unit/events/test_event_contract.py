@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tideshift import events
 from tideshift.events.asyncapi import asyncapi_document
 from tideshift.events.codec import EVENT_MODELS
+from tideshift.events.models import KueueQuotaLent, KueueQuotaStep, ServingNeed
 
 # Valid Kubernetes names: DNS-1123 subdomains (lower-case alphanumerics, '-' and '.').
 label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
@@ -140,6 +141,34 @@ STRATEGIES: dict[type[events.EventData], st.SearchStrategy[events.EventData]] = 
         mode=st.sampled_from(["normal", "degraded", "passive"]),
         reasons=st.lists(text, max_size=2).map(tuple),
         at=times,
+    ),
+    ServingNeed: st.builds(
+        ServingNeed,
+        plan_id=label,
+        policy=label,
+        decided_at=times,
+        capacity=resources,
+        reserved=resources,
+        expected=resources,
+        other=resources,
+    ),
+    KueueQuotaLent: st.builds(
+        KueueQuotaLent,
+        plan_id=label,
+        executor=label,
+        at=times,
+        queues=st.lists(
+            st.builds(
+                KueueQuotaStep,
+                queue=label,
+                cpu=st.none() | st.floats(min_value=0, max_value=1e6),
+                changed=st.booleans(),
+                reason=text,
+                error=st.booleans(),
+                deactivated=st.lists(kube_name, max_size=2).map(tuple),
+            ),
+            max_size=3,
+        ).map(tuple),
     ),
     events.ShardTask: shard_task(),
     events.JobProgress: st.builds(
