@@ -39,7 +39,7 @@ from prometheus_client import Counter
 
 from tideshift.services.cluster.adapters.autoscalers import KubernetesAutoscalers
 from tideshift.services.cluster.adapters.events import EventType, EventWriter
-from tideshift.services.cluster.adapters.http import KubeHttp, status_of
+from tideshift.services.cluster.adapters.http import KubeHttp, message_of, status_of
 from tideshift.services.cluster.adapters.packing import KubernetesPackingWriter
 from tideshift.services.cluster.adapters.targets import Observed, TargetAdapter, default_adapters
 from tideshift.services.cluster.core.conversions import (
@@ -417,6 +417,8 @@ def _classified(target: WorkloadRef, what: str, error: BaseException) -> Excepti
         return KeyError(f"{target} not found")
     reason = getattr(error, "reason", None) or type(error).__name__
     message = f"{what} {target}: " + (f"HTTP {status} {reason}" if status else str(reason))
+    if said := message_of(error):  # e.g. the admission webhook's or policy's refusal
+        message += f": {said[:500]}"
     transient = status is None or status in TRANSIENT_STATUSES
     return ClusterError(message, transient=transient, status=status)
 

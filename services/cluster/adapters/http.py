@@ -95,3 +95,19 @@ def status_of(error: BaseException) -> int | None:
     if isinstance(error, ApiException):
         return int(error.status) if error.status is not None else None
     return None
+
+
+def message_of(error: BaseException) -> str:
+    """The apiserver's own words for a refused request (its Status `message`: an admission
+    webhook's or policy's reason, a validation error), "" when the answer carries none."""
+    body = getattr(error, "body", None) if isinstance(error, ApiException) else None
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str) or not body:
+        return ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return ""
+    message = status.get("message") if isinstance(status, dict) else None
+    return message.strip() if isinstance(message, str) else ""
