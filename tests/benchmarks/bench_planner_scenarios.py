@@ -101,7 +101,7 @@ def goals(results: dict[str, PolicyResult]) -> list[tuple[str, str, bool]]:
         ("over-provisioning <= 1.5", over, max(means, default=0.0) <= 1.5),
         (
             "0 job-hours left behind",
-            f"{ours.job_hours_left_behind:.2f}",
+            f"{ours.job_hours_left_behind:.3f}",
             ours.job_hours_left_behind == 0,
         ),
     ]
