@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
 
 from tests.chaos.report import ChaosReport
@@ -86,6 +87,9 @@ SERVING_ANNOTATIONS = {
     "tideshift.io/max-replicas": "40",
     "tideshift.io/lead-time-seconds": str(LEAD_TIME_S),
     "tideshift.io/stabilization-seconds": "5",
+    # No look-ahead beyond the lead time: serving follows the demand closely, so a failover
+    # that stalled it would show below the need (with the default 60 s it sat at its ceiling).
+    "tideshift.io/margin-seconds": "0",
 }
 
 
@@ -457,6 +461,9 @@ async def scenario(loop: Loop, demand: Demand, run_s: float) -> tuple[ChaosRepor
             next_kill += KILL_EVERY_S
             await failover(loop, observed, demand, report, figures)
         stop.set()
+        if loop.killed_server is not None:  # the cluster whole again for the final reads
+            await asyncio.to_thread(loop.killed_server.start)
+            await asyncio.to_thread(loop.killed_server.wait_healthy, WAIT)
         figures["below_need_s"] = longest_below_need(samples, demand)
         figures["commands"], figures["results"] = await settled_commands(bus, loop.namespace)
     finally:
@@ -476,8 +483,14 @@ async def settled_commands(
     results_subject = events.SCALE_RESULT.filter(namespace=namespace)
     deadline = time.monotonic() + WAIT
     while True:
-        commands = await read_stored(bus, commands_subject, stream=SCALE_STREAM)
-        results = await read_stored(bus, results_subject, stream=SCALE_STREAM)
+        try:
+            commands = await read_stored(bus, commands_subject, stream=SCALE_STREAM)
+            results = await read_stored(bus, results_subject, stream=SCALE_STREAM)
+        except (TimeoutError, nats.errors.Error):  # asked while a leader is being elected
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
+            continue
         answered = {result.idempotency_key for result in results}
         if all(c.idempotency_key in answered for c in commands) or time.monotonic() > deadline:
             return commands, results
