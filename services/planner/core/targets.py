@@ -136,9 +136,7 @@ class TargetBook:
                 reason = "paused by its annotation tideshift.io/paused"
                 held.append(Held(target, event.role, event.replicas, event.replicas, reason))
             elif event.held_by:  # another engine (Kueue) keeps its size
-                held.append(
-                    Held(target, event.role, event.replicas, event.replicas, event.held_by)
-                )
+                held.append(Held(target, event.role, event.replicas, event.replicas, event.held_by))
             elif target in live_pins:
                 continue
             elif event.role == "serving":
