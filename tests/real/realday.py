@@ -223,7 +223,7 @@ def _nats_env(role: str) -> list[dict[str, Any]]:
     def secret(name: str, key: str) -> dict[str, Any]:
         return {"secretKeyRef": {"name": name, "key": key}}
 
-    login = [
+    login: list[dict[str, Any]] = [
         {"name": "TIDESHIFT_NATS_USER", "value": role},
         {"name": "TIDESHIFT_NATS_PASSWORD", "valueFrom": secret(f"{RELEASE}-nats-users", role)},
     ]

@@ -219,18 +219,20 @@ def load_finished(cluster: RealCluster) -> bool:
     return phase in ("Succeeded", "Failed")
 
 
-def last_json_line(text: str) -> dict[str, Any]:
+def last_json_line(text: str, key: str) -> dict[str, Any]:
+    """The last line that is a JSON object holding `key` (JSON log records come after)."""
     for line in reversed(text.strip().splitlines()):
         if line.startswith("{"):
             parsed: dict[str, Any] = json.loads(line)
-            return parsed
-    raise AssertionError(f"no JSON line in:\n{text[-2000:]}")
+            if key in parsed:
+                return parsed
+    raise AssertionError(f"no JSON line with {key!r} in:\n{text[-2000:]}")
 
 
 def load_windows(cluster: RealCluster) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     logs = cluster.kubectl("logs", "loadgen", "-n", NAMESPACE, timeout=60).stdout
     windows = [json.loads(line) for line in logs.splitlines() if line.startswith('{"t"')]
-    return windows, last_json_line(logs)["summary"]
+    return windows, last_json_line(logs, "summary")["summary"]
 
 
 def batches_series(prometheus: Prometheus, start: float, end: float) -> list[tuple[float, float]]:
@@ -345,7 +347,8 @@ def test_compressed_day_on_real_pods(real_cluster: RealCluster, tmp_path: Path) 
         )
         timings["training_after_day_s"] = time.monotonic() - waited
         coordinator = last_json_line(
-            cluster.kubectl("logs", "job/ctr-coordinator", "-n", NAMESPACE, timeout=60).stdout
+            cluster.kubectl("logs", "job/ctr-coordinator", "-n", NAMESPACE, timeout=60).stdout,
+            "batches_applied",
         )
         sampler.stop()
         end = time.time()
