@@ -1,7 +1,7 @@
 """Serving's headroom, priced rather than remembered: how far the workload's own demand rose
-within one start-up time (its lead time), at the quantile it asks for, from a bounded window
-of its recent observations (a split-conformal quantile: each finished lead time is one
-calibration score). Replicas ordered now are ready one lead time later; until then the
+within one start-up time (its lead time), at its priced level (serving/price.py), from a
+bounded window of its recent observations (a split-conformal quantile: each finished lead time
+is one calibration score). Replicas ordered now are ready one lead time later; until then the
 replicas already there carry whatever demand does.
 
 Rises that come back on a schedule (a batch run every two hours, a cron's burst) are rare
