@@ -152,6 +152,8 @@ def test_simulate_json_has_exactly_the_documented_keys(
             "training_work_vs_oracle",
             "serving_replica_hours_vs_oracle",
             "churn_vs_oracle",
+            "job_hours_left_behind",
+            "job_hours_left_behind_by_job",
         }
         assert set(metrics["over_provisioning"]) == {"web"}
         assert set(metrics["cpu_shares"]) == {"training", "serving_reserved", "serving_used"}
