@@ -74,7 +74,10 @@ def _attributes(
         attributes["time"] = time.isoformat()
     if subject is not None:
         attributes["subject"] = subject
-    attributes["data"] = data.model_dump(mode="json")
+    # Optional fields travel only when the producer set them: a field added within v1 (with
+    # its default) is then sent only once used, so a reader one release older, which refuses
+    # fields it does not know, reads everything else a newer producer sends during a rollout.
+    attributes["data"] = data.model_dump(mode="json", exclude_unset=True)
     return attributes
 
 

@@ -249,8 +249,8 @@ class WorkloadForecaster:
             points=_points(forecast),
             stale=stale,
             stale_reason=state.outage_reason,
-            coverage=self.calibration.coverage(),
-            untrusted_reason=self.calibration.untrusted_reason() or "",
+            # Sent only once known: a reader one release older does not know them (codec.py).
+            **_honesty(self.calibration),
         )
 
 
@@ -263,3 +263,14 @@ def _points(forecast: Forecast) -> tuple[ForecastPoint, ...]:
         )
         for index, at in enumerate(forecast.timestamps)
     )
+
+
+def _honesty(calibration: Calibration) -> dict[str, float | str]:
+    """The forecast-honesty fields of a forecast event, those that are known."""
+    fields: dict[str, float | str] = {}
+    coverage = calibration.coverage()
+    if coverage is not None:
+        fields["coverage"] = coverage
+    if reason := calibration.untrusted_reason():
+        fields["untrusted_reason"] = reason
+    return fields

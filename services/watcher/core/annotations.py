@@ -130,7 +130,8 @@ def workload_event(
         serving=serving,
         training=training,
         paused=_paused(annotations),
-        held_by=workload.held_by[:500],
+        # Sent only when set: a reader one release older does not know the field (codec.py).
+        **({"held_by": workload.held_by[:500]} if workload.held_by else {}),
         resource_version=workload.resource_version,
         observed_at=observed_at,
     )
