@@ -121,7 +121,7 @@ class DayShape:
 
 
 def day_shape_from_env() -> DayShape:
-    """`TIDESHIFT_REAL_DAY_SECONDS` wall seconds (default 180: `make test`'s short day;
+    """`TIDESHIFT_REAL_DAY_SECONDS` wall seconds (default 180, a short day;
     `make test-real` runs 720)."""
     raw = os.environ.get("TIDESHIFT_REAL_DAY_SECONDS", "180")
     try:
