@@ -166,14 +166,14 @@ def test_act_mode_leaves_events_and_explain_and_status_tell_the_story(
             lambda: pipeline.events("web", "TideshiftScaled"), "a TideshiftScaled Event on web"
         )
         assert scaled["type"] == "Normal"
-        assert scaled["message"].startswith("1 -> 3: forecast q0.95 peak 250.0 req/s")
+        assert scaled["message"].startswith("1 -> 3: forecast q0.99 peak 250.0 req/s")
         assert scaled["source"]["component"] == "tideshift"
         (grown,) = pipeline.eventually(
             lambda: pipeline.events("ctr", "TideshiftScaled"), "a TideshiftScaled Event on ctr"
         )
         assert grown["type"] == "Normal" and " trainers (2 -> " in grown["message"]
         described = pipeline.describe("deployment", "web")
-        assert "Normal  TideshiftScaled" in described and "1 -> 3: forecast q0.95" in described
+        assert "Normal  TideshiftScaled" in described and "1 -> 3: forecast q0.99" in described
         print(described[described.index("Events:") :])
         print(pipeline.describe("job", "ctr").split("Events:")[1])
 
@@ -212,7 +212,7 @@ def test_a_busy_target_keeps_one_event_whose_count_rises(k8s_cluster: Any, tmp_p
             lambda: [e for e in pipeline.events("web", "TideshiftScaled") if e["count"] == 4],
             "one TideshiftScaled Event on web counting the four scales",
         )
-        assert event["message"].startswith("2 -> 4: forecast q0.95 peak 350.0 req/s")
+        assert event["message"].startswith("2 -> 4: forecast q0.99 peak 350.0 req/s")
         assert len(pipeline.events("web", "TideshiftScaled")) == 1
         told = pipeline.explain("web")
         moves = [
@@ -234,7 +234,7 @@ def test_observe_mode_changes_nothing_and_says_what_it_would_do(
             "a TideshiftWouldScale Event on web",
         )
         assert would["type"] == "Normal"
-        assert would["message"].startswith("would scale 1 -> 3: forecast q0.95 peak 250.0")
+        assert would["message"].startswith("would scale 1 -> 3: forecast q0.99 peak 250.0")
         described = pipeline.describe("deployment", "web")
         assert (
             "TideshiftWouldScale" in described and "Replicas:               1 desired" in described
