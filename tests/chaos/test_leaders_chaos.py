@@ -51,6 +51,7 @@ import pytest
 from tests.chaos.report import ChaosReport
 from tests.chaos.stored import read_stored
 from tests.fixtures.prometheus import PrometheusServer, RateExporter
+from tests.fixtures.support import answers_ready
 from tests.k8s.cluster_objects import (
     collection,
     create,
@@ -104,12 +105,7 @@ class Service:
 
     def ready(self) -> bool:
         assert self.process.poll() is None, f"{self.instance} exited: {self.tail()}"
-        url = f"http://127.0.0.1:{self.health_port}/readyz"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                return bool(answer.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return answers_ready(self.health_port)
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-2000:]
@@ -454,7 +450,7 @@ async def scenario(loop: Loop, demand: Demand, run_s: float) -> tuple[ChaosRepor
         began = time.monotonic()
         next_kill, step = began + KILL_EVERY_S, 0
         while time.monotonic() - began < run_s:
-            await asyncio.sleep(STEP_S)
+            await asyncio.sleep(STEP_S)  # the scenario's clock: the demand's next step
             step += 1
             demand.set(RATES[step % len(RATES)])
             if time.monotonic() < next_kill or time.monotonic() - began > run_s - KILL_EVERY_S:
@@ -479,23 +475,30 @@ async def scenario(loop: Loop, demand: Demand, run_s: float) -> tuple[ChaosRepor
 async def settled_commands(
     bus: Bus, namespace: str
 ) -> tuple[list[events.ScaleCommand], list[events.ScaleResult]]:
-    """Every stored command, once each has a result (or WAIT is over), and every result."""
+    """Every stored command and every result, as soon as each command has its result; after
+    WAIT, what was read last (`check` then names the commands left without one)."""
     commands_subject = events.SCALE_COMMAND.filter(namespace=namespace)
     results_subject = events.SCALE_RESULT.filter(namespace=namespace)
-    deadline = time.monotonic() + WAIT
-    while True:
+    last: tuple[list[events.ScaleCommand], list[events.ScaleResult]] = ([], [])
+
+    async def settled() -> bool:
+        nonlocal last
         try:
-            commands = await read_stored(bus, commands_subject, stream=SCALE_STREAM)
-            results = await read_stored(bus, results_subject, stream=SCALE_STREAM)
+            last = (
+                await read_stored(bus, commands_subject, stream=SCALE_STREAM),
+                await read_stored(bus, results_subject, stream=SCALE_STREAM),
+            )
         except (TimeoutError, nats.errors.Error):  # asked while a leader is being elected
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(1.0)
-            continue
-        answered = {result.idempotency_key for result in results}
-        if all(c.idempotency_key in answered for c in commands) or time.monotonic() > deadline:
-            return commands, results
-        await asyncio.sleep(1.0)
+            return False
+        answered = {result.idempotency_key for result in last[1]}
+        return all(command.idempotency_key in answered for command in last[0])
+
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if await settled():
+            break
+        await asyncio.sleep(0.2)
+    return last
 
 
 def check(loop: Loop, rate_exporter: RateExporter, run_s: float) -> None:

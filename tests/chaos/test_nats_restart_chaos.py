@@ -17,8 +17,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from tests.chaos.objects import create_web_deployment
 from tests.chaos.report import ChaosReport
 from tests.chaos.stored import read_stored
 from tests.chaos.verify import assert_nothing_lost_or_doubled
+from tests.fixtures.support import answers_ready
 from tests.k8s.cluster_objects import end_processes
 from tideshift import events
 from tideshift.services.cluster.adapters.http import KubeHttp
@@ -68,12 +67,7 @@ class Running:
 
     def ready(self) -> bool:
         assert self.process.poll() is None, f"{self.name} exited: {self.log.read_text()[-2000:]}"
-        url = f"http://127.0.0.1:{self.health_port}/readyz"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                return answer.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return answers_ready(self.health_port)
 
     def ready_or_done(self) -> bool:
         """Ready, or exited 0 (the coordinator, once its job is finished)."""

@@ -36,8 +36,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -50,6 +48,7 @@ import pytest
 import yaml
 
 from tests.chaos.stored import read_stored
+from tests.fixtures.support import answers_ready
 from tests.image.chart_pods import container_environment
 from tests.k8s.cluster_objects import collection, create, pod_template
 from tests.unit.chart.chart_support import CHART, run_helm, values_args
@@ -172,12 +171,7 @@ class Pod:
 
     def ready(self) -> bool:
         assert self.process.poll() is None, f"{self.name} exited: {self.tail()}"
-        url = f"http://127.0.0.1:{self.health_port}/readyz"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                return bool(answer.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return answers_ready(self.health_port)
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]

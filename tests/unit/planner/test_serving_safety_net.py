@@ -234,3 +234,45 @@ def test_the_rise_is_priced_at_the_level_the_shortfall_price_sets() -> None:
     assert desired(0.5) == 10
     # The default price (10 core-hours per replica-minute) sizes a 1-core replica at 0.9983.
     assert service_level(WEB) == pytest.approx(1 - 1 / 600)
+
+
+# A forecast the predictor no longer trusts (its recent coverage is too low) does not size
+# serving: observed demand does, and the plan says why.
+
+
+def every_level(rps: float, now: float) -> pol.Forecast:
+    times = tuple(now + 60.0 * i for i in range(30))
+    return pol.Forecast(now, times, {q: (rps * q,) * 30 for q in (0.5, 0.9, 0.95, 0.99)})
+
+
+def size(forecast: pol.Forecast, *, current: int, observed: float) -> tuple[int, str, str | None]:
+    planned = plan_serving(
+        WEB,
+        forecast,
+        current=current,
+        history=(),
+        seen_since=-1e6,
+        now=forecast.issued_at,
+        config=CONFIG,
+        cluster_stale=False,
+        observed=observed,
+    )
+    return planned.desired, planned.reason, planned.fallback
+
+
+def test_an_untrusted_forecast_is_set_aside_for_observed_demand_with_the_reason() -> None:
+    why = "q0.95 held for 52% of the last 120 steps"
+    trusted = size(every_level(300.0, 1000.0), current=5, observed=120.0)
+    untrusted = size(replace(every_level(300.0, 1000.0), untrusted=why), current=5, observed=120.0)
+    # Trusted, the forecast's 300 req/s sizes serving beyond what is observed now.
+    assert trusted[0] > 12 and trusted[2] is None
+    # Untrusted, the 120 req/s observed does (12 replicas of 10 req/s), nothing less is kept.
+    assert untrusted[0] == 12
+    assert "forecast untrusted" in untrusted[1] and why in untrusted[1]
+    assert untrusted[2] is not None and why in untrusted[2]
+
+
+def test_an_untrusted_forecast_never_scales_serving_below_what_it_has() -> None:
+    low = replace(every_level(10.0, 1000.0), untrusted="q0.95 held for 40% of the last 60 steps")
+    desired, reason, _ = size(low, current=8, observed=20.0)
+    assert desired == 8 and reason.startswith("holding 8")
